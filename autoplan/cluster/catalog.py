@@ -1,0 +1,114 @@
+"""The hardware catalog: GPUs and links by name, read from catalog.yaml (figures with sources)."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+import yaml
+
+from autoplan.errors import ClusterSpecError
+from autoplan.units import parse_quantity
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    """One GPU model. Peaks are dense tensor-core FLOP/s; None where the GPU lacks the format."""
+
+    name: str
+    memory_bytes: float
+    bf16_flops: float | None
+    fp16_flops: float
+    fp8_flops: float | None
+    memory_bandwidth_Bps: float
+    nvlink: str | None
+    source: str = ""
+
+    def peak_flops(self, precision: str) -> float:
+        """Dense peak for a precision; bf16 falls back to fp16 on GPUs without bf16 (V100)."""
+        if precision == "bf16":
+            return self.bf16_flops or self.fp16_flops
+        return self.fp16_flops
+
+
+@dataclass(frozen=True, slots=True)
+class LinkSpec:
+    """A link type. ``bandwidth_Bps`` is per GPU (intra-node) or per NIC (inter-node), per
+    direction; ``allreduce_efficiency`` is the fraction of it that nccl-tests reaches [Empirical]."""
+
+    name: str
+    kind: str
+    bandwidth_Bps: float
+    latency_s: float
+    allreduce_efficiency: float
+    source: str = ""
+
+
+@cache
+def _catalog() -> dict:
+    text = resources.files("autoplan.cluster").joinpath("catalog.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def _gpu_from_entry(name: str, entry: dict) -> GpuSpec:
+    def flops(key: str) -> float | None:
+        value = entry.get(key)
+        return None if value is None else parse_quantity(value, "flops", field=f"gpus.{name}.{key}")
+
+    return GpuSpec(
+        name=name,
+        memory_bytes=parse_quantity(entry["memory"], "memory", field=f"gpus.{name}.memory"),
+        bf16_flops=flops("bf16"),
+        fp16_flops=flops("fp16") or flops("bf16"),
+        fp8_flops=flops("fp8"),
+        memory_bandwidth_Bps=parse_quantity(entry["memory_bandwidth"], "bandwidth"),
+        nvlink=entry.get("nvlink"),
+        source=entry.get("source", ""),
+    )
+
+
+def gpu_names() -> list[str]:
+    return sorted(_catalog()["gpus"])
+
+
+def link_names() -> list[str]:
+    return sorted(_catalog()["links"])
+
+
+def _did_you_mean(name: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(name.lower(), choices, n=1, cutoff=0.4)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def get_gpu(name: str) -> GpuSpec:
+    """Look up a GPU by catalog name (case-insensitive)."""
+    key = name.strip().lower()
+    entries = _catalog()["gpus"]
+    if key not in entries:
+        raise ClusterSpecError(
+            f"gpu: unknown GPU {name!r}.{_did_you_mean(key, gpu_names())} Known GPUs: "
+            f"{', '.join(gpu_names())}; or give a mapping such as "
+            "{name: my-gpu, memory: 80GiB, bf16: 312TFLOPS, memory_bandwidth: 2039GB/s}."
+        )
+    return _gpu_from_entry(key, entries[key])
+
+
+def get_link(name: str) -> LinkSpec:
+    """Look up a link type by catalog name (e.g. ``nvlink3``, ``infiniband-hdr``, ``pcie4``)."""
+    entries = _catalog()["links"]
+    if name not in entries:
+        raise ClusterSpecError(
+            f"unknown link {name!r}.{_did_you_mean(name, link_names())} Known links: "
+            f"{', '.join(link_names())}."
+        )
+    entry = entries[name]
+    return LinkSpec(
+        name=name,
+        kind=entry["kind"],
+        bandwidth_Bps=parse_quantity(entry["bandwidth"], "bandwidth", field=f"links.{name}"),
+        latency_s=parse_quantity(entry["latency"], "time", field=f"links.{name}.latency"),
+        allreduce_efficiency=float(entry["allreduce_efficiency"]),
+        source=entry.get("source", ""),
+    )

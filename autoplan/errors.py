@@ -1,0 +1,41 @@
+"""Errors a user can cause. Each carries a message that says what to change and an exit code."""
+
+from __future__ import annotations
+
+
+class AutoplanError(Exception):
+    """Base class: a mistake in the input, reported without a traceback (exit code 2)."""
+
+    exit_code = 2
+
+
+class ModelFileError(AutoplanError):
+    """model.py is missing, does not import, or its build_model() misbehaves."""
+
+
+class ClusterSpecError(AutoplanError):
+    """cluster.yaml is malformed, lacks a unit, or names an unknown GPU or link."""
+
+
+class UnitError(AutoplanError):
+    """A quantity is missing its unit or has one of the wrong kind."""
+
+
+class ConstraintError(AutoplanError):
+    """Pins or training settings contradict each other before any search (e.g. tp*pp > GPUs)."""
+
+
+class PlanFileError(AutoplanError):
+    """A plan JSON file cannot be read back."""
+
+
+class InfeasibleError(AutoplanError):
+    """No plan satisfies the requirements; the message explains which and by how much (exit 3)."""
+
+    exit_code = 3
+
+
+class NoPlanInTimeError(AutoplanError):
+    """The time limit was hit before any plan was found (exit 4)."""
+
+    exit_code = 4

@@ -1,0 +1,1 @@
+"""Model graphs: tracing model.py on the meta device into a LayerGraph."""

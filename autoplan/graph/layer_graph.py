@@ -1,0 +1,137 @@
+"""LayerGraph: the traced model as a chain of layers, with what the cost models need of each.
+
+All per-layer figures are for ONE sample (batch 1) at the traced sequence length; FLOPs, bytes
+moved and activations scale linearly with the micro-batch size. Quantities are split into the
+part tensor parallelism shards (``*_sharded``: inside a column->row Linear pair, or the
+vocab-parallel embedding/head) and the part it replicates (``*_replicated``: the residual stream,
+norms, dropouts on it), which sequence parallelism shards too (Korthikanti et al. 2022, Table 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import networkx as nx
+
+
+class LayerKind(str, Enum):
+    EMBEDDING = "embedding"
+    BLOCK = "block"
+    NORM = "norm"
+    HEAD = "head"
+    LOSS = "loss"
+    MODULE = "module"
+
+
+class TpSplit(str, Enum):
+    COLUMN = "column"  # output features split: QKV, MLP up/gate, vocab-parallel head
+    ROW = "row"  # input features split, followed by an all-reduce: attention out, MLP down
+    VOCAB = "vocab"  # vocab-parallel embedding (all-reduce of its output)
+    NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class Gemm:
+    """One Linear of a layer: ``tokens x in_features @ in_features x out_features`` per token."""
+
+    name: str
+    in_features: int
+    out_features: int
+    split: TpSplit
+    count: int = 1  # how many times the layer applies it
+
+
+@dataclass(frozen=True, slots=True)
+class Attention:
+    """A scaled-dot-product attention call, recorded as attention rather than its matmuls."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    seq_len: int
+    causal: bool
+    dropout: float
+    fwd_flops: float  # per sample, as FlopCounterMode counts the fused kernel
+    bwd_flops: float
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    """One layer of the chain (a block, the embedding, the head...). Per sample, see module doc."""
+
+    name: str
+    kind: LayerKind
+    num_params: int
+    params_sharded: int  # parameters TP splits (Linear weights in pairs, vocab tables)
+    param_bytes: int  # as built by model.py (dtype of its parameters)
+    fwd_flops: float
+    bwd_flops: float
+    activation_bytes_sharded: float  # saved for backward, split by TP
+    activation_bytes_replicated: float  # saved for backward, split only by SP
+    attention_internal_bytes: float  # saved inside attention kernels (selective recompute drops)
+    elementwise_bytes_sharded: float  # memory traffic of non-matmul ops, forward
+    elementwise_bytes_replicated: float
+    boundary_bytes: float  # the output tensor: what a pipeline cut after this layer sends
+    input_bytes: float  # the input tensor: what full recompute keeps
+    gemms: tuple[Gemm, ...] = ()
+    attention: tuple[Attention, ...] = ()
+    tp_allreduces: int = 0  # forward all-reduces (one per row-parallel Linear / vocab embedding)
+    tied_params: int = 0  # parameters shared with an earlier layer (counted there)
+
+    @property
+    def params_replicated(self) -> int:
+        return self.num_params - self.params_sharded
+
+    @property
+    def activation_bytes(self) -> float:
+        return self.activation_bytes_sharded + self.activation_bytes_replicated
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDims:
+    """Shape facts exporters and TP constraints need (from the repeated block)."""
+
+    hidden_size: int
+    num_layers: int  # repeated blocks
+    num_heads: int
+    num_kv_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    seq_len: int
+    gated_mlp: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LayerGraph:
+    """The traced model: its layers in execution order and the traced sequence length."""
+
+    name: str
+    layers: tuple[Layer, ...]
+    seq_len: int
+    dims: ModelDims | None = None
+    tp_divisors: tuple[int, ...] = field(default=())  # counts TP must divide (heads, KV heads)
+
+    @property
+    def num_params(self) -> int:
+        return sum(layer.num_params for layer in self.layers)
+
+    @property
+    def fwd_flops(self) -> float:
+        return sum(layer.fwd_flops for layer in self.layers)
+
+    @property
+    def bwd_flops(self) -> float:
+        return sum(layer.bwd_flops for layer in self.layers)
+
+    def block_indices(self) -> list[int]:
+        return [i for i, layer in enumerate(self.layers) if layer.kind is LayerKind.BLOCK]
+
+    def to_networkx(self) -> nx.DiGraph:
+        """The chain as a DiGraph; edges carry the bytes a pipeline cut there would send."""
+        graph = nx.DiGraph()
+        for i, layer in enumerate(self.layers):
+            graph.add_node(i, name=layer.name, kind=layer.kind.value, params=layer.num_params)
+            if i:
+                graph.add_edge(i - 1, i, boundary_bytes=self.layers[i - 1].boundary_bytes)
+        return graph

@@ -1,0 +1,124 @@
+"""The answer autoplan gives: a Plan, its Estimate, and how the solver got there.
+
+These are the JSON contracts of ``solve --json`` and ``estimate --json``; field names are fixed.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Recompute(str, Enum):
+    """Activation recomputation (Korthikanti et al. 2022)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"  # attention core only
+    FULL = "full"  # every layer keeps only its input
+
+
+class Offload(str, Enum):
+    """What lives in CPU memory instead of GPU memory (ZeRO-Offload)."""
+
+    NONE = "none"
+    OPTIMIZER = "optimizer"
+    PARAMS = "params"  # optimizer state and parameters (ZeRO-3 offload)
+
+
+class Stage(BaseModel):
+    """A pipeline stage: a contiguous run of layers of the LayerGraph chain (embedding and head
+    count as layers, so ``first_layer`` indexes ``LayerGraph.layers``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    first_layer: int = Field(ge=0)
+    num_layers: int = Field(ge=1)
+
+
+class Plan(BaseModel):
+    """A complete parallelization of one training step.
+
+    ``placement`` orders the mesh axes innermost first: with ``tp-cp-dp-pp`` the ranks of a TP
+    group are consecutive (inside a node), the pipeline axis is outermost (Megatron's order).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+    tp: int = Field(ge=1)
+    pp: int = Field(ge=1)
+    dp: int = Field(ge=1)
+    cp: int = Field(default=1, ge=1)
+    zero_stage: int = Field(default=0, ge=0, le=3)
+    micro_batch_size: int = Field(ge=1)
+    global_batch_size: int = Field(ge=1)
+    num_microbatches: int = Field(ge=1)
+    recompute: Recompute = Recompute.NONE
+    sequence_parallel: bool = False
+    vpp: int = Field(default=1, ge=1)
+    offload: Offload = Offload.NONE
+    world_size: int = Field(ge=1)
+    placement: str = "tp-cp-dp-pp"
+    stages: tuple[Stage, ...]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Plan":
+        if self.tp * self.pp * self.dp * self.cp != self.world_size:
+            raise ValueError(
+                f"tp*pp*dp*cp = {self.tp * self.pp * self.dp * self.cp} != world_size "
+                f"{self.world_size}"
+            )
+        if self.micro_batch_size * self.num_microbatches * self.dp != self.global_batch_size:
+            raise ValueError(
+                f"micro_batch_size*num_microbatches*dp = "
+                f"{self.micro_batch_size * self.num_microbatches * self.dp} != global_batch_size "
+                f"{self.global_batch_size}"
+            )
+        if len(self.stages) != self.pp * self.vpp:
+            raise ValueError(f"{len(self.stages)} stages listed, expected pp*vpp = {self.pp * self.vpp}")
+        return self
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        """Micro-batches per step per data-parallel rank (DeepSpeed's name for it)."""
+        return self.num_microbatches
+
+
+class Estimate(BaseModel):
+    """Predicted step time and memory of a plan (memory is the worst GPU's)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    step_time_s: float
+    tokens_per_s: float
+    model_tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    peak_memory_gib: float
+    memory_limit_gib: float
+    memory_breakdown_gib: dict[str, float]
+    time_breakdown_s: dict[str, float]
+    stage_memory_gib: tuple[float, ...]
+    feasible: bool
+
+
+class SolverInfo(BaseModel):
+    """How the plan was found: the CP-SAT status name, objective and proven bound (seconds)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    status: str
+    objective: float
+    bound: float
+    gap: float
+    wall_time_s: float
+
+
+class Result(BaseModel):
+    """What ``autoplan.solve`` returns; ``model_dump()`` is the CLI's ``--json`` document."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    plan: Plan
+    estimate: Estimate
+    solver: SolverInfo
+
+    @property
+    def status(self) -> str:
+        """The CP-SAT status name: OPTIMAL, FEASIBLE or INFEASIBLE."""
+        return self.solver.status
