@@ -110,13 +110,52 @@ class SolverInfo(BaseModel):
     wall_time_s: float
 
 
+class ModelInfo(BaseModel):
+    """What exporters need to know of the traced model, carried in the plan JSON so that
+    ``autoplan export PLAN_JSON`` needs no model.py."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    num_params: int
+    layer_kinds: tuple[str, ...]  # kind of each LayerGraph layer, indexed like Stage.first_layer
+    hidden_size: int | None = None
+    num_layers: int | None = None
+    num_heads: int | None = None
+    num_kv_heads: int | None = None
+    ffn_hidden_size: int | None = None
+    vocab_size: int | None = None
+    seq_len: int
+    gated_mlp: bool = False
+    rmsnorm: bool = False
+    rotary: bool = False
+    tied_embeddings: bool = False
+    linear_bias: bool = True
+
+
+class TrainingInfo(BaseModel):
+    """The training settings the plan was made for."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    seq_len: int
+    global_batch: int
+    precision: str
+    runtime: str
+
+
 class Result(BaseModel):
-    """What ``autoplan.solve`` returns; ``model_dump()`` is the CLI's ``--json`` document."""
+    """What ``autoplan.solve`` returns; ``model_dump()`` is the CLI's ``--json`` document.
+
+    ``model``, ``cluster`` (the cluster.yaml mapping as validated) and ``training`` make the
+    document self-contained for ``autoplan export`` and ``autoplan explain``.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     plan: Plan
     estimate: Estimate
     solver: SolverInfo
+    model: ModelInfo | None = None
+    cluster: dict | None = None
+    training: TrainingInfo | None = None
 
     @property
     def status(self) -> str:

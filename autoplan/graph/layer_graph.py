@@ -99,7 +99,11 @@ class ModelDims:
     ffn_hidden_size: int
     vocab_size: int
     seq_len: int
-    gated_mlp: bool = False
+    gated_mlp: bool = False  # SwiGLU-style MLP (three Linears)
+    rmsnorm: bool = False
+    rotary: bool = False  # no learned position table
+    tied_embeddings: bool = False
+    linear_bias: bool = True
 
 
 @dataclass(frozen=True, slots=True)
