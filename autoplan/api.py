@@ -1,5 +1,195 @@
-"""The public API (filled in as the stages land)."""
-def solve(*a, **k): raise NotImplementedError
-def estimate(*a, **k): raise NotImplementedError
-def load_model(*a, **k): raise NotImplementedError
-def load_cluster(*a, **k): raise NotImplementedError
+"""The public API and the only module that wires the stages together:
+model.py -> LayerGraph, cluster.yaml -> Cluster, then Problem -> CP-SAT -> Plan + Estimate.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from autoplan.cluster.spec import Cluster, load_cluster_spec, resolve
+from autoplan.costmodels.profiles import compute_profile, runtime_profile
+from autoplan.costmodels.step import Problem
+from autoplan.costmodels.step import estimate as estimate_plan
+from autoplan.errors import ConstraintError
+from autoplan.graph.layer_graph import LayerGraph
+from autoplan.graph.loader import ModelSource, load_model_source
+from autoplan.graph.trace import trace_model
+from autoplan.plan import ModelInfo, Plan, Result, SolverInfo, TrainingInfo
+from autoplan.search.solver import solve_table
+from autoplan.search.space import balanced_stages, check_pins
+from autoplan.training import AttentionKernel, Constraints, Pins, Precision, Runtime, TrainingSpec
+from autoplan.units import parse_quantity
+
+DEFAULT_TIME_LIMIT_S = 60.0
+
+
+@dataclass
+class Model:
+    """A loaded model.py; traces are cached per (sequence length, precision)."""
+
+    source: ModelSource
+    _traces: dict[tuple[int, str], LayerGraph] = field(default_factory=dict, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.source.name
+
+    def trace(self, seq_len: int, precision: str = "bf16") -> LayerGraph:
+        key = (seq_len, precision)
+        if key not in self._traces:
+            self._traces[key] = trace_model(self.source, seq_len=seq_len, precision=precision)
+        return self._traces[key]
+
+
+@dataclass(frozen=True)
+class LoadedCluster:
+    """A resolved cluster together with the mapping it came from (kept for the plan JSON)."""
+
+    cluster: Cluster
+    spec: dict
+
+
+def load_model(path_or_module: str | Path | types.ModuleType | Model) -> Model:
+    """Load a model.py (path) or an imported module defining ``build_model()``."""
+    if isinstance(path_or_module, Model):
+        return path_or_module
+    return Model(load_model_source(path_or_module))
+
+
+def load_cluster(path_or_dict: str | Path | Mapping | LoadedCluster) -> LoadedCluster:
+    """Load and validate a cluster.yaml (path) or an equivalent mapping."""
+    if isinstance(path_or_dict, LoadedCluster):
+        return path_or_dict
+    source = dict(path_or_dict) if isinstance(path_or_dict, Mapping) else path_or_dict
+    spec = load_cluster_spec(source)
+    return LoadedCluster(resolve(spec), spec.model_dump(mode="json", exclude_none=True))
+
+
+def _mem_limit_bytes(mem_limit: str | float | None, cluster: Cluster) -> float:
+    if mem_limit is None:
+        return cluster.gpu.memory_bytes
+    if isinstance(mem_limit, (int, float)) and not isinstance(mem_limit, bool):
+        return float(mem_limit)
+    return parse_quantity(mem_limit, "memory", field="--mem-limit")
+
+
+def make_problem(model: Model, cluster: LoadedCluster, training: TrainingSpec,
+                 mem_limit: str | float | None = None) -> Problem:
+    """Trace the model and gather the cost-model inputs for one question."""
+    graph = model.trace(training.seq_len, training.precision.value)
+    return Problem(
+        graph=graph, cluster=cluster.cluster, training=training,
+        runtime=runtime_profile(training.runtime.value),
+        compute=compute_profile(cluster.cluster.gpu.name),
+        mem_limit_bytes=_mem_limit_bytes(mem_limit, cluster.cluster),
+    )
+
+
+def _training(seq_len: int, global_batch: int, precision: str, runtime: str,
+              attention: str) -> TrainingSpec:
+    try:
+        return TrainingSpec(seq_len=seq_len, global_batch=global_batch,
+                            precision=Precision(precision), runtime=Runtime(runtime),
+                            attention=AttentionKernel(attention))
+    except ValueError as err:
+        raise ConstraintError(f"training settings: {err}".replace("\n", " ")) from None
+
+
+def _pins(pins: Mapping[str, Any] | Pins | None) -> Pins:
+    if isinstance(pins, Pins):
+        return pins
+    try:
+        return Pins(**dict(pins or {}))
+    except ValueError as err:
+        raise ConstraintError(f"pins: {err}".replace("\n", " ")) from None
+
+
+def _result(problem: Problem, model: Model, cluster: LoadedCluster, plan: Plan, est,
+            info: SolverInfo) -> Result:
+    graph, dims = problem.graph, problem.graph.dims
+    model_info = ModelInfo(
+        name=model.name, num_params=graph.num_params, seq_len=graph.seq_len,
+        layer_kinds=tuple(l.kind.value for l in graph.layers),
+        **({k: getattr(dims, k) for k in (
+            "hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_hidden_size",
+            "vocab_size", "gated_mlp", "rmsnorm", "rotary", "tied_embeddings", "linear_bias")}
+           if dims else {}),
+    )
+    training = TrainingInfo(seq_len=problem.training.seq_len,
+                            global_batch=problem.training.global_batch,
+                            precision=problem.training.precision.value,
+                            runtime=problem.training.runtime.value)
+    return Result(plan=plan, estimate=est, solver=info, model=model_info, cluster=cluster.spec,
+                  training=training)
+
+
+def solve(model, cluster, *, seq_len: int, global_batch: int, pins=None, mem_limit=None,
+          time_limit_s: float | None = None, precision: str = "bf16", runtime: str = "megatron",
+          attention: str = "flash") -> Result:
+    """The fastest plan that fits, with its estimate and the solver's status.
+
+    Args:
+        model: a path to model.py, an imported module, or a loaded :class:`Model`.
+        cluster: a path to cluster.yaml, a mapping, or a loaded cluster.
+        seq_len: tokens per sequence.
+        global_batch: sequences per optimizer step.
+        pins: dimensions to fix, by the CLI's names (``{"tp": 8, "zero": 1}``).
+        mem_limit: per-GPU cap (``"72GiB"`` or bytes); default: the GPU's memory.
+        time_limit_s: solver time limit; the best plan so far is returned with its gap.
+
+    Raises:
+        InfeasibleError: nothing fits; the message says what conflicts and by how much.
+    """
+    model, cluster = load_model(model), load_cluster(cluster)
+    training = _training(seq_len, global_batch, precision, runtime, attention)
+    constraints = Constraints(pins=_pins(pins), time_limit_s=time_limit_s or DEFAULT_TIME_LIMIT_S)
+    problem = make_problem(model, cluster, training, mem_limit)
+    check_pins(problem.graph, world=cluster.cluster.num_gpus, training=training,
+               pins=constraints.pins)
+    plan, est, info = solve_table(problem, constraints.pins, time_limit_s=constraints.time_limit_s)
+    return _result(problem, model, cluster, plan, est, info)
+
+
+def plan_from_pins(problem: Problem, pins: Pins) -> Plan:
+    """A fully pinned plan; unpinned dimensions take the defaults tp=pp=cp=1, dp = the rest,
+    mbs=1, ZeRO-0, no recompute, no SP, no interleaving, no offload, balanced stages."""
+    world = problem.cluster.num_gpus
+    tp, pp, cp = pins.tp or 1, pins.pp or 1, pins.cp or 1
+    dp = pins.dp or world // (tp * pp * cp)
+    mbs, vpp = pins.mbs or 1, pins.vpp or 1
+    batch = problem.training.global_batch
+    if tp * pp * dp * cp != world or batch % (dp * mbs):
+        raise ConstraintError(
+            f"the plan tp={tp} pp={pp} dp={dp} cp={cp} mbs={mbs} does not fit {world} GPUs and a "
+            f"global batch of {batch}: tp*pp*dp*cp must equal the GPU count and the global "
+            "batch must divide by dp*mbs.")
+    return Plan(
+        tp=tp, pp=pp, dp=dp, cp=cp, zero_stage=pins.zero or 0, micro_batch_size=mbs,
+        global_batch_size=batch, num_microbatches=batch // (dp * mbs),
+        recompute=pins.recompute or "none", sequence_parallel=bool(pins.sp), vpp=vpp,
+        offload=pins.offload or "none", world_size=world,
+        stages=balanced_stages(problem.graph, pp, vpp),
+    )
+
+
+def estimate(model, cluster, plan_or_pins, *, seq_len: int, global_batch: int, mem_limit=None,
+             precision: str = "bf16", runtime: str = "megatron", attention: str = "flash") -> Result:
+    """Evaluate one plan (a Plan, or pins completed with documented defaults)."""
+    start = time.perf_counter()
+    model, cluster = load_model(model), load_cluster(cluster)
+    training = _training(seq_len, global_batch, precision, runtime, attention)
+    problem = make_problem(model, cluster, training, mem_limit)
+    if isinstance(plan_or_pins, Plan):
+        plan = plan_or_pins
+    else:
+        pins = _pins(plan_or_pins)
+        check_pins(problem.graph, world=cluster.cluster.num_gpus, training=training, pins=pins)
+        plan = plan_from_pins(problem, pins)
+    est = estimate_plan(problem, plan)
+    info = SolverInfo(status="ESTIMATE", objective=est.step_time_s, bound=est.step_time_s, gap=0.0,
+                      wall_time_s=time.perf_counter() - start)
+    return _result(problem, model, cluster, plan, est, info)

@@ -22,6 +22,14 @@ class Runtime(str, Enum):
     FSDP = "fsdp"
 
 
+class AttentionKernel(str, Enum):
+    """FLASH: fused kernels that keep no s x s matrix (FlashAttention, cuDNN). EXPLICIT:
+    scores materialized and a fused softmax (Megatron-LM before FlashAttention, 2021-2022)."""
+
+    FLASH = "flash"
+    EXPLICIT = "explicit"
+
+
 class TrainingSpec(BaseModel):
     """One training step: sequence length, global batch (sequences), precision and runtime."""
 
@@ -30,6 +38,7 @@ class TrainingSpec(BaseModel):
     global_batch: int = Field(ge=1)
     precision: Precision = Precision.BF16
     runtime: Runtime = Runtime.MEGATRON
+    attention: AttentionKernel = AttentionKernel.FLASH
 
     @property
     def tokens_per_step(self) -> int:

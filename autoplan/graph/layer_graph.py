@@ -33,13 +33,19 @@ class TpSplit(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class Gemm:
-    """One Linear of a layer: ``tokens x in_features @ in_features x out_features`` per token."""
+    """One Linear of a layer: ``rows x in_features @ in_features x out_features`` per sample."""
 
     name: str
     in_features: int
     out_features: int
     split: TpSplit
     count: int = 1  # how many times the layer applies it
+    rows: int = 1  # rows of its input per sample (tokens for a transformer)
+
+    @property
+    def fwd_flops(self) -> float:
+        """Forward FLOPs per sample (2 per multiply-add, as FlopCounterMode counts)."""
+        return 2.0 * self.rows * self.in_features * self.out_features * self.count
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +84,12 @@ class Layer:
     attention: tuple[Attention, ...] = ()
     tp_allreduces: int = 0  # forward all-reduces (one per row-parallel Linear / vocab embedding)
     tied_params: int = 0  # parameters shared with an earlier layer (counted there)
+
+    @property
+    def other_fwd_flops(self) -> float:
+        """FLOPs of the layer's convolutions and bare matmuls (neither Linear nor attention)."""
+        known = sum(g.fwd_flops for g in self.gemms) + sum(a.fwd_flops for a in self.attention)
+        return max(0.0, self.fwd_flops - known)
 
     @property
     def params_replicated(self) -> int:

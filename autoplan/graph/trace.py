@@ -144,7 +144,8 @@ class _ProvenanceMode(TorchFunctionMode):
         stats = self.tracker.now()
         previous = stats.gemms.get(name)
         count = previous.count + 1 if previous else 1
-        stats.gemms[name] = Gemm(name, module.in_features, module.out_features, split, count)
+        rows = x.numel() // module.in_features
+        stats.gemms[name] = Gemm(name, module.in_features, module.out_features, split, count, rows)
         if split is TpSplit.COLUMN:
             self._tag(out, name)
 
@@ -511,8 +512,8 @@ def _layers(run: _TraceRun) -> list[Layer]:
         kind = _kind_of(name, modules, position == "block", position)
         gemms = dict(stats.gemms)
         if kind is LayerKind.HEAD:  # the LM head is vocab-parallel (column) in Megatron
-            gemms = {k: Gemm(g.name, g.in_features, g.out_features, TpSplit.COLUMN, g.count)
-                     for k, g in gemms.items()}
+            gemms = {k: Gemm(g.name, g.in_features, g.out_features, TpSplit.COLUMN, g.count,
+                             g.rows) for k, g in gemms.items()}
         layers.append(Layer(
             name=name, kind=kind, num_params=count,
             params_sharded=min(count, _sharded_params(modules, gemms, vocab, named)),

@@ -1,0 +1,1 @@
+"""Search: candidate generation, the CP-SAT solver and a brute-force reference."""

@@ -1,0 +1,239 @@
+"""Candidate generators: the discrete choices a plan is made of, already filtered by the rules
+the frameworks enforce (divisibility, heads vs TP, SP needs TP, interleaving needs whole
+chunks and a micro-batch count that is a multiple of PP, what each runtime supports).
+
+Only this module decides what is a legal plan; the solver and the brute-force reference both
+take their candidates from here (the brute force without the dominance pruning).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+
+from autoplan.errors import ConstraintError
+from autoplan.graph.layer_graph import LayerGraph, LayerKind
+from autoplan.plan import Offload, Plan, Recompute, Stage
+from autoplan.training import Pins, Runtime, TrainingSpec
+
+MAX_MICRO_BATCH = 64
+"""Micro-batches beyond this only add activation memory; no published plan uses more."""
+
+ZERO_STAGES = {Runtime.MEGATRON: (0, 1), Runtime.DEEPSPEED: (0, 1, 2, 3), Runtime.FSDP: (0, 2, 3)}
+"""What each runtime implements: Megatron's distributed optimizer is ZeRO-1; FSDP's
+SHARD_GRAD_OP and FULL_SHARD are ZeRO-2 and ZeRO-3."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """The integer degrees of a plan (everything but the memory-saving switches)."""
+
+    tp: int
+    pp: int
+    dp: int
+    cp: int
+    mbs: int
+    vpp: int
+
+    def num_microbatches(self, global_batch: int) -> int:
+        return global_batch // (self.dp * self.mbs)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def balanced_stages(graph: LayerGraph, pp: int, vpp: int = 1, *, first: int | None = None,
+                    last: int | None = None) -> tuple[Stage, ...]:
+    """Split the chain into ``pp * vpp`` contiguous chunks.
+
+    Blocks are divided as evenly as possible (extra blocks go to the middle chunks); the layers
+    before the first block join chunk 0 and those after the last block join the final chunk
+    (Megatron's placement of embedding and head). ``first``/``last`` fix the number of blocks
+    of the first and last chunk (Megatron's ``--decoder-first/last-pipeline-num-layers``).
+    """
+    chunks = pp * vpp
+    blocks = graph.block_indices()
+    if chunks == 1:
+        return (Stage(first_layer=0, num_layers=len(graph.layers)),)
+    if not blocks:
+        return _split_chain(len(graph.layers), chunks)
+    counts = _block_counts(len(blocks), chunks, first, last)
+    starts, position = [], blocks[0]
+    for count in counts:
+        starts.append(position)
+        position += count
+    starts[0] = 0
+    ends = starts[1:] + [len(graph.layers)]
+    return tuple(Stage(first_layer=s, num_layers=e - s) for s, e in zip(starts, ends))
+
+
+def _block_counts(num_blocks: int, chunks: int, first: int | None, last: int | None) -> list[int]:
+    fixed = [c for c in (first, last) if c is not None]
+    middle = chunks - len(fixed)
+    rest = num_blocks - sum(fixed)
+    base, extra = divmod(rest, middle)
+    offset = (middle - extra) // 2
+    counts = [base + (offset <= i < offset + extra) for i in range(middle)]
+    if first is not None:
+        counts.insert(0, first)
+    if last is not None:
+        counts.append(last)
+    return counts
+
+
+def _split_chain(num_layers: int, chunks: int) -> tuple[Stage, ...]:
+    base, extra = divmod(num_layers, chunks)
+    stages, start = [], 0
+    for i in range(chunks):
+        size = base + (i < extra)
+        stages.append(Stage(first_layer=start, num_layers=size))
+        start += size
+    return tuple(stages)
+
+
+def stage_variants(graph: LayerGraph, pp: int, vpp: int) -> list[tuple[Stage, ...]]:
+    """The even split plus first/last stages lighter by one or two blocks (they also hold the
+    embedding and the head), where every chunk keeps at least one block."""
+    blocks = len(graph.block_indices())
+    chunks = pp * vpp
+    variants = [balanced_stages(graph, pp, vpp)]
+    if vpp > 1 or pp < 3 or not blocks:
+        return variants
+    even = blocks // pp
+    for cut_first, cut_last in ((1, 0), (0, 1), (1, 1), (2, 0), (0, 2), (2, 2)):
+        first, last = even - cut_first, even - cut_last
+        rest = blocks - first - last
+        if min(first, last) >= 1 and rest % (chunks - 2) == 0 and rest // (chunks - 2) >= 1:
+            variant = balanced_stages(graph, pp, vpp, first=first, last=last)
+            if variant not in variants:
+                variants.append(variant)
+    return variants
+
+
+def tp_options(graph: LayerGraph, world: int, gpus_per_node: int, pinned: int | None) -> list[int]:
+    """TP degrees that divide the world, the heads and KV heads, and stay inside a node: TP's
+    all-reduces sit on the critical path of every layer, so practice (Narayanan et al. 2021,
+    sec. 3.3: "up to degree g") keeps them on NVLink. A pinned --tp may cross nodes."""
+    limit = max(gpus_per_node, pinned or 1)
+    return [t for t in divisors(world) if t <= limit
+            and all(d % t == 0 for d in graph.tp_divisors) and (pinned is None or t == pinned)]
+
+
+def pp_options(graph: LayerGraph, rest: int, pinned: int | None) -> list[int]:
+    """PP degrees that divide the remaining GPUs, with at least one block (or layer) each."""
+    depth = len(graph.block_indices()) or len(graph.layers)
+    return [p for p in divisors(rest) if p <= depth and (pinned is None or p == pinned)]
+
+
+def vpp_options(graph: LayerGraph, pp: int, num_microbatches: int, pinned: int | None) -> list[int]:
+    """Interleaving needs pp > 2 (Megatron), whole blocks per chunk and m a multiple of pp."""
+    blocks = len(graph.block_indices())
+    options = [1]
+    if pp > 2 and blocks and num_microbatches % pp == 0:
+        options += [v for v in divisors(blocks // pp) if v > 1 and blocks % (pp * v) == 0]
+    return [v for v in options if pinned is None or v == pinned]
+
+
+def shapes(graph: LayerGraph, *, world: int, gpus_per_node: int, training: TrainingSpec,
+           pins: Pins) -> list[Shape]:
+    """All legal (tp, pp, dp, cp, mbs, vpp) for the world size and global batch."""
+    shapes_ = []
+    cp = pins.cp or 1
+    for tp in tp_options(graph, world // cp if world % cp == 0 else 0, gpus_per_node, pins.tp):
+        for pp in pp_options(graph, world // (tp * cp), pins.pp):
+            dp = world // (tp * pp * cp)
+            if (pins.dp is not None and dp != pins.dp) or training.global_batch % dp:
+                continue
+            per_rank = training.global_batch // dp
+            for mbs in [b for b in divisors(per_rank) if b <= MAX_MICRO_BATCH]:
+                if pins.mbs is not None and mbs != pins.mbs:
+                    continue
+                for vpp in vpp_options(graph, pp, per_rank // mbs, pins.vpp):
+                    shapes_.append(Shape(tp, pp, dp, cp, mbs, vpp))
+    return shapes_
+
+
+@dataclass(frozen=True, slots=True)
+class Switches:
+    """The memory-saving choices layered on a shape."""
+
+    zero: int
+    recompute: Recompute
+    sp: bool
+    offload: Offload
+
+
+def switches(shape: Shape, *, runtime: Runtime, pins: Pins) -> list[Switches]:
+    """ZeRO stage, recompute, SP and offload combinations the runtime can run on ``shape``."""
+    zeros = ZERO_STAGES[runtime]
+    if shape.pp > 1 and runtime is Runtime.DEEPSPEED:
+        zeros = tuple(z for z in zeros if z <= 1)  # the pipeline engine refuses ZeRO-2/3
+    options = []
+    sps = (False, True) if shape.tp > 1 and runtime is Runtime.MEGATRON else (False,)
+    for zero, rc, sp, off in product(zeros, Recompute, sps, Offload):
+        if off is Offload.OPTIMIZER and zero == 0 or off is Offload.PARAMS and zero < 3:
+            continue
+        if _pinned_out(pins, zero=zero, recompute=rc, sp=sp, offload=off):
+            continue
+        options.append(Switches(zero, rc, sp, off))
+    return options
+
+
+def _pinned_out(pins: Pins, **values) -> bool:
+    return any(getattr(pins, k) is not None and getattr(pins, k) != v for k, v in values.items())
+
+
+def make_plan(shape: Shape, sw: Switches, stages: tuple[Stage, ...], training: TrainingSpec) -> Plan:
+    return Plan(
+        tp=shape.tp, pp=shape.pp, dp=shape.dp, cp=shape.cp, zero_stage=sw.zero,
+        micro_batch_size=shape.mbs, global_batch_size=training.global_batch,
+        num_microbatches=shape.num_microbatches(training.global_batch), recompute=sw.recompute,
+        sequence_parallel=sw.sp, vpp=shape.vpp, offload=sw.offload,
+        world_size=shape.tp * shape.pp * shape.dp * shape.cp, stages=stages,
+    )
+
+
+def candidate_plans(graph: LayerGraph, *, world: int, gpus_per_node: int, training: TrainingSpec,
+                    pins: Pins):
+    """Every legal plan: shapes x switches x stage variants (a generator)."""
+    for shape in shapes(graph, world=world, gpus_per_node=gpus_per_node, training=training,
+                        pins=pins):
+        for stages in stage_variants(graph, shape.pp, shape.vpp):
+            for sw in switches(shape, runtime=training.runtime, pins=pins):
+                yield make_plan(shape, sw, stages, training)
+
+
+def check_pins(graph: LayerGraph, *, world: int, training: TrainingSpec, pins: Pins) -> None:
+    """Reject pins that no plan can satisfy, saying why, before any search."""
+    degrees = [d for d in (pins.tp, pins.pp, pins.dp, pins.cp) if d is not None]
+    product_ = 1
+    for d in degrees:
+        product_ *= d
+    if world % product_:
+        raise ConstraintError(
+            f"the pinned degrees multiply to {product_}, which does not divide the {world} GPUs "
+            "of the cluster; tp*pp*dp*cp must equal the GPU count.")
+    if all(d is not None for d in (pins.tp, pins.pp, pins.dp)) and product_ != world:
+        raise ConstraintError(
+            f"tp*pp*dp*cp = {product_} but the cluster has {world} GPUs; change a pin so the "
+            "product equals the GPU count.")
+    if pins.tp is not None and any(d % pins.tp for d in graph.tp_divisors):
+        raise ConstraintError(
+            f"--tp {pins.tp} does not divide the model's attention heads / KV heads "
+            f"{graph.tp_divisors}; pick a TP degree that divides them.")
+    if pins.cp not in (None, 1):
+        raise ConstraintError(
+            "--cp > 1: context parallelism is not modelled yet; leave --cp unset or 1.")
+    if pins.dp is not None and training.global_batch % pins.dp:
+        raise ConstraintError(
+            f"--global-batch {training.global_batch} is not divisible by --dp {pins.dp}; each "
+            "data-parallel rank needs a whole number of sequences.")
+    if pins.sp and pins.tp == 1:
+        raise ConstraintError("--sp needs --tp > 1: sequence parallelism splits along TP.")
+    if pins.mbs is not None and pins.dp is not None and training.global_batch % (pins.dp * pins.mbs):
+        raise ConstraintError(
+            f"--global-batch {training.global_batch} is not divisible by dp*mbs = "
+            f"{pins.dp * pins.mbs}; change --mbs or --global-batch.")
+    if graph.layers and not any(l.kind is LayerKind.BLOCK for l in graph.layers) and pins.vpp not in (None, 1):
+        raise ConstraintError("--vpp > 1 needs a model with repeated blocks to interleave.")

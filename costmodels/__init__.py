@@ -1,0 +1,1 @@
+"""Cost models: pure functions of a plan and a problem; estimate() composes them."""

@@ -1,0 +1,104 @@
+"""Memory per GPU: model states by ZeRO stage and offload, activations by recompute, TP/SP/CP
+and the micro-batches a pipeline schedule keeps in flight, plus a stated allowance.
+
+Model states (Rajbhandari et al. 2020, ZeRO; Megatron-LM distributed optimizer docs), bytes per
+parameter held by a GPU with d-way data parallelism, bf16 weights, Adam with fp32 master
+weights and moments (``K = master + moments = 12``):
+    stage 0: 2 + g + K          stage 1: 2 + g + K/d
+    stage 2: 2 + (g + K)/d      stage 3: (2 + g + K)/d
+where g is the runtime's gradient bytes (2 in DeepSpeed, 4 for Megatron's fp32 main grads).
+Activations per layer come from the trace (bytes saved for backward), split by TP where the
+tensor lies between a column- and a row-parallel Linear and by SP elsewhere (Korthikanti et al.
+2022, Table 2); full recompute keeps only each layer's input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.costmodels.compute import Split
+from autoplan.costmodels.profiles import RuntimeProfile
+from autoplan.graph.layer_graph import Layer, LayerKind
+from autoplan.plan import Offload, Recompute
+
+WEIGHT_BYTES = 2
+"""bf16/fp16 working copy of the weights."""
+
+SCORE_BYTES_WITH_DROPOUT = 5
+"""Explicit attention keeps softmax output (2), dropout mask (1) and dropout output (2) per
+score element (Korthikanti et al. 2022, the 5as/h term)."""
+
+SCORE_BYTES_NO_DROPOUT = 2
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStates:
+    """Bytes of weights, gradients and optimizer state on one GPU."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer
+
+
+def model_state_bytes(num_params: float, *, zero_stage: int, dp: int, offload: Offload,
+                      runtime: RuntimeProfile) -> ModelStates:
+    """Model-state bytes on one GPU holding ``num_params`` parameters (before ZeRO sharding)."""
+    optimizer_per_param = runtime.master_bytes + runtime.moment_bytes
+    weights = WEIGHT_BYTES * num_params / (dp if zero_stage >= 3 else 1)
+    gradients = runtime.grad_bytes * num_params / (dp if zero_stage >= 2 else 1)
+    optimizer = optimizer_per_param * num_params / (dp if zero_stage >= 1 else 1)
+    if offload is not Offload.NONE:
+        optimizer = 0.0
+    if offload is Offload.PARAMS:
+        weights = 0.0
+    return ModelStates(weights, gradients, optimizer)
+
+
+def layer_params_on_gpu(layer: Layer, tp: int) -> float:
+    """Parameters of a layer one TP rank holds."""
+    return layer.params_sharded / tp + layer.params_replicated
+
+
+def _score_bytes(layer: Layer, split: Split) -> float:
+    """Explicit (non-flash) attention's s x s tensors per micro-batch."""
+    total = 0.0
+    for att in layer.attention:
+        per_element = SCORE_BYTES_WITH_DROPOUT if att.dropout > 0 else SCORE_BYTES_NO_DROPOUT
+        total += per_element * att.num_heads * att.seq_len * att.seq_len
+    return total * split.mbs / (split.tp * split.cp * split.cp)
+
+
+def layer_activation_bytes(layer: Layer, split: Split, recompute: Recompute) -> float:
+    """Bytes one layer keeps for backward, per micro-batch, on one GPU."""
+    replicated_div = split.tp if split.sp else 1
+    if recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK:
+        return layer.input_bytes * split.mbs / (split.cp * replicated_div)
+    kept = layer.activation_bytes_sharded / split.tp + layer.activation_bytes_replicated / replicated_div
+    kept *= split.mbs / split.cp
+    if recompute is Recompute.SELECTIVE:
+        return kept
+    internal = layer.attention_internal_bytes * split.mbs / (split.tp * split.cp)
+    return kept + internal + (0.0 if split.flash else _score_bytes(layer, split))
+
+
+def recompute_working_bytes(layer: Layer, split: Split, recompute: Recompute) -> float:
+    """Extra bytes while one fully recomputed layer runs its backward (its whole activations)."""
+    if recompute is not Recompute.FULL or layer.kind is not LayerKind.BLOCK:
+        return 0.0
+    return layer_activation_bytes(layer, split, Recompute.NONE)
+
+
+def in_flight_chunks(rank: int, *, pp: int, vpp: int, num_microbatches: int) -> int:
+    """Model-chunk activations a pipeline rank holds at its peak.
+
+    1F1B: rank r keeps ``pp - r`` micro-batches (Narayanan et al. 2021). Interleaved (Megatron's
+    schedule): ``2 (pp - r - 1) + (vpp - 1) pp`` warm-up chunk-micro-batches plus one.
+    """
+    if vpp == 1:
+        return min(pp - rank, num_microbatches)
+    warmup = 2 * (pp - rank - 1) + (vpp - 1) * pp + 1
+    return min(warmup, num_microbatches * vpp)

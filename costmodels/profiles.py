@@ -1,0 +1,68 @@
+"""Calibration data of the cost models: per-GPU achieved efficiencies and per-runtime behaviour.
+
+The numbers live in profiles.yaml with their sources; a measured profile (``autoplan
+calibrate``) can replace the compute part for one GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from functools import cache
+from importlib import resources
+
+import yaml
+
+from autoplan.units import parse_quantity
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeProfile:
+    """How close to peak a GPU runs each kind of kernel [Empirical]."""
+
+    gemm_efficiency: float
+    gemm_half_flops: float
+    attention_efficiency: float
+    bmm_efficiency: float
+    memory_efficiency: float
+    kernel_overhead_s: float
+    source: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeProfile:
+    """What a training framework keeps in memory and how much communication it hides."""
+
+    name: str
+    grad_bytes: int
+    master_bytes: int
+    moment_bytes: int
+    dp_overlap: float
+    zero3_overlap: float
+    collective_efficiency: float
+    tp_bwd_overlap: bool
+    pp_scatter_gather: bool
+    cuda_context_bytes: float
+    fragmentation: float
+    source: str = ""
+
+
+@cache
+def _profiles() -> dict:
+    return yaml.safe_load(resources.files("autoplan.costmodels").joinpath("profiles.yaml").read_text())
+
+
+def _build(cls, entry: dict, **extra):
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in entry.items() if k in names}, **extra)
+
+
+def compute_profile(gpu_name: str) -> ComputeProfile:
+    """The compute profile of a catalog GPU, or the generic default for others."""
+    table = _profiles()["compute"]
+    return _build(ComputeProfile, table.get(gpu_name, table["default"]))
+
+
+def runtime_profile(name: str) -> RuntimeProfile:
+    entry = dict(_profiles()["runtimes"][name])
+    entry["cuda_context_bytes"] = parse_quantity(entry["cuda_context_bytes"], "memory")
+    return _build(RuntimeProfile, entry, name=name)

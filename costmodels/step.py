@@ -1,0 +1,371 @@
+"""One estimate() for everything: the step time and per-GPU memory of a plan.
+
+The solver tabulates it, ``autoplan estimate`` prints it and the brute-force reference enumerates
+it, so all three agree by construction. The step is
+    pipeline(per-rank micro-batch times) + exposed data-parallel reduction + optimizer step
+where a rank's micro-batch time is its layers' compute (compute.py), their exposed TP
+collectives and its pipeline sends (comm.py); memory is model states plus in-flight
+activations plus a stated allowance (memory.py) on the worst rank.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+from autoplan.cluster.spec import Cluster
+from autoplan.cluster.topology import GroupLinks, group_links
+from autoplan.costmodels import comm
+from autoplan.costmodels.compute import Split, layer_time
+from autoplan.costmodels.memory import (
+    WEIGHT_BYTES, ModelStates, in_flight_chunks, layer_activation_bytes, layer_params_on_gpu,
+    model_state_bytes, recompute_working_bytes,
+)
+from autoplan.costmodels.pipeline import pipeline_time
+from autoplan.costmodels.profiles import ComputeProfile, RuntimeProfile
+from autoplan.graph.layer_graph import Layer, LayerGraph, LayerKind
+from autoplan.plan import Estimate, Offload, Plan, Recompute
+from autoplan.training import AttentionKernel, TrainingSpec
+from autoplan.units import GIB
+
+ADAM_BYTES_PER_PARAM = 26
+"""Optimizer step traffic per parameter besides the gradient: read+write fp32 master (8) and
+two fp32 moments (16), write the bf16 weight (2)."""
+
+HOST_LINK_BPS = 25e9
+"""[Empirical] achieved PCIe 4.0 x16 host<->GPU copy bandwidth (of 31.5 GB/s) for offload."""
+
+CPU_ADAM_PARAMS_PER_S = 1.0e9
+"""[Empirical] DeepSpeed CPUAdam throughput per GPU's share of a host (ZeRO-Offload, Ren et al.
+2021, reports ~1B parameters/s on a 2-socket server)."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Everything an estimate depends on besides the plan."""
+
+    graph: LayerGraph
+    cluster: Cluster
+    training: TrainingSpec
+    runtime: RuntimeProfile
+    compute: ComputeProfile
+    mem_limit_bytes: float
+    _cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def __post_init__(self) -> None:
+        classes: dict[tuple, int] = {}
+        index = [classes.setdefault(_layer_key(l), len(classes)) for l in self.graph.layers]
+        firsts = {c: index.index(c) for c in range(len(classes))}
+        prefix = [[0] * (len(index) + 1) for _ in classes]
+        for i, c in enumerate(index):
+            for k in range(len(classes)):
+                prefix[k][i + 1] = prefix[k][i] + (c == k)
+        object.__setattr__(self, "_classes", [self.graph.layers[firsts[c]] for c in range(len(classes))])
+        object.__setattr__(self, "_prefix", prefix)
+
+    def layer_counts(self, first: int, num: int) -> tuple[tuple[int, int], ...]:
+        """(class id, how many) of each distinct layer in ``layers[first:first+num]``; equal
+        layers (the replicated blocks) share a class."""
+        key = ("counts", first, num)
+        counts = self._cache.get(key)
+        if counts is None:
+            end = first + num
+            counts = tuple((c, p[end] - p[first]) for c, p in enumerate(self._prefix)
+                           if p[end] - p[first])
+            self._cache[key] = counts
+        return counts
+
+    def layer_class(self, class_id: int) -> Layer:
+        return self._classes[class_id]
+
+    @property
+    def precision(self) -> str:
+        return self.training.precision.value
+
+    @property
+    def flash_attention(self) -> bool:
+        return self.training.attention is AttentionKernel.FLASH
+
+
+MIB = 2**20
+
+
+def memory_mib(est: Estimate) -> int:
+    """Worst-GPU memory rounded up to whole MiB: the unit in which plans are compared."""
+    return math.ceil(est.peak_memory_gib * 1024)
+
+
+def limit_mib(problem: Problem) -> int:
+    """The memory limit rounded down to whole MiB."""
+    return int(problem.mem_limit_bytes // MIB)
+
+
+@dataclass(frozen=True, slots=True)
+class _LayerCost:
+    """A layer's per-micro-batch costs on one GPU under a given split and recompute."""
+
+    compute_s: float
+    tp_comm_s: float
+    act_bytes: float
+    working_bytes: float
+    params: float
+
+
+@dataclass(frozen=True, slots=True)
+class _RankCost:
+    micro_batch_s: float
+    compute_s: float
+    tp_comm_s: float
+    pp_comm_s: float
+    states: ModelStates
+    activations: float
+    other: float
+    params: float
+
+    @property
+    def memory(self) -> float:
+        return self.states.total + self.activations + self.other
+
+
+def _layer_key(layer: Layer) -> tuple:
+    return tuple(getattr(layer, f.name) for f in fields(Layer) if f.name != "name")
+
+
+def _tp_messages(layer: Layer, split: Split) -> tuple[int, int, float]:
+    """(forward all-reduces, backward all-reduces, message bytes) per micro-batch."""
+    size = split.mbs / split.cp
+    if layer.kind is LayerKind.BLOCK:
+        return layer.tp_allreduces, layer.tp_allreduces, layer.boundary_bytes * size
+    if layer.kind is LayerKind.HEAD:
+        return 0, 1, layer.input_bytes * size
+    return layer.tp_allreduces, 0, layer.boundary_bytes * size
+
+
+def _layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
+                recompute: Recompute, tp_links: GroupLinks) -> _LayerCost:
+    key = (class_id, split, recompute, tp_links)
+    cached = problem._cache.get(key)
+    if cached is not None:
+        return cached
+    t = layer_time(layer, split, recompute, gpu=problem.cluster.gpu, precision=problem.precision,
+                   profile=problem.compute)
+    fwd_n, bwd_n, message = _tp_messages(layer, split)
+    one = comm.all_reduce_time(message, tp_links) if split.tp > 1 else 0.0
+    full = recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK
+    bwd_comm = bwd_n * one
+    if problem.runtime.tp_bwd_overlap and not full:
+        bwd_comm = max(0.0, bwd_comm - t.wgrad_s)
+    tp_comm = fwd_n * one * (2 if full else 1) + bwd_comm
+    cost = _LayerCost(
+        compute_s=t.fwd_s + t.bwd_s + t.recompute_s, tp_comm_s=tp_comm,
+        act_bytes=layer_activation_bytes(layer, split, recompute),
+        working_bytes=recompute_working_bytes(layer, split, recompute),
+        params=layer_params_on_gpu(layer, split.tp),
+    )
+    problem._cache[key] = cost
+    return cost
+
+
+def _axis_links(problem: Problem, plan: Plan, axis: str) -> GroupLinks:
+    """Links of the plan's group along ``axis`` under its placement (innermost axis first)."""
+    sizes = {"tp": plan.tp, "cp": plan.cp, "dp": plan.dp, "pp": plan.pp}
+    order = plan.placement.split("-")
+    stride = 1
+    for name in order[: order.index(axis)]:
+        stride *= sizes[name]
+    return group_links(problem.cluster, sizes[axis], stride)
+
+
+def _rank_stages(plan: Plan, rank: int) -> list:
+    """The model chunks a pipeline rank runs (chunk c is virtual stage c*pp + rank)."""
+    return [plan.stages[c * plan.pp + rank] for c in range(plan.vpp)]
+
+
+@dataclass(frozen=True, slots=True)
+class _ChunkSums:
+    """Per-micro-batch sums over the layers of a rank's chunks."""
+
+    compute_s: float
+    tp_comm_s: float
+    params: float
+    acts_per_chunk: float
+    working: float
+    largest: float
+
+
+def _chunk_sums(problem: Problem, compositions: tuple, split: Split, recompute: Recompute,
+                tp_links: GroupLinks) -> _ChunkSums:
+    key = ("sums", compositions, split, recompute, tp_links)
+    cached = problem._cache.get(key)
+    if cached is not None:
+        return cached
+    compute_s = tp_comm_s = params = acts = working = largest = 0.0
+    for composition in compositions:
+        for class_id, count in composition:
+            layer = problem.layer_class(class_id)
+            cost = _layer_cost(problem, layer, class_id, split, recompute, tp_links)
+            compute_s += count * cost.compute_s
+            tp_comm_s += count * cost.tp_comm_s
+            params += count * cost.params
+            acts += count * cost.act_bytes
+            working = max(working, cost.working_bytes)
+            largest = max(largest, cost.params)
+    sums = _ChunkSums(compute_s, tp_comm_s, params, acts / len(compositions), working, largest)
+    problem._cache[key] = sums
+    return sums
+
+
+def _rank_base(problem: Problem, plan: Plan, rank: int, split: Split,
+               links: dict[str, GroupLinks]) -> tuple[_ChunkSums, float, float]:
+    """(layer sums, pipeline-send time, parameters) of a rank; shared by equal ranks."""
+    stages = _rank_stages(plan, rank)
+    compositions = tuple(problem.layer_counts(s.first_layer, s.num_layers) for s in stages)
+    last = rank == plan.pp - 1 and plan.pp > 1
+    key = ("rank", compositions, last, split, plan.recompute, plan.pp > 1, links["tp"], links["pp"])
+    cached = problem._cache.get(key)
+    if cached is None:
+        sums = _chunk_sums(problem, compositions, split, plan.recompute, links["tp"])
+        pp_comm_s = _pp_comm(problem, plan, stages, links["pp"]) if plan.pp > 1 else 0.0
+        params = sums.params + (_tied_params(problem) / plan.tp if last else 0.0)
+        cached = problem._cache[key] = (sums, pp_comm_s, params)
+    return cached
+
+
+def _rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLinks]) -> _RankCost:
+    split = Split(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel, mbs=plan.micro_batch_size,
+                  flash=problem.flash_attention)
+    sums, pp_comm_s, params = _rank_base(problem, plan, rank, split, links)
+    states = model_state_bytes(params, zero_stage=plan.zero_stage, dp=plan.dp,
+                               offload=plan.offload, runtime=problem.runtime)
+    held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp, num_microbatches=plan.num_microbatches)
+    activations = held * sums.acts_per_chunk + sums.working
+    other = problem.runtime.cuda_context_bytes + problem.runtime.fragmentation * activations
+    if plan.zero_stage >= 3:  # gathered full layers: the running one and the prefetched next
+        other += 2 * WEIGHT_BYTES * sums.largest
+    return _RankCost(sums.compute_s + sums.tp_comm_s + pp_comm_s, sums.compute_s,
+                     sums.tp_comm_s, pp_comm_s, states, activations, other, params)
+
+
+def _tied_params(problem: Problem) -> float:
+    """Weights tied to an earlier layer: with PP the last stage keeps its own copy (Megatron)."""
+    return sum(l.tied_params for l in problem.graph.layers)
+
+
+def _pp_comm(problem: Problem, plan: Plan, stages: list, links: GroupLinks) -> float:
+    """Activation sends forward and gradient sends backward, per micro-batch, for each chunk."""
+    layers = problem.graph.layers
+    total = 0.0
+    for stage in stages:
+        first, last = layers[stage.first_layer], layers[stage.first_layer + stage.num_layers - 1]
+        boundary = max(first.input_bytes, last.boundary_bytes)
+        message = boundary * plan.micro_batch_size / plan.cp
+        if problem.runtime.pp_scatter_gather and plan.tp > 1:
+            message /= plan.tp
+        total += 2 * comm.p2p_time(message, links)
+    return total
+
+
+def _dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks) -> float:
+    """Exposed gradient reduction (and ZeRO gathers) per step for one GPU's parameters."""
+    if plan.dp == 1:
+        return 0.0
+    runtime = problem.runtime
+    grads = runtime.grad_bytes * params
+    if plan.zero_stage == 0:
+        return comm.all_reduce_time(grads, links) * (1 - runtime.dp_overlap)
+    scale = 1.0 / runtime.collective_efficiency
+    weights = WEIGHT_BYTES * params
+    if plan.zero_stage < 3:
+        sync = comm.reduce_scatter_time(grads, links) + comm.all_gather_time(weights, links)
+        return sync * scale * (1 - runtime.dp_overlap)
+    per_microbatch = 2 * comm.all_gather_time(weights, links) + comm.reduce_scatter_time(grads, links)
+    return plan.num_microbatches * per_microbatch * scale * (1 - runtime.zero3_overlap)
+
+
+def _optimizer_time(problem: Problem, plan: Plan, params: float) -> float:
+    """Adam step over the GPU's shard: memory-bound on the GPU, or CPUAdam plus PCIe copies."""
+    shard = params / (plan.dp if plan.zero_stage >= 1 else 1)
+    if plan.offload is not Offload.NONE:
+        copies = shard * (problem.runtime.grad_bytes + WEIGHT_BYTES) / HOST_LINK_BPS
+        return shard / CPU_ADAM_PARAMS_PER_S + copies
+    traffic = shard * (ADAM_BYTES_PER_PARAM + problem.runtime.grad_bytes)
+    gpu = problem.cluster.gpu
+    return traffic / (gpu.memory_bandwidth_Bps * problem.compute.memory_efficiency)
+
+
+def _offload_param_time(plan: Plan, params: float) -> float:
+    """ZeRO-3 parameter offload fetches the weights over PCIe for every forward and backward."""
+    if plan.offload is not Offload.PARAMS:
+        return 0.0
+    return plan.num_microbatches * 2 * WEIGHT_BYTES * params / HOST_LINK_BPS
+
+
+def model_flops_per_sample(graph: LayerGraph) -> float:
+    """Model FLOPs (MFU basis): forward + backward, attention backward counted as 2x forward
+    (Korthikanti et al. 2022 eq. 7), no recomputation."""
+    total = graph.fwd_flops + graph.bwd_flops
+    for layer in graph.layers:
+        for att in layer.attention:
+            total -= att.bwd_flops - 2 * att.fwd_flops
+    return total
+
+
+def hardware_flops_per_sample(graph: LayerGraph, recompute: Recompute) -> float:
+    """FLOPs actually executed: model FLOPs plus the recomputed forward."""
+    extra = 0.0
+    for layer in graph.layers:
+        if recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK:
+            extra += layer.fwd_flops
+        elif recompute is Recompute.SELECTIVE:
+            extra += sum(a.fwd_flops for a in layer.attention)
+    return model_flops_per_sample(graph) + extra
+
+
+def estimate(problem: Problem, plan: Plan) -> Estimate:
+    """Predicted step time and worst-GPU memory of ``plan`` on ``problem``."""
+    links = {axis: _axis_links(problem, plan, axis) for axis in ("tp", "dp", "pp")}
+    ranks = [_rank_cost(problem, plan, r, links) for r in range(plan.pp)]
+    times = [r.micro_batch_s for r in ranks]
+    pipe = pipeline_time(times, num_microbatches=plan.num_microbatches, vpp=plan.vpp)
+    params = max(r.params for r in ranks)
+    dp_s = _dp_time(problem, plan, params, links["dp"])
+    opt_s = _optimizer_time(problem, plan, params) + _offload_param_time(plan, params)
+    step = pipe + dp_s + opt_s
+    slow = max(ranks, key=lambda r: r.micro_batch_s)
+    worst = max(ranks, key=lambda r: r.memory)
+    m = plan.num_microbatches
+    return _summarize(problem, plan, step=step, worst=worst, ranks=ranks, breakdown={
+        "compute": m * slow.compute_s, "tp_comm": m * slow.tp_comm_s,
+        "pp_comm": m * slow.pp_comm_s, "dp_comm": dp_s,
+        "bubble": pipe - m * slow.micro_batch_s, "optimizer": opt_s,
+    })
+
+
+def _summarize(problem: Problem, plan: Plan, *, step: float, worst: _RankCost,
+               ranks: list[_RankCost], breakdown: dict[str, float]) -> Estimate:
+    samples = plan.global_batch_size
+    peak = problem.cluster.gpu.peak_flops(problem.precision)
+    flops_key = ("flops", plan.recompute)
+    if flops_key not in problem._cache:
+        problem._cache[flops_key] = (model_flops_per_sample(problem.graph),
+                                     hardware_flops_per_sample(problem.graph, plan.recompute))
+    model_flops, hardware_flops = problem._cache[flops_key]
+    model_tflops = model_flops * samples / (plan.world_size * step) / 1e12
+    hw = hardware_flops * samples
+    return Estimate(
+        step_time_s=step,
+        tokens_per_s=samples * problem.graph.seq_len / step,
+        model_tflops_per_gpu=model_tflops,
+        hardware_tflops_per_gpu=hw / (plan.world_size * step) / 1e12,
+        mfu=model_tflops * 1e12 / peak,
+        peak_memory_gib=worst.memory / GIB,
+        memory_limit_gib=problem.mem_limit_bytes / GIB,
+        memory_breakdown_gib={
+            "weights": worst.states.weights / GIB, "gradients": worst.states.gradients / GIB,
+            "optimizer": worst.states.optimizer / GIB, "activations": worst.activations / GIB,
+            "other": worst.other / GIB,
+        },
+        time_breakdown_s=breakdown,
+        stage_memory_gib=tuple(r.memory / GIB for r in ranks),
+        feasible=worst.memory <= problem.mem_limit_bytes,
+    )

@@ -1,0 +1,1 @@
+"""Exporters: turn a plan into what a training framework launches."""
