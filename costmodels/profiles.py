@@ -38,7 +38,7 @@ class RuntimeProfile:
     moment_bytes: int
     dp_overlap: float
     zero3_overlap: float
-    collective_efficiency: float
+    zero3_collective_efficiency: float
     tp_bwd_overlap: bool
     pp_scatter_gather: bool
     cuda_context_bytes: float

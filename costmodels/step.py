@@ -105,6 +105,7 @@ class _LayerCost:
     """A layer's per-micro-batch costs on one GPU under a given split and recompute."""
 
     compute_s: float
+    backward_s: float
     tp_comm_s: float
     act_bytes: float
     working_bytes: float
@@ -115,6 +116,7 @@ class _LayerCost:
 class _RankCost:
     micro_batch_s: float
     compute_s: float
+    backward_s: float
     tp_comm_s: float
     pp_comm_s: float
     states: ModelStates
@@ -153,11 +155,16 @@ def _layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
     one = comm.all_reduce_time(message, tp_links) if split.tp > 1 else 0.0
     full = recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK
     bwd_comm = bwd_n * one
+    if split.sp and layer.kind is LayerKind.BLOCK:
+        # SP re-gathers the sequence-sharded input of each column-parallel Linear in backward
+        # for its weight gradient instead of keeping it (Korthikanti et al. 2022, sec. 4.2.2).
+        bwd_comm += bwd_n * comm.all_gather_time(message, tp_links)
     if problem.runtime.tp_bwd_overlap and not full:
         bwd_comm = max(0.0, bwd_comm - t.wgrad_s)
     tp_comm = fwd_n * one * (2 if full else 1) + bwd_comm
     cost = _LayerCost(
-        compute_s=t.fwd_s + t.bwd_s + t.recompute_s, tp_comm_s=tp_comm,
+        compute_s=t.fwd_s + t.bwd_s + t.recompute_s, backward_s=t.bwd_s + t.recompute_s,
+        tp_comm_s=tp_comm,
         act_bytes=layer_activation_bytes(layer, split, recompute),
         working_bytes=recompute_working_bytes(layer, split, recompute),
         params=layer_params_on_gpu(layer, split.tp),
@@ -186,6 +193,7 @@ class _ChunkSums:
     """Per-micro-batch sums over the layers of a rank's chunks."""
 
     compute_s: float
+    backward_s: float
     tp_comm_s: float
     params: float
     acts_per_chunk: float
@@ -199,18 +207,19 @@ def _chunk_sums(problem: Problem, compositions: tuple, split: Split, recompute: 
     cached = problem._cache.get(key)
     if cached is not None:
         return cached
-    compute_s = tp_comm_s = params = acts = working = largest = 0.0
+    compute_s = backward_s = tp_comm_s = params = acts = working = largest = 0.0
     for composition in compositions:
         for class_id, count in composition:
             layer = problem.layer_class(class_id)
             cost = _layer_cost(problem, layer, class_id, split, recompute, tp_links)
             compute_s += count * cost.compute_s
+            backward_s += count * cost.backward_s
             tp_comm_s += count * cost.tp_comm_s
             params += count * cost.params
             acts += count * cost.act_bytes
             working = max(working, cost.working_bytes)
             largest = max(largest, cost.params)
-    sums = _ChunkSums(compute_s, tp_comm_s, params, acts / len(compositions), working, largest)
+    sums = _ChunkSums(compute_s, backward_s, tp_comm_s, params, acts / len(compositions), working, largest)
     problem._cache[key] = sums
     return sums
 
@@ -243,7 +252,7 @@ def _rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLi
     if plan.zero_stage >= 3:  # gathered full layers: the running one and the prefetched next
         other += 2 * WEIGHT_BYTES * sums.largest
     return _RankCost(sums.compute_s + sums.tp_comm_s + pp_comm_s, sums.compute_s,
-                     sums.tp_comm_s, pp_comm_s, states, activations, other, params)
+                     sums.backward_s, sums.tp_comm_s, pp_comm_s, states, activations, other, params)
 
 
 def _tied_params(problem: Problem) -> float:
@@ -265,21 +274,32 @@ def _pp_comm(problem: Problem, plan: Plan, stages: list, links: GroupLinks) -> f
     return total
 
 
-def _dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks) -> float:
-    """Exposed gradient reduction (and ZeRO gathers) per step for one GPU's parameters."""
+def _overlapped(comm_s: float, compute_s: float, overlap: float) -> float:
+    """Exposed part of communication that can run under ``compute_s`` of computation, when a
+    fraction ``overlap`` of the shorter of the two is hidden."""
+    return comm_s - overlap * min(comm_s, compute_s)
+
+
+def _dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
+             backward_s: float, compute_s: float) -> float:
+    """Exposed gradient reduction (and ZeRO gathers) per step for one GPU's parameters.
+
+    Gradient reduction can overlap the last micro-batch's backward (``backward_s``); ZeRO-3
+    parameter gathers and reduce-scatters run every micro-batch and can overlap all compute.
+    """
     if plan.dp == 1:
         return 0.0
     runtime = problem.runtime
     grads = runtime.grad_bytes * params
     if plan.zero_stage == 0:
-        return comm.all_reduce_time(grads, links) * (1 - runtime.dp_overlap)
-    scale = 1.0 / runtime.collective_efficiency
+        return _overlapped(comm.all_reduce_time(grads, links), backward_s, runtime.dp_overlap)
     weights = WEIGHT_BYTES * params
     if plan.zero_stage < 3:
         sync = comm.reduce_scatter_time(grads, links) + comm.all_gather_time(weights, links)
-        return sync * scale * (1 - runtime.dp_overlap)
+        return _overlapped(sync, backward_s, runtime.dp_overlap)
     per_microbatch = 2 * comm.all_gather_time(weights, links) + comm.reduce_scatter_time(grads, links)
-    return plan.num_microbatches * per_microbatch * scale * (1 - runtime.zero3_overlap)
+    total = plan.num_microbatches * per_microbatch / runtime.zero3_collective_efficiency
+    return _overlapped(total, compute_s, runtime.zero3_overlap)
 
 
 def _optimizer_time(problem: Problem, plan: Plan, params: float) -> float:
@@ -328,10 +348,11 @@ def estimate(problem: Problem, plan: Plan) -> Estimate:
     times = [r.micro_batch_s for r in ranks]
     pipe = pipeline_time(times, num_microbatches=plan.num_microbatches, vpp=plan.vpp)
     params = max(r.params for r in ranks)
-    dp_s = _dp_time(problem, plan, params, links["dp"])
+    slow = max(ranks, key=lambda r: r.micro_batch_s)
+    dp_s = _dp_time(problem, plan, params, links["dp"], backward_s=slow.backward_s,
+                    compute_s=plan.num_microbatches * slow.compute_s)
     opt_s = _optimizer_time(problem, plan, params) + _offload_param_time(plan, params)
     step = pipe + dp_s + opt_s
-    slow = max(ranks, key=lambda r: r.micro_batch_s)
     worst = max(ranks, key=lambda r: r.memory)
     m = plan.num_microbatches
     return _summarize(problem, plan, step=step, worst=worst, ranks=ranks, breakdown={

@@ -1,0 +1,86 @@
+"""The published training runs of ../shared/data/published_runs.csv as autoplan questions:
+for each row, the model (a GPT built from the row's shape), the cluster (DGX A100 nodes as on
+Selene), the training settings and the plan the authors ran. Shared by the accuracy benchmark
+and the tests that cite rows."""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import types
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from autoplan.zoo import GPT, GPTConfig, next_token_loss
+
+DATA = Path(os.environ.get("AUTOPLAN_SHARED_DATA",
+                           Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+CSV = DATA / "published_runs.csv"
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    row_id: str
+    model: types.ModuleType
+    cluster: dict
+    seq_len: int
+    global_batch: int
+    pins: dict
+    runtime: str
+    precision: str
+    step_time_s: float
+
+
+def _vpp(text: str) -> int:
+    match = re.search(r"=> (\d+) chunks|(\d+) stages/chunks|m=(\d+)", text)
+    return int(next(g for g in match.groups() if g)) if match else 1
+
+
+def _recompute(text: str) -> str:
+    return "selective" if text.startswith("selective") else "full" if text.startswith("full") else "none"
+
+
+@cache
+def _gpt_module(layers: int, hidden: int, heads: int, vocab: int, seq: int) -> types.ModuleType:
+    module = types.ModuleType(f"gpt_{layers}x{hidden}")
+    config = GPTConfig(num_layers=layers, hidden_size=hidden, num_heads=heads, vocab_size=vocab,
+                       max_seq_len=seq)
+    module.build_model = lambda: GPT(config)
+    module.loss = next_token_loss
+    return module
+
+
+def selene(num_gpus: int) -> dict:
+    """DGX A100 nodes as on Selene: NVSwitch, 8x HDR 200 Gb/s per node (README 2.1)."""
+    return {"name": f"selene-{num_gpus}", "gpu": "a100-sxm4-80gb", "nodes": num_gpus // 8,
+            "gpus_per_node": 8, "intra_node": {"link": "nvswitch", "bandwidth": "300GB/s"},
+            "inter_node": {"link": "infiniband", "nics_per_node": 8, "bandwidth": "200Gbps",
+                           "latency": "5us"}}
+
+
+def _run(row: dict) -> PublishedRun:
+    zero3 = row["zero_or_dist_opt"].startswith("ZeRO-3")
+    pins = {"tp": int(row["TP"]), "pp": int(row["PP"]), "dp": int(row["DP"]),
+            "mbs": int(row["micro_batch"]), "vpp": _vpp(row["VPP_or_layers_per_virtual_stage"]),
+            "recompute": _recompute(row["recompute"]), "sp": row["sequence_parallel"] == "y",
+            "zero": 3 if zero3 else 0}
+    layers, seq = int(row["num_layers"]), int(row["seq_len"])
+    return PublishedRun(
+        row_id=row["row_id"],
+        model=_gpt_module(layers, int(row["hidden"]), int(row["num_heads"]), int(row["vocab"]), seq),
+        cluster=selene(int(row["num_gpus"])), seq_len=seq,
+        global_batch=int(row["global_batch_seqs"]), pins=pins,
+        runtime="deepspeed" if zero3 else "megatron",
+        precision="fp16" if "fp16" in row["precision"] else "bf16",
+        step_time_s=float(row["step_time_s"]),
+    )
+
+
+def published_runs() -> list[PublishedRun]:
+    """Every row with a full configuration and a step time (the Sec. 5.1 estimate has neither
+    TP nor PP and is skipped)."""
+    with CSV.open() as f:
+        rows = list(csv.DictReader(f))
+    return [_run(r) for r in rows if r["TP"] and r["step_time_s"]]
