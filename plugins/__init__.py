@@ -19,8 +19,13 @@ from pathlib import Path
 
 from autoplan.errors import ExportError
 from autoplan.plan import Result
+from autoplan.plugins.accelerate import accelerate_config
+from autoplan.plugins.colossalai import colossalai_plugin_kwargs
+from autoplan.plugins.deepspeed import deepspeed_config
 from autoplan.plugins.exporter import Exporter
 from autoplan.plugins.files import refuse_existing, write_files
+from autoplan.plugins.megatron import megatron_args
+from autoplan.plugins.torchtitan import torchtitan_overrides
 
 logger = logging.getLogger(__name__)
 
@@ -87,16 +92,6 @@ def export_plan(result: Result, target: str, out_dir: Path, *, force: bool = Fal
     if not force:
         refuse_existing(list(files), out_dir)
     return write_files(files, out_dir)
-
-
-def __getattr__(name: str):
-    """The per-target launcher API (``megatron_args`` ...), imported on first use."""
-    modules = {"megatron_args": "megatron", "deepspeed_config": "deepspeed",
-               "torchtitan_overrides": "torchtitan", "accelerate_config": "accelerate",
-               "colossalai_plugin_kwargs": "colossalai"}
-    if name in modules:
-        return getattr(importlib.import_module(f"autoplan.plugins.{modules[name]}"), name)
-    raise AttributeError(name)
 
 
 __all__ = ["EXPORTERS", "Exporter", "discover", "export_plan", "render_all", "megatron_args",

@@ -20,6 +20,7 @@ from autoplan.errors import ExportError
 from autoplan.plan import Offload, Recompute, Result
 from autoplan.plugins.exporter import Exporter
 from autoplan.plugins.launch import DEFAULT_MASTER_PORT, nodes_of
+from autoplan.plugins.megatron import check as check_megatron
 from autoplan.plugins.stages import blocks_per_stage
 from autoplan.plugins.summary import comment_header, precision
 
@@ -36,14 +37,14 @@ def _megatron_section(result: Result) -> dict:
     """``megatron_lm_config``: accelerate has no interleaving, first-stage size or ZeRO-3, and
     only full recompute: ``MegatronLMPlugin`` fills an unset granularity with "full" and an unset
     method with "uniform", which Megatron rejects for selective recompute, and has no "none"."""
+    check_megatron(result)
     plan = result.plan
     counts = blocks_per_stage(result)
     middle_even = len(set(counts[:-1])) <= 1
     _refuse("MEGATRON_LM", [problem for problem, bad in (
         ("no interleaved pipeline (vpp must be 1)", plan.vpp > 1),
         ("only the last pipeline stage may differ in size", plan.pp > 1 and not middle_even),
-        ("no ZeRO-3 or parameter offload", plan.zero_stage == 3 or plan.offload == Offload.PARAMS),
-        ("sequence parallelism needs tp > 1", plan.sequence_parallel and plan.tp == 1),
+        ("no ZeRO-3", plan.zero_stage == 3),
         ("only full recompute", plan.recompute != Recompute.FULL),
     ) if bad])
     offload = plan.offload == Offload.OPTIMIZER

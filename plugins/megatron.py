@@ -46,8 +46,7 @@ def check(result: Result) -> None:
         problems.append("Megatron-LM cannot offload parameters to CPU (only optimizer state)")
     if problems:
         raise ExportError("Megatron-LM cannot run this plan: " + "; ".join(problems) +
-                          ". Re-plan with these pinned (e.g. --vpp 1), or export to another "
-                          "target.")
+                          ". Re-plan with pins that avoid it, or export to another target.")
 
 
 def _parallel_args(result: Result) -> list[str]:

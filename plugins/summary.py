@@ -42,6 +42,7 @@ def summary_lines(result: Result) -> list[str]:
     """Plain sentences describing the plan and its predicted figures."""
     plan, est = result.plan, result.estimate
     model = result.model.name if result.model is not None else "the model"
+    tokens = f" of {seq_len(result)} tokens" if result.training or result.model else ""
     cluster = (result.cluster or {}).get("name") or f"{plan.world_size} GPUs"
     return [
         f"Planned by autoplan for {model} on {cluster}.",
@@ -51,8 +52,7 @@ def summary_lines(result: Result) -> list[str]:
         f"sequence parallel {'on' if plan.sequence_parallel else 'off'}, "
         f"offload {plan.offload.value}.",
         f"Batch: micro-batch {plan.micro_batch_size} x {plan.num_microbatches} micro-batches x "
-        f"DP {plan.dp} = global batch {plan.global_batch_size} sequences of "
-        f"{seq_len(result) if result.model or result.training else '?'} tokens, "
+        f"DP {plan.dp} = global batch {plan.global_batch_size} sequences{tokens}, "
         f"{precision(result)}.",
         f"Predicted: {est.step_time_s:.3f} s/step, {est.tokens_per_s:,.0f} tokens/s, "
         f"MFU {est.mfu:.1%}, peak memory {est.peak_memory_gib:.1f} GiB of "

@@ -44,13 +44,12 @@ def test_deepspeed_accepts_the_config_and_reads_our_values(name):
     assert "auto" not in json.dumps(config)
 
 
-def test_train_batch_size_is_micro_batch_times_accumulation_times_dp(any_plan):
-    try:
-        config = deepspeed_config(any_plan)
-    except ExportError:
-        pytest.skip("DeepSpeed refuses this plan")
+@pytest.mark.parametrize("name", DEEPSPEED_PLANS)
+def test_train_batch_size_is_micro_batch_times_accumulation_times_dp(name):
+    result = load_plan(name)
+    config = deepspeed_config(result)
     assert config["train_batch_size"] == (config["train_micro_batch_size_per_gpu"]
-                                          * config["gradient_accumulation_steps"] * any_plan.plan.dp)
+                                          * config["gradient_accumulation_steps"] * result.plan.dp)
 
 
 def test_deepspeed_itself_rejects_a_wrong_batch_rule():
@@ -79,12 +78,11 @@ def test_hostfile_parses_with_deepspeeds_parser_and_lists_ips():
     assert pool == {"192.168.1.11": 8, "192.168.1.12": 8}
 
 
-def test_deepspeed_env_is_strictly_key_value_lines(any_plan):
-    try:
-        text = render(any_plan)[".deepspeed_env"]
-    except ExportError:
-        pytest.skip("DeepSpeed refuses this plan")
-    for line in text.splitlines():
+@pytest.mark.parametrize("name", DEEPSPEED_PLANS)
+def test_deepspeed_env_is_strictly_key_value_lines(name):
+    text = render(load_plan(name))[".deepspeed_env"]
+    assert not text or text.endswith("\n")
+    for line in text.split("\n")[:-1]:
         assert re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S+", line), repr(line)
         key, value = line.split("=", maxsplit=1)  # what DeepSpeed's launcher does
 
@@ -99,3 +97,10 @@ def test_multi_node_without_hosts_is_refused():
     cluster = {k: v for k, v in result.cluster.items() if k != "hosts"}
     with pytest.raises(ExportError, match="IP address"):
         render(changed(result, cluster=cluster))
+
+
+def test_roce_keeps_nccl_on_rdma():
+    result = load_plan("gpt13b_ethernet_10g")
+    inter = {"link": "roce", "bandwidth": "200Gbps", "interface": "ens1"}
+    text = render(changed(result, cluster=dict(result.cluster, inter_node=inter)))[".deepspeed_env"]
+    assert text == "NCCL_SOCKET_IFNAME=ens1\n"
