@@ -127,11 +127,12 @@ def _optimizer_args(result: Result) -> list[str]:
     Megatron-FSDP sharding optimizer state, gradients and parameters."""
     plan = result.plan
     args = []
-    if plan.zero_stage == 3:
-        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params",
-                 "--ckpt-format", "fsdp_dtensor"]
-    elif plan.zero_stage >= 1 or plan.offload == Offload.OPTIMIZER:
+    if plan.zero_stage >= 1 or plan.offload == Offload.OPTIMIZER:
         args.append("--use-distributed-optimizer")
+    if plan.zero_stage == 3:
+        # Megatron-FSDP saves only fsdp_dtensor checkpoints and has no fused grad accumulation.
+        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params",
+                 "--no-gradient-accumulation-fusion", "--ckpt-format", "fsdp_dtensor"]
     if plan.offload == Offload.OPTIMIZER:
         # The hybrid CPU optimizer reuses the precision-aware optimizer's code path.
         args += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0",

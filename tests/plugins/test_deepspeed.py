@@ -104,3 +104,13 @@ def test_roce_keeps_nccl_on_rdma():
     inter = {"link": "roce", "bandwidth": "200Gbps", "interface": "ens1"}
     text = render(changed(result, cluster=dict(result.cluster, inter_node=inter)))[".deepspeed_env"]
     assert text == "NCCL_SOCKET_IFNAME=ens1\n"
+
+
+def test_tensor_parallel_plan_uses_autotp_and_deepspeed_accepts_it():
+    result = changed(load_plan("gpt13b_ethernet_10g"),
+                     plan={"tp": 2, "pp": 1, "zero_stage": 2, "stages": [
+                         {"first_layer": 0, "num_layers": 34}]})
+    config = deepspeed_config(result)
+    assert config["tensor_parallel"] == {"autotp_size": 2}
+    parsed = parse_with_deepspeed(config, dp=result.plan.dp)
+    assert parsed.tensor_parallel_config.autotp_size == 2

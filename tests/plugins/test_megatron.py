@@ -40,7 +40,8 @@ _ELSEWHERE = {"--micro-batch-size", "--global-batch-size", "--seq-length", "--ma
               "--untie-embeddings-and-output-weights", "--optimizer-cpu-offload",
               "--optimizer-offload-fraction", "--use-precision-aware-optimizer",
               "--overlap-cpu-optimizer-d2h-h2d", "--use-megatron-fsdp",
-              "--data-parallel-sharding-strategy", "--ckpt-format"}
+              "--data-parallel-sharding-strategy", "--ckpt-format",
+              "--no-gradient-accumulation-fusion"}
 
 
 def transformer_config(args: list[str]):
@@ -156,3 +157,12 @@ def test_single_cuda_connection_exported_only_with_tp_or_cp():
         "launch_megatron.sh"]
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in render(load_plan("gpt13b_ethernet_10g"))[
         "launch_megatron.sh"]
+
+
+def test_zero3_is_megatron_fsdp_without_single_cuda_connection():
+    result = changed(load_plan("llama8b_3d_vpp_sp"), plan={"zero_stage": 3})
+    args = megatron_args(result)
+    assert args[args.index("--data-parallel-sharding-strategy") + 1] == "optim_grads_params"
+    assert "--use-megatron-fsdp" in args
+    transformer_config(args)
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in render(result)["launch_megatron.sh"]
