@@ -171,7 +171,11 @@ def render(result: Result) -> dict[str, str]:
     """``accelerate_config.yaml``."""
     config = accelerate_config(result)
     notes = (f"Backend: {config['distributed_type']}. Run 'accelerate launch --config_file "
-             f"{CONFIG_FILE} --machine_rank N train.py' on node N (host order of cluster.yaml).",)
+             f"{CONFIG_FILE} --machine_rank N train.py' on node N (host order of cluster.yaml)"
+             + ("" if config["main_process_ip"] else ", adding --main_process_ip of node 0")
+             + ".",
+             f"accelerate takes the micro-batch from the DataLoader: use batch_size="
+             f"{result.plan.micro_batch_size} per process.")
     header = comment_header(result, title="accelerate launch configuration.", notes=notes)
     return {CONFIG_FILE: header + yaml.safe_dump(config, sort_keys=False)}
 

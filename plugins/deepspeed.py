@@ -16,6 +16,7 @@ What users get burnt by, and what this module does about it:
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 from autoplan.errors import ExportError
@@ -117,7 +118,14 @@ def hostfile_text(nodes: Nodes) -> str:
 def nccl_environment(nodes: Nodes) -> dict[str, str]:
     """NCCL settings for the inter-node network: over plain Ethernet NCCL must not probe for
     InfiniBand, and should use the interface cluster.yaml names. RoCE keeps NCCL's IB transport
-    (it is RDMA over Ethernet)."""
+    (it is RDMA over Ethernet). NCCL_SOCKET_IFNAME also takes prefixes and ``^`` exclusions.
+
+    Raises:
+        ExportError: the interface is not a plain name (it would break the KEY=VALUE file).
+    """
+    if nodes.interface and not re.fullmatch(r"[\w.:+^-]+", nodes.interface):
+        raise ExportError(f"inter_node.interface {nodes.interface!r} is not an interface name "
+                          "(letters, digits, '.', '-', '_'); write e.g. interface: eth0.")
     env = {}
     if nodes.network == "ethernet":
         env["NCCL_IB_DISABLE"] = "1"

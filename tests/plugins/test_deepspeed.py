@@ -114,3 +114,10 @@ def test_tensor_parallel_plan_uses_autotp_and_deepspeed_accepts_it():
     assert config["tensor_parallel"] == {"autotp_size": 2}
     parsed = parse_with_deepspeed(config, dp=result.plan.dp)
     assert parsed.tensor_parallel_config.autotp_size == 2
+
+
+def test_an_interface_that_is_not_a_name_is_refused():
+    result = load_plan("gpt13b_ethernet_10g")
+    inter = dict(result.cluster["inter_node"], interface="eth0 ; reboot")
+    with pytest.raises(ExportError, match="not an interface name"):
+        render(changed(result, cluster=dict(result.cluster, inter_node=inter)))
