@@ -26,6 +26,12 @@ def test_builtin_exporters_are_discovered():
     assert discover().keys() == EXPORTERS.keys()
 
 
+def test_builtins_are_used_when_no_entry_points_are_installed(monkeypatch):
+    import autoplan.plugins as plugins
+    monkeypatch.setattr(plugins, "entry_points", lambda group: [])
+    assert {name: e.name for name, e in plugins.discover().items()} == {n: n for n in BUILTIN}
+
+
 def test_refuses_to_overwrite_without_force_and_writes_nothing(tmp_path):
     result = load_plan("gpt13b_ethernet_10g")
     export_plan(result, "deepspeed", tmp_path)
