@@ -17,6 +17,7 @@ import json
 from autoplan.errors import ExportError
 from autoplan.plan import Offload, Recompute, Result
 from autoplan.plugins.exporter import Exporter
+from autoplan.plugins.launch import require_target_placement
 from autoplan.plugins.stages import blocks_per_stage
 from autoplan.plugins.summary import comment_header, precision
 
@@ -30,6 +31,7 @@ def check(result: Result) -> None:
     Raises:
         ExportError: saying which rule fails and what to change.
     """
+    require_target_placement(result, "Colossal-AI")
     plan = result.plan
     counts = blocks_per_stage(result) if plan.pp > 1 else []
     problems = [problem for problem, bad in (
@@ -80,6 +82,7 @@ def colossalai_plugin_kwargs(result: Result) -> dict:
     plan = result.plan
     return {"tp_size": plan.tp, "pp_size": plan.pp, "precision": precision(result),
             "zero_stage": plan.zero_stage, "cpu_offload": plan.offload == Offload.OPTIMIZER,
+            "dp_outside": False,  # pipeline outermost, as planned (its default nests pp in dp)
             **_sequence_kwargs(result), **_pipeline_kwargs(result)}
 
 

@@ -22,7 +22,7 @@ import shlex
 from autoplan.errors import ExportError
 from autoplan.plan import Offload, Recompute, Result
 from autoplan.plugins.exporter import Exporter
-from autoplan.plugins.launch import Nodes, nodes_of
+from autoplan.plugins.launch import Nodes, nodes_of, require_target_placement
 from autoplan.plugins.summary import comment_header, precision
 
 CONFIG_FILE = "ds_config.json"
@@ -37,6 +37,7 @@ def check(result: Result) -> None:
     Raises:
         ExportError: saying which rule fails and what to change.
     """
+    require_target_placement(result, "DeepSpeed")
     plan = result.plan
     problems = []
     if plan.pp > 1 and plan.zero_stage >= 2:

@@ -15,6 +15,9 @@ from autoplan.errors import ExportError
 from autoplan.plan import Result
 
 DEFAULT_MASTER_PORT = 29500
+# Rank order every target builds (innermost first): Megatron's tp-cp-ep-dp-pp, torchtitan's
+# [pp, dp, cp, tp] mesh, DeepSpeed's pipe-data topology, Colossal-AI with dp_outside=False.
+TARGET_PLACEMENT = "tp-cp-dp-pp"
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,19 @@ def nodes_of(result: Result) -> Nodes:
         network=inter.link if inter is not None and num_nodes > 1 else None,
         interface=inter.interface if inter is not None else None,
     )
+
+
+def require_target_placement(result: Result, target: str) -> None:
+    """Check the plan places ranks the way ``target`` will: which ranks share a node decides
+    whether TP traffic stays on NVLink, and no target takes another order from us.
+
+    Raises:
+        ExportError: the plan's placement is not :data:`TARGET_PLACEMENT`.
+    """
+    if result.plan.placement != TARGET_PLACEMENT:
+        raise ExportError(
+            f"the plan places ranks as {result.plan.placement!r} but {target} orders them "
+            f"{TARGET_PLACEMENT!r} (innermost first); re-plan with that placement.")
 
 
 def _rendezvous_lines(nodes: Nodes) -> list[str]:

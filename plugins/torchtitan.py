@@ -16,7 +16,7 @@ from __future__ import annotations
 from autoplan.errors import ExportError
 from autoplan.plan import Offload, Result
 from autoplan.plugins.exporter import Exporter
-from autoplan.plugins.launch import args_file_text, torchrun_script
+from autoplan.plugins.launch import args_file_text, require_target_placement, torchrun_script
 from autoplan.plugins.stages import require_ends, stage_kinds
 from autoplan.plugins.summary import comment_header, precision, seq_len
 
@@ -33,6 +33,7 @@ def check(result: Result) -> None:
     Raises:
         ExportError: saying which rule fails and what to change.
     """
+    require_target_placement(result, "torchtitan")
     plan = result.plan
     problems = []
     if precision(result) != "bf16":

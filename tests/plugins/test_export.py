@@ -144,3 +144,9 @@ def test_every_commentable_file_starts_with_the_plan_and_its_predictions(name):
             continue
         assert f"{result.estimate.step_time_s:.3f} s/step" in text.split("\n--")[0], file_name
         assert f"TP={result.plan.tp} PP={result.plan.pp}" in text, file_name
+
+
+def test_a_placement_no_target_builds_is_refused_everywhere(tmp_path):
+    result = changed(load_plan("gpt13b_ethernet_10g"), plan={"placement": "dp-tp-cp-pp"})
+    with pytest.raises(ExportError, match="no target can run this plan.*dp-tp-cp-pp"):
+        export_plan(result, "all", tmp_path)
