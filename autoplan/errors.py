@@ -39,3 +39,8 @@ class NoPlanInTimeError(AutoplanError):
     """The time limit was hit before any plan was found (exit 4)."""
 
     exit_code = 4
+
+
+class ExportError(AutoplanError):
+    """A plan cannot be written for a launcher: the target cannot express it, a file exists, or
+    the plan JSON lacks what the target needs (model dimensions, hosts)."""

@@ -1,0 +1,177 @@
+"""DeepSpeed: ``ds_config.json``, ``hostfile``, ``.deepspeed_env`` and a ``deepspeed`` launch line.
+
+What users get burnt by, and what this module does about it:
+
+- ``"auto"`` values are only filled in by the Hugging Face integration; every number here is
+  concrete, and ``train_batch_size = train_micro_batch_size_per_gpu *
+  gradient_accumulation_steps * dp`` holds (DeepSpeedConfig asserts it at start-up).
+- The pipeline engine asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism";
+  such plans are refused here, before a cluster is allocated.
+- The hostfile lists IP addresses: names resolve differently on the launching node and the
+  workers (DESIGN.md, operations lore).
+- The launcher splits every ``.deepspeed_env`` line on ``=`` and crashes on blank or comment
+  lines, so that file holds ``KEY=VALUE`` lines only; its explanation lives in the launch script.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+from autoplan.errors import ExportError
+from autoplan.plan import Offload, Recompute, Result
+from autoplan.plugins.exporter import Exporter
+from autoplan.plugins.launch import Nodes, nodes_of, require_target_placement
+from autoplan.plugins.summary import comment_header, precision
+
+CONFIG_FILE = "ds_config.json"
+HOSTFILE = "hostfile"
+ENV_FILE = ".deepspeed_env"
+SCRIPT_FILE = "launch_deepspeed.sh"
+
+
+def check(result: Result) -> None:
+    """Refuse plans DeepSpeed cannot run as planned.
+
+    Raises:
+        ExportError: saying which rule fails and what to change.
+    """
+    require_target_placement(result, "DeepSpeed")
+    plan = result.plan
+    problems = []
+    if plan.pp > 1 and plan.zero_stage >= 2:
+        problems.append(f"its pipeline engine does not run ZeRO-{plan.zero_stage} (pp={plan.pp}); "
+                        "re-plan with --zero 1 or --pp 1")
+    if plan.tp > 1 and (plan.pp > 1 or plan.zero_stage == 3):
+        problems.append("AutoTP tensor parallelism runs without pipeline parallelism and with "
+                        "ZeRO stage 0-2 only")
+    if plan.cp > 1:
+        problems.append("context parallelism (Ulysses) is set up in model code, not in ds_config")
+    if plan.vpp > 1:
+        problems.append("its pipeline engine has no interleaved schedule (vpp must be 1)")
+    if plan.offload == Offload.OPTIMIZER and plan.zero_stage == 0:
+        problems.append("optimizer offload needs ZeRO stage 1 or more")
+    if plan.offload == Offload.PARAMS and plan.zero_stage != 3:
+        problems.append("parameter offload needs ZeRO stage 3")
+    if problems:
+        raise ExportError("DeepSpeed cannot run this plan: " + "; ".join(problems) + ".")
+
+
+def _zero_block(result: Result) -> dict:
+    plan = result.plan
+    block: dict = {"stage": plan.zero_stage}
+    if plan.offload in (Offload.OPTIMIZER, Offload.PARAMS):
+        block["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if plan.offload == Offload.PARAMS:
+        block["offload_param"] = {"device": "cpu", "pin_memory": True}
+    return block
+
+
+def _precision_block(result: Result) -> dict:
+    if precision(result) == "fp16":
+        return {"fp16": {"enabled": True, "loss_scale": 0}}  # 0 = dynamic loss scaling
+    return {"bf16": {"enabled": True}}
+
+
+def deepspeed_config(result: Result) -> dict:
+    """The ``ds_config.json`` mapping for the plan, every value concrete.
+
+    Raises:
+        ExportError: DeepSpeed cannot run the plan (see :func:`check`).
+    """
+    check(result)
+    plan = result.plan
+    config: dict = {
+        "train_batch_size": plan.global_batch_size,
+        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
+        "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+        "zero_optimization": _zero_block(result),
+        **_precision_block(result),
+    }
+    if plan.recompute != Recompute.NONE:
+        config["activation_checkpointing"] = {
+            "partition_activations": plan.tp > 1, "cpu_checkpointing": False,
+            "contiguous_memory_optimization": False, "synchronize_checkpoint_boundary": False}
+    if plan.pp > 1:
+        config["pipeline"] = {
+            "stages": plan.pp,
+            "activation_checkpoint_interval": 1 if plan.recompute == Recompute.FULL else 0}
+    if plan.tp > 1:
+        config["tensor_parallel"] = {"autotp_size": plan.tp}
+    return config
+
+
+def hostfile_text(nodes: Nodes) -> str:
+    """``IP slots=N`` per node, in node-rank order; ``#`` comments are allowed by the parser.
+
+    Raises:
+        ExportError: several nodes but no host IPs in cluster.yaml.
+    """
+    if not nodes.hosts and nodes.num_nodes > 1:
+        raise ExportError(
+            f"a DeepSpeed hostfile needs the IP address of each of the {nodes.num_nodes} nodes; "
+            "add hosts: [{name: node-01, ip: 10.0.0.1}, ...] to cluster.yaml and re-plan.")
+    ips = [ip for _, ip in nodes.hosts] or [nodes.master_ip]
+    return "".join(f"{ip} slots={nodes.gpus_per_node}\n" for ip in ips)
+
+
+def nccl_environment(nodes: Nodes) -> dict[str, str]:
+    """NCCL settings for the inter-node network: over plain Ethernet NCCL must not probe for
+    InfiniBand, and should use the interface cluster.yaml names. RoCE keeps NCCL's IB transport
+    (it is RDMA over Ethernet). NCCL_SOCKET_IFNAME also takes prefixes and ``^`` exclusions.
+
+    Raises:
+        ExportError: the interface is not a plain name (it would break the KEY=VALUE file).
+    """
+    if nodes.interface and not re.fullmatch(r"[\w.:+^-]+", nodes.interface):
+        raise ExportError(f"inter_node.interface {nodes.interface!r} is not an interface name "
+                          "(letters, digits, '.', '-', '_'); write e.g. interface: eth0.")
+    env = {}
+    if nodes.network == "ethernet":
+        env["NCCL_IB_DISABLE"] = "1"
+    if nodes.network is not None and nodes.interface:
+        env["NCCL_SOCKET_IFNAME"] = nodes.interface
+    return env
+
+
+def _script(result: Result, nodes: Nodes, env: dict[str, str]) -> str:
+    notes = (
+        "The model code builds the engine: deepspeed.initialize(..., config=ds_config.json)"
+        + (f", with PipelineModule(num_stages={result.plan.pp}) and a partition matching the "
+           "planned stages" if result.plan.pp > 1 else "") + ".",
+        f"{ENV_FILE} (read through DS_ENV_FILE) exports to every rank: "
+        + (", ".join(f"{k}={v}" for k, v in env.items()) or "nothing needed here") + ".",
+        "Run once, on the first host; extra arguments go to TRAIN_SCRIPT.",
+    )
+    master = nodes.master_ip or "${MASTER_ADDR:?set MASTER_ADDR}"
+    return "\n".join([
+        "#!/usr/bin/env bash",
+        comment_header(result, title="DeepSpeed launch script.", notes=notes).rstrip("\n"),
+        "set -euo pipefail",
+        'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
+        ': "${TRAIN_SCRIPT:?set TRAIN_SCRIPT to your training script (it calls deepspeed.initialize)}"',
+        f'export DS_ENV_FILE="$HERE"/{shlex.quote(ENV_FILE)}',
+        f'exec deepspeed --hostfile "$HERE"/{shlex.quote(HOSTFILE)} --num_nodes {nodes.num_nodes} '
+        f'--num_gpus {nodes.gpus_per_node} \\',
+        f'  --master_addr "${{MASTER_ADDR:-{master}}}" --master_port "${{MASTER_PORT:-29500}}" \\',
+        f'  "$TRAIN_SCRIPT" --deepspeed --deepspeed_config "$HERE"/{shlex.quote(CONFIG_FILE)} "$@"',
+    ]) + "\n"
+
+
+def render(result: Result) -> dict[str, str]:
+    """``ds_config.json``, ``hostfile``, ``.deepspeed_env`` and ``launch_deepspeed.sh``."""
+    config = deepspeed_config(result)
+    nodes = nodes_of(result)
+    env = nccl_environment(nodes)
+    return {
+        CONFIG_FILE: json.dumps(config, indent=2) + "\n",
+        HOSTFILE: comment_header(result, title="DeepSpeed hostfile: IP addresses in node-rank "
+                                 "order.") + hostfile_text(nodes),
+        ENV_FILE: "".join(f"{key}={value}\n" for key, value in env.items()),
+        SCRIPT_FILE: _script(result, nodes, env),
+    }
+
+
+exporter = Exporter(name="deepspeed", description="DeepSpeed ds_config.json, hostfile, "
+                    ".deepspeed_env and launch script", render=render)

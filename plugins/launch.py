@@ -1,0 +1,165 @@
+"""Where the processes of a plan run, and the torchrun script that starts them on every node.
+
+Shared by the targets launched with torchrun (Megatron-LM, torchtitan). Host names and every
+literal path go through :func:`shlex.quote`: cluster.yaml is user input and a host called
+``gpu-01;rm -rf ~`` must stay a string.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from autoplan.cluster.spec import load_cluster_spec
+from autoplan.errors import ExportError
+from autoplan.plan import Result
+
+DEFAULT_MASTER_PORT = 29500
+# Rank order every target builds (innermost first): Megatron's tp-cp-ep-dp-pp, torchtitan's
+# [pp, dp, cp, tp] mesh, DeepSpeed's pipe-data topology, Colossal-AI with dp_outside=False.
+TARGET_PLACEMENT = "tp-cp-dp-pp"
+
+
+@dataclass(frozen=True, slots=True)
+class Nodes:
+    """The nodes a plan uses, in node-rank order.
+
+    ``hosts`` holds (name, ip) pairs and is empty when cluster.yaml lists no hosts; ``network``
+    is the inter-node link kind (``infiniband``, ``roce``, ``ethernet``), None on one node.
+    """
+
+    num_nodes: int
+    gpus_per_node: int
+    hosts: tuple[tuple[str, str], ...]
+    network: str | None
+    interface: str | None
+
+    @property
+    def master_ip(self) -> str | None:
+        """The address of node rank 0, None when it must come from the user."""
+        if self.hosts:
+            return self.hosts[0][1]
+        return "127.0.0.1" if self.num_nodes == 1 else None
+
+
+def nodes_of(result: Result) -> Nodes:
+    """The nodes the plan's ``world_size`` GPUs occupy, filled node by node in host order.
+
+    Raises:
+        ExportError: no cluster in the plan JSON, or a world size that leaves a node part-used.
+    """
+    if result.cluster is None:
+        raise ExportError(
+            "the plan JSON has no 'cluster' section, so no launch script can be written; re-run "
+            "'autoplan solve --json' with the current autoplan."
+        )
+    # The validated spec says all a launcher needs; the hardware catalog is not consulted.
+    spec = load_cluster_spec(result.cluster)
+    world = result.plan.world_size
+    per_node = min(spec.gpus_per_node, world)
+    if world % per_node or world > spec.nodes * spec.gpus_per_node:
+        raise ExportError(
+            f"the plan uses {world} GPUs, which does not fill whole nodes of "
+            f"{spec.gpus_per_node} GPUs on a {spec.nodes}-node cluster; plan for a "
+            f"multiple of {spec.gpus_per_node} GPUs."
+        )
+    num_nodes = world // per_node
+    inter = spec.inter_node
+    return Nodes(
+        num_nodes=num_nodes, gpus_per_node=per_node,
+        hosts=tuple((host.name, host.ip) for host in spec.hosts or ())[:num_nodes],
+        network=inter.link if inter is not None and num_nodes > 1 else None,
+        interface=inter.interface if inter is not None else None,
+    )
+
+
+def require_target_placement(result: Result, target: str) -> None:
+    """Check the plan places ranks the way ``target`` will: which ranks share a node decides
+    whether TP traffic stays on NVLink, and no target takes another order from us.
+
+    Raises:
+        ExportError: the plan's placement is not :data:`TARGET_PLACEMENT`.
+    """
+    if result.plan.placement != TARGET_PLACEMENT:
+        raise ExportError(
+            f"the plan places ranks as {result.plan.placement!r} but {target} orders them "
+            f"{TARGET_PLACEMENT!r} (innermost first); re-plan with that placement.")
+
+
+def _rendezvous_lines(nodes: Nodes) -> list[str]:
+    """Shell lines that set MASTER_ADDR, MASTER_PORT and NODE_RANK (overridable from the
+    environment); node ranks follow the host order of cluster.yaml."""
+    lines = [f"NNODES={nodes.num_nodes}", f"NPROC_PER_NODE={nodes.gpus_per_node}"]
+    if nodes.master_ip is None:
+        lines.append(': "${MASTER_ADDR:?cluster.yaml lists no hosts: set MASTER_ADDR to the IP '
+                     'address of node rank 0}"')
+    else:
+        lines.append(f'MASTER_ADDR="${{MASTER_ADDR:-{nodes.master_ip}}}"')
+    lines.append(f'MASTER_PORT="${{MASTER_PORT:-{DEFAULT_MASTER_PORT}}}"')
+    if nodes.num_nodes == 1:
+        return lines + ['NODE_RANK="${NODE_RANK:-0}"']
+    if not nodes.hosts:
+        return lines + [': "${NODE_RANK:?cluster.yaml lists no hosts: set NODE_RANK to this '
+                        f'node\'s rank, 0 to {nodes.num_nodes - 1}}}"']
+    cases = [f"    {shlex.quote(name)}|{shlex.quote(ip)}) NODE_RANK={rank} ;;"
+             for rank, (name, ip) in enumerate(nodes.hosts)]
+    return lines + [
+        'if [[ -z "${NODE_RANK:-}" ]]; then',
+        '  case "$(hostname -s)" in',
+        *cases,
+        '    *) echo "$(hostname -s) is not a host of the plan; set NODE_RANK" >&2; exit 1 ;;',
+        "  esac",
+        "fi",
+    ]
+
+
+def read_args_lines(args_file: str) -> list[str]:
+    """Shell lines that read an arguments file (``--flag value`` lines, ``#`` comments) into the
+    array ARGS, so that the file stays the one place the arguments live."""
+    return [
+        "ARGS=()",
+        "while read -r -a words; do",
+        '  [[ ${#words[@]} -eq 0 || ${words[0]} == \\#* ]] && continue',
+        '  ARGS+=("${words[@]}")',
+        f'done < "$HERE"/{shlex.quote(args_file)}',
+    ]
+
+
+def torchrun_script(result: Result, *, header: str, required: dict[str, str],
+                    env: dict[str, str], args_file: str, program: str,
+                    user_args_first: bool = False) -> str:
+    """A bash script that starts the plan's processes on this node with torchrun.
+
+    Args:
+        result: the plan.
+        header: the comment header (already prefixed with ``#``).
+        required: variables the user must set, with the sentence the script prints if unset.
+        env: variables exported for the training processes (values are quoted here).
+        args_file: the arguments file beside the script, read into ARGS.
+        program: what torchrun runs, as shell words (the caller quotes literals in it).
+        user_args_first: put the script's own arguments before the file's, for parsers (tyro)
+            that take no top-level flags after a subcommand; the plan's values then win.
+    """
+    nodes = nodes_of(result)
+    lines = ["#!/usr/bin/env bash", header.rstrip("\n"), "set -euo pipefail",
+             'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"']
+    lines += [f': "${{{name}:?{why}}}"' for name, why in required.items()]
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
+    lines += _rendezvous_lines(nodes) + read_args_lines(args_file)
+    lines += [
+        'exec torchrun --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE" \\',
+        '  --node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\',
+        f'  {program} ' + ('"$@" "${ARGS[@]}"' if user_args_first else '"${ARGS[@]}" "$@"'),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def args_file_text(header: str, args: list[str]) -> str:
+    """An arguments file: the header, then one ``--flag [value...]`` (or subcommand) per line."""
+    lines: list[str] = []
+    for word in args:
+        if word.startswith("--") or ":" in word or not lines:  # a flag, or a tyro subcommand
+            lines.append(word)
+        else:
+            lines[-1] += f" {word}"
+    return header + "\n".join(lines) + "\n"

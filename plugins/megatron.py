@@ -1,0 +1,212 @@
+"""Megatron-LM: the ``pretrain_gpt.py`` arguments of a plan and a torchrun launch script.
+
+Flag names follow current Megatron-LM (``megatron/training/arguments.py``) and megatron-core's
+``TransformerConfig``: interleaving is ``--num-virtual-stages-per-pipeline-rank`` (the older
+``--virtual-pipeline-model-parallel-size`` is gone), uneven stages use
+``--decoder-first/last-pipeline-num-layers`` when the middle ranks are even and
+``--pipeline-model-parallel-layout`` otherwise.
+
+Rules Megatron only enforces once the job is running are checked here (see :func:`check`).
+"""
+
+from __future__ import annotations
+
+from autoplan.errors import ExportError
+from autoplan.plan import Offload, Recompute, Result
+from autoplan.plugins.exporter import Exporter
+from autoplan.plugins.launch import args_file_text, require_target_placement, torchrun_script
+from autoplan.plugins.stages import blocks_per_stage, require_ends, stage_kinds
+from autoplan.plugins.summary import comment_header, precision, require_model, seq_len
+
+ARGS_FILE = "megatron_args.txt"
+SCRIPT_FILE = "launch_megatron.sh"
+
+
+def check(result: Result) -> None:
+    """Refuse plans Megatron-LM rejects only after the job has started.
+
+    Raises:
+        ExportError: saying which rule fails and what to change.
+    """
+    require_target_placement(result, "Megatron-LM")
+    plan, model = result.plan, require_model(result)
+    problems = []
+    if plan.vpp > 1 and plan.pp == 1:
+        problems.append(f"vpp={plan.vpp} needs pipeline parallelism (pp > 1)")
+    if plan.vpp > 1 and (plan.num_microbatches < plan.pp or plan.num_microbatches % plan.pp):
+        problems.append(
+            f"the interleaved schedule needs the number of micro-batches ({plan.num_microbatches})"
+            f" to be a multiple of pp={plan.pp} and at least pp")
+    if plan.sequence_parallel and plan.tp == 1:
+        problems.append("sequence parallelism needs tp > 1")
+    if model.num_heads and model.num_heads % plan.tp:
+        problems.append(f"{model.num_heads} attention heads do not divide by tp={plan.tp}")
+    if plan.cp > 1 and seq_len(result) % (2 * plan.cp):
+        problems.append(f"seq_len {seq_len(result)} must be a multiple of 2*cp = {2 * plan.cp}")
+    if plan.offload == Offload.PARAMS:
+        problems.append("Megatron-LM cannot offload parameters to CPU (only optimizer state)")
+    if problems:
+        raise ExportError("Megatron-LM cannot run this plan: " + "; ".join(problems) +
+                          ". Re-plan with pins that avoid it, or export to another target.")
+
+
+def _parallel_args(result: Result) -> list[str]:
+    plan = result.plan
+    args = ["--tensor-model-parallel-size", str(plan.tp),
+            "--pipeline-model-parallel-size", str(plan.pp),
+            "--context-parallel-size", str(plan.cp)]
+    if plan.sequence_parallel:
+        args.append("--sequence-parallel")
+    return args + _pipeline_split_args(result)
+
+
+def megatron_partition(num_layers: int, pp: int, vpp: int, *, first: int | None = None,
+                       last: int | None = None) -> list[int] | None:
+    """Blocks per stage (pipeline order) that Megatron builds from these arguments, or None
+    when TransformerConfig would reject them (mirrors its uneven-PP divisibility rules)."""
+    per_rank = [first, *[None] * (pp - 2), last] if pp > 1 else [None]
+    fixed = sum(n for n in (first, last) if n is not None)
+    free = sum(1 for n in per_rank if n is None)
+    if free and (num_layers - fixed) % free or (not free and fixed != num_layers):
+        return None
+    middle = (num_layers - fixed) // free if free else 0
+    per_rank = [middle if n is None else n for n in per_rank]
+    if any(n <= 0 or n % vpp for n in per_rank):
+        return None
+    return [per_rank[s % pp] // vpp for s in range(pp * vpp)]
+
+
+def layout_string(result: Result) -> str:
+    """``--pipeline-model-parallel-layout`` for the plan's stages: ``E`` embedding, ``t`` a
+    transformer block, ``L`` the loss (with the output layer), ``|`` between stages in pipeline
+    order, ``t*n`` for runs (megatron-core ``PipelineParallelLayerLayout.parse_str_to_list``)."""
+    require_ends(result, "Megatron-LM")
+    parts = []
+    for kinds, blocks in zip(stage_kinds(result), blocks_per_stage(result)):
+        text = "E" if "embedding" in kinds else ""
+        text += "t" * blocks if blocks < 3 else f"t*{blocks}"
+        parts.append(text + ("L" if "loss" in kinds else ""))
+    return "|".join(parts)
+
+
+def _pipeline_split_args(result: Result) -> list[str]:
+    """The shortest arguments that make Megatron build exactly the plan's stages."""
+    plan = result.plan
+    if plan.pp == 1:
+        return []
+    counts = blocks_per_stage(result)
+    vpp_args = ["--num-virtual-stages-per-pipeline-rank", str(plan.vpp)] if plan.vpp > 1 else []
+    if megatron_partition(sum(counts), plan.pp, plan.vpp) == counts:
+        return vpp_args
+    per_rank = [sum(counts[rank::plan.pp]) for rank in range(plan.pp)]
+    first, last = per_rank[0], per_rank[-1]
+    if megatron_partition(sum(counts), plan.pp, plan.vpp, first=first, last=last) == counts:
+        return vpp_args + ["--decoder-first-pipeline-num-layers", str(first),
+                           "--decoder-last-pipeline-num-layers", str(last)]
+    return ["--pipeline-model-parallel-layout", layout_string(result)]
+
+
+def _batch_args(result: Result) -> list[str]:
+    plan = result.plan
+    return ["--micro-batch-size", str(plan.micro_batch_size),
+            "--global-batch-size", str(plan.global_batch_size)]
+
+
+def _recompute_args(result: Result) -> list[str]:
+    recompute = result.plan.recompute
+    if recompute == Recompute.SELECTIVE:
+        return ["--recompute-granularity", "selective"]
+    if recompute == Recompute.FULL:
+        # Every block keeps only its input: uniform units of one layer.
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                "--recompute-num-layers", "1"]
+    return []
+
+
+def _optimizer_args(result: Result) -> list[str]:
+    """ZeRO 1-2 is Megatron's distributed optimizer (it reduce-scatters gradients); ZeRO-3 is
+    Megatron-FSDP sharding optimizer state, gradients and parameters."""
+    plan = result.plan
+    args = []
+    if plan.zero_stage >= 1 or plan.offload == Offload.OPTIMIZER:
+        args.append("--use-distributed-optimizer")
+    if plan.zero_stage == 3:
+        # Megatron-FSDP saves only fsdp_dtensor checkpoints and has no fused grad accumulation.
+        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params",
+                 "--no-gradient-accumulation-fusion", "--ckpt-format", "fsdp_dtensor"]
+    if plan.offload == Offload.OPTIMIZER:
+        # The hybrid CPU optimizer reuses the precision-aware optimizer's code path.
+        args += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0",
+                 "--use-precision-aware-optimizer", "--overlap-cpu-optimizer-d2h-h2d"]
+    return args
+
+
+def _model_args(result: Result) -> list[str]:
+    model = require_model(result)
+    missing = [name for name in ("hidden_size", "num_layers", "num_heads", "ffn_hidden_size")
+               if getattr(model, name) is None]
+    if missing:
+        raise ExportError(f"the plan's model section lacks {', '.join(missing)}; Megatron-LM "
+                          "needs them. Re-run 'autoplan solve' on a model whose shape is known.")
+    length = str(seq_len(result))
+    args = ["--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size),
+            "--num-attention-heads", str(model.num_heads),
+            "--ffn-hidden-size", str(model.ffn_hidden_size),
+            "--seq-length", length, "--max-position-embeddings", length]
+    if model.num_kv_heads is not None and model.num_kv_heads < model.num_heads:
+        args += ["--group-query-attention", "--num-query-groups", str(model.num_kv_heads)]
+    flags = {"--swiglu": model.gated_mlp, "--disable-bias-linear": not model.linear_bias,
+             "--untie-embeddings-and-output-weights": not model.tied_embeddings}
+    args += [flag for flag, wanted in flags.items() if wanted]
+    if model.rmsnorm:
+        args += ["--normalization", "RMSNorm"]
+    if model.rotary:
+        args += ["--position-embedding-type", "rope"]
+    return args
+
+
+def megatron_args(result: Result) -> list[str]:
+    """The ``pretrain_gpt.py`` arguments that set up this plan (parallelism, batch, recompute,
+    optimizer sharding, model shape, precision); data, tokenizer and optimizer hyper-parameters
+    are the user's.
+
+    Raises:
+        ExportError: Megatron-LM cannot run the plan (see :func:`check`).
+    """
+    check(result)
+    return (_parallel_args(result) + _batch_args(result) + _recompute_args(result)
+            + _optimizer_args(result) + _model_args(result) + [f"--{precision(result)}"])
+
+
+def needs_single_connection(result: Result) -> bool:
+    """Megatron asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with TP or CP > 1 (pre-Blackwell), except
+    under Megatron-FSDP, which wants more connections."""
+    plan = result.plan
+    return (plan.tp > 1 or plan.cp > 1) and plan.zero_stage < 3
+
+
+def _notes(result: Result) -> tuple[str, ...]:
+    vocab = require_model(result).vocab_size
+    return (
+        "Add data, tokenizer, optimizer, schedule and checkpoint arguments yourself"
+        + (f"; the tokenizer must give the planned vocabulary of {vocab}" if vocab else "") + ".",
+        "Run launch_megatron.sh on every node with MEGATRON_LM set to a Megatron-LM checkout.",
+    )
+
+
+def render(result: Result) -> dict[str, str]:
+    """``megatron_args.txt`` and ``launch_megatron.sh``."""
+    args = megatron_args(result)
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if needs_single_connection(result) else {}
+    script = torchrun_script(
+        result, header=comment_header(result, title="Megatron-LM launch script (torchrun, one "
+                                      "call per node).", notes=_notes(result)),
+        required={"MEGATRON_LM": "set MEGATRON_LM to the Megatron-LM checkout with pretrain_gpt.py"},
+        env=env, args_file=ARGS_FILE, program='"$MEGATRON_LM"/pretrain_gpt.py')
+    header = comment_header(result, title="Megatron-LM pretrain_gpt.py arguments.",
+                            notes=_notes(result))
+    return {ARGS_FILE: args_file_text(header, args), SCRIPT_FILE: script}
+
+
+exporter = Exporter(name="megatron", description="Megatron-LM pretrain_gpt.py arguments and "
+                    "torchrun launch script", render=render)

@@ -1,0 +1,78 @@
+"""The README-style header that every exported file carries: what was planned and what autoplan
+predicts for it, so a launch file found on a cluster months later still says where it came from
+and what it should achieve.
+
+The text is deterministic (no dates, no versions) so that golden files only change when the plan
+or the exporter does.
+"""
+
+from __future__ import annotations
+
+from autoplan.errors import ExportError
+from autoplan.plan import ModelInfo, Result
+
+
+def seq_len(result: Result) -> int:
+    """The training sequence length: the training settings' if present, else the traced model's."""
+    if result.training is not None:
+        return result.training.seq_len
+    return require_model(result).seq_len
+
+
+def precision(result: Result) -> str:
+    """``"bf16"`` or ``"fp16"``; plans made before TrainingInfo existed were bf16."""
+    return result.training.precision if result.training is not None else "bf16"
+
+
+def require_model(result: Result) -> ModelInfo:
+    """The model description every target needs for its shape arguments.
+
+    Raises:
+        ExportError: the plan JSON carries no ``model`` section.
+    """
+    if result.model is None:
+        raise ExportError(
+            "the plan JSON has no 'model' section, so the exporters cannot write model shape "
+            "arguments; re-run 'autoplan solve --json' with the current autoplan to get one."
+        )
+    return result.model
+
+
+def summary_lines(result: Result) -> list[str]:
+    """Plain sentences describing the plan and its predicted figures."""
+    plan, est = result.plan, result.estimate
+    model = result.model.name if result.model is not None else "the model"
+    tokens = f" of {seq_len(result)} tokens" if result.training or result.model else ""
+    cluster = (result.cluster or {}).get("name") or f"{plan.world_size} GPUs"
+    return [
+        f"Planned by autoplan for {model} on {cluster}.",
+        f"Parallelism: TP={plan.tp} PP={plan.pp} VPP={plan.vpp} CP={plan.cp} DP={plan.dp} "
+        f"on {plan.world_size} GPUs (placement {plan.placement}, innermost first).",
+        f"Memory: ZeRO stage {plan.zero_stage}, recompute {plan.recompute.value}, "
+        f"sequence parallel {'on' if plan.sequence_parallel else 'off'}, "
+        f"offload {plan.offload.value}.",
+        f"Batch: micro-batch {plan.micro_batch_size} x {plan.num_microbatches} micro-batches x "
+        f"DP {plan.dp} = global batch {plan.global_batch_size} sequences{tokens}, "
+        f"{precision(result)}.",
+        f"Predicted: {est.step_time_s:.3f} s/step, {est.tokens_per_s:,.0f} tokens/s, "
+        f"MFU {est.mfu:.1%}, peak memory {est.peak_memory_gib:.1f} GiB of "
+        f"{est.memory_limit_gib:.1f} GiB per GPU.",
+        f"Solver: {result.solver.status}, objective {result.solver.objective:.3f} s, "
+        f"gap {result.solver.gap:.1%}.",
+    ]
+
+
+def comment_header(result: Result, *, title: str, notes: tuple[str, ...] = (),
+                   prefix: str = "# ") -> str:
+    """The header as comment lines (``prefix`` per line), ending with a blank comment line.
+
+    Args:
+        result: the plan being exported.
+        title: first line, naming the file's purpose.
+        notes: target-specific sentences (how to use the file, what the target cannot express).
+        prefix: the comment marker of the file's format.
+    """
+    lines = [title, "", *summary_lines(result)]
+    if notes:
+        lines += ["", *notes]
+    return "".join(f"{prefix}{line}".rstrip() + "\n" for line in lines)

@@ -1,0 +1,168 @@
+"""Megatron-LM arguments, checked by megatron-core's own TransformerConfig and partition code."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autoplan.errors import ExportError
+from autoplan.plugins.megatron import megatron_args, render
+from tests.plugins.plans import changed, load_plan, stages_for
+
+core = pytest.importorskip("megatron.core.transformer.transformer_config")
+block = pytest.importorskip("megatron.core.transformer.transformer_block")
+layout_mod = pytest.importorskip("megatron.core.transformer.pipeline_parallel_layer_layout")
+from megatron.core.transformer.enums import LayerType  # noqa: E402
+
+MEGATRON_PLANS = ["llama8b_3d_vpp_sp", "gpt13b_uneven_stages", "gpt13b_ethernet_10g"]
+
+# pretrain_gpt.py flag -> TransformerConfig field (Megatron-LM's core_transformer_config_from_args
+# copies same-named args; these are the ones whose names differ or that take a value).
+_VALUED = {
+    "--num-layers": "num_layers", "--hidden-size": "hidden_size",
+    "--num-attention-heads": "num_attention_heads", "--ffn-hidden-size": "ffn_hidden_size",
+    "--num-query-groups": "num_query_groups", "--tensor-model-parallel-size":
+    "tensor_model_parallel_size", "--pipeline-model-parallel-size": "pipeline_model_parallel_size",
+    "--context-parallel-size": "context_parallel_size",
+    "--num-virtual-stages-per-pipeline-rank": "virtual_pipeline_model_parallel_size",
+    "--decoder-first-pipeline-num-layers": "num_layers_in_first_pipeline_stage",
+    "--decoder-last-pipeline-num-layers": "num_layers_in_last_pipeline_stage",
+    "--pipeline-model-parallel-layout": "pipeline_model_parallel_layout",
+    "--recompute-granularity": "recompute_granularity", "--recompute-method": "recompute_method",
+    "--recompute-num-layers": "recompute_num_layers", "--normalization": "normalization",
+}
+_SWITCHES = {"--sequence-parallel": ("sequence_parallel", True), "--swiglu": ("gated_linear_unit", True),
+             "--disable-bias-linear": ("add_bias_linear", False), "--bf16": ("bf16", True),
+             "--fp16": ("fp16", True)}
+# Flags that configure the training loop, not the TransformerConfig.
+_ELSEWHERE = {"--micro-batch-size", "--global-batch-size", "--seq-length", "--max-position-embeddings",
+              "--use-distributed-optimizer", "--group-query-attention", "--position-embedding-type",
+              "--untie-embeddings-and-output-weights", "--optimizer-cpu-offload",
+              "--optimizer-offload-fraction", "--use-precision-aware-optimizer",
+              "--overlap-cpu-optimizer-d2h-h2d", "--use-megatron-fsdp",
+              "--data-parallel-sharding-strategy", "--ckpt-format",
+              "--no-gradient-accumulation-fusion"}
+
+
+def transformer_config(args: list[str]):
+    """Build megatron-core's TransformerConfig from our flags (its __post_init__ runs the
+    TP-vs-heads, SP-needs-TP, uneven-stage and recompute checks)."""
+    kwargs, index = {}, 0
+    while index < len(args):
+        flag = args[index]
+        if flag in _VALUED:
+            value = args[index + 1]
+            kwargs[_VALUED[flag]] = int(value) if value.isdigit() else value
+            index += 2
+        elif flag in _SWITCHES:
+            name, value = _SWITCHES[flag]
+            kwargs[name] = value
+            index += 1
+        else:
+            assert flag in _ELSEWHERE, f"unmapped flag {flag}"
+            index += 1 if index + 1 == len(args) or args[index + 1].startswith("--") else 2
+    # Megatron-LM derives both dtypes from --bf16/--fp16 (arguments.py: params_dtype).
+    dtype = torch.bfloat16 if kwargs.get("bf16") else torch.float16
+    kwargs.update(params_dtype=dtype, pipeline_dtype=dtype)
+    if kwargs.get("virtual_pipeline_model_parallel_size") == 1:
+        kwargs.pop("virtual_pipeline_model_parallel_size")
+    return core.TransformerConfig(**kwargs)
+
+
+def built_partition(config) -> list[int]:
+    """Transformer blocks per stage (pipeline order) as megatron-core builds them."""
+    pp = config.pipeline_model_parallel_size
+    vpp = config.virtual_pipeline_model_parallel_size or 1
+    if config.pipeline_model_parallel_layout is not None:
+        grid = config.pipeline_model_parallel_layout.layout
+        return [grid[s % pp][s // pp].count(LayerType.decoder) for s in range(pp * vpp)]
+    return [block.get_num_layers_to_build(config, vp_stage=s // pp if vpp > 1 else None,
+                                          pp_rank=s % pp) for s in range(pp * vpp)]
+
+
+def planned_blocks(result) -> list[int]:
+    kinds = result.model.layer_kinds
+    return [kinds[s.first_layer:s.first_layer + s.num_layers].count("block")
+            for s in result.plan.stages]
+
+
+@pytest.mark.parametrize("name", MEGATRON_PLANS)
+def test_transformer_config_accepts_and_builds_the_planned_stages(name):
+    result = load_plan(name)
+    config = transformer_config(megatron_args(result))
+    assert built_partition(config) == planned_blocks(result)
+
+
+def test_even_interleaved_plan_uses_virtual_stages_flag():
+    args = megatron_args(load_plan("llama8b_3d_vpp_sp"))
+    assert args[args.index("--num-virtual-stages-per-pipeline-rank") + 1] == "2"
+    assert "--virtual-pipeline-model-parallel-size" not in args
+    assert "--pipeline-model-parallel-layout" not in args
+
+
+def test_uneven_ends_use_first_and_last_stage_flags():
+    args = megatron_args(load_plan("gpt13b_uneven_stages"))
+    assert args[args.index("--decoder-first-pipeline-num-layers") + 1] == "7"
+    assert args[args.index("--decoder-last-pipeline-num-layers") + 1] == "7"
+
+
+def test_general_partition_uses_a_layout_megatron_parses():
+    result = changed(load_plan("gpt13b_uneven_stages"), plan={"stages": stages_for([6, 8, 9, 7])})
+    args = megatron_args(result)
+    layout = args[args.index("--pipeline-model-parallel-layout") + 1]
+    parsed = layout_mod.PipelineParallelLayerLayout(layout, 4)
+    parsed.validate_layer_layout(num_layers=30, mtp_num_layers=None)
+    assert built_partition(transformer_config(args)) == [6, 8, 9, 7]
+
+
+def test_model_shape_flags_for_a_llama_like_model():
+    args = megatron_args(load_plan("llama8b_3d_vpp_sp"))
+    for flag in ("--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights",
+                 "--group-query-attention", "--sequence-parallel", "--bf16"):
+        assert flag in args
+    assert args[args.index("--num-query-groups") + 1] == "8"
+    assert args[args.index("--normalization") + 1] == "RMSNorm"
+    assert args[args.index("--position-embedding-type") + 1] == "rope"
+
+
+def test_interleaving_needs_micro_batches_in_multiples_of_pp():
+    result = changed(load_plan("llama8b_3d_vpp_sp"),
+                     plan={"num_microbatches": 6, "micro_batch_size": 1, "global_batch_size": 12})
+    with pytest.raises(ExportError, match="multiple of pp=4"):
+        megatron_args(result)
+
+
+def test_sequence_parallel_without_tp_is_refused_like_megatron_core_does():
+    result = changed(load_plan("gpt13b_ethernet_10g"), plan={"sequence_parallel": True})
+    with pytest.raises(ExportError, match="sequence parallelism needs tp > 1"):
+        megatron_args(result)
+    args = megatron_args(load_plan("gpt13b_ethernet_10g")) + ["--sequence-parallel"]
+    with pytest.raises(ValueError):
+        transformer_config(args)
+
+
+def test_heads_not_divisible_by_tp_is_refused():
+    result = changed(load_plan("gpt13b_uneven_stages"), plan={"tp": 3, "world_size": 12})
+    with pytest.raises(ExportError, match="40 attention heads"):
+        megatron_args(result)
+
+
+def test_parameter_offload_is_refused():
+    with pytest.raises(ExportError, match="offload parameters"):
+        megatron_args(load_plan("llama8b_zero3_offload_1gpu"))
+
+
+def test_single_cuda_connection_exported_only_with_tp_or_cp():
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in render(load_plan("llama8b_3d_vpp_sp"))[
+        "launch_megatron.sh"]
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in render(load_plan("gpt13b_ethernet_10g"))[
+        "launch_megatron.sh"]
+
+
+def test_zero3_is_megatron_fsdp_without_single_cuda_connection():
+    result = changed(load_plan("llama8b_3d_vpp_sp"), plan={"zero_stage": 3})
+    args = megatron_args(result)
+    assert args[args.index("--data-parallel-sharding-strategy") + 1] == "optim_grads_params"
+    assert "--use-megatron-fsdp" in args
+    transformer_config(args)
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in render(result)["launch_megatron.sh"]

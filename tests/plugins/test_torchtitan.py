@@ -1,0 +1,94 @@
+"""torchtitan overrides, parsed by tyro into torchtitan's own config dataclasses.
+
+torchtitan's ConfigManager needs a model's config registry, which imports triton; the sections
+we override are parsed here the same way (tyro, torchtitan's registry rules), and ParallelDims
+checks the degrees against the world size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from autoplan.errors import ExportError
+from autoplan.plugins.torchtitan import torchtitan_overrides
+from tests.plugins.plans import changed, load_plan
+
+tyro = pytest.importorskip("tyro")
+configs = pytest.importorskip("torchtitan.config.configs")
+manager = pytest.importorskip("torchtitan.config.manager")
+ac = pytest.importorskip("torchtitan.distributed.activation_checkpoint")
+parallel_dims = pytest.importorskip("torchtitan.distributed.parallel_dims")
+
+TORCHTITAN_PLANS = ["llama8b_3d_vpp_sp", "llama8b_zero3_offload_1gpu", "gpt13b_ethernet_10g"]
+
+
+@dataclasses.dataclass
+class OverriddenSections:
+    """The Trainer.Config fields our overrides touch, with torchtitan's types and defaults."""
+
+    training: configs.TrainingConfig = dataclasses.field(default_factory=configs.TrainingConfig)
+    parallelism: configs.ParallelismConfig = dataclasses.field(
+        default_factory=configs.ParallelismConfig)
+    activation_checkpoint: ac.ActivationCheckpointingConfig = dataclasses.field(
+        default_factory=ac.SelectiveAC.Config)
+
+
+def parse(overrides: list[str]) -> OverriddenSections:
+    manager.ConfigManager.register_tyro_rules(manager.custom_registry)
+    return tyro.cli(OverriddenSections, args=overrides, registry=manager.custom_registry)
+
+
+@pytest.mark.parametrize("name", TORCHTITAN_PLANS)
+def test_overrides_parse_and_parallel_dims_accept_them(name):
+    result = load_plan(name)
+    config = parse(torchtitan_overrides(result))
+    dims = parallel_dims.ParallelDims.from_config(config.parallelism, result.plan.world_size)
+    plan = result.plan
+    assert (dims.tp, dims.pp, dims.cp, dims.dp_replicate * dims.dp_shard) == (
+        plan.tp, plan.pp, plan.cp, plan.dp)
+    assert config.parallelism.enable_sequence_parallel == plan.sequence_parallel
+
+
+def test_activation_checkpoint_mode_follows_recompute():
+    expected = {"llama8b_3d_vpp_sp": ac.SelectiveAC.Config,
+                "llama8b_zero3_offload_1gpu": ac.FullAC.Config}
+    for name, kind in expected.items():
+        assert type(parse(torchtitan_overrides(load_plan(name))).activation_checkpoint) is kind
+    result = changed(load_plan("gpt13b_ethernet_10g"), plan={"recompute": "none"})
+    assert parse(torchtitan_overrides(result)).activation_checkpoint is None
+
+
+def test_pipeline_batch_is_split_into_planned_micro_batches():
+    result = load_plan("llama8b_3d_vpp_sp")
+    config = parse(torchtitan_overrides(result))
+    plan = result.plan
+    assert config.training.local_batch_size == plan.micro_batch_size * plan.num_microbatches
+    assert config.parallelism.pipeline_parallel_microbatch_size == plan.micro_batch_size
+    assert config.training.global_batch_size == plan.global_batch_size
+    assert config.parallelism.pipeline_parallel_schedule == "Interleaved1F1B"
+
+
+def test_without_pipeline_accumulation_comes_from_the_global_batch():
+    result = load_plan("llama8b_zero3_offload_1gpu")
+    config = parse(torchtitan_overrides(result))
+    assert config.training.local_batch_size == result.plan.micro_batch_size
+    assert config.training.global_batch_size == result.plan.global_batch_size
+    assert config.training.enable_cpu_offload
+
+
+def test_model_parts_name_every_layer_once_in_stage_order():
+    result = load_plan("llama8b_3d_vpp_sp")
+    parts = parse(torchtitan_overrides(result)).parallelism.module_fqns_per_model_part
+    assert len(parts) == result.plan.pp * result.plan.vpp
+    flat = [name for part in parts for name in part]
+    assert flat == ["tok_embeddings", *[f"layers.{i}" for i in range(32)], "norm", "lm_head"]
+
+
+def test_fp16_is_refused():
+    result = changed(load_plan("gpt13b_ethernet_10g"),
+                     training={"seq_len": 2048, "global_batch": 128, "precision": "fp16",
+                               "runtime": "fsdp"})
+    with pytest.raises(ExportError, match="bf16 only"):
+        torchtitan_overrides(result)
