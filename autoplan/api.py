@@ -14,7 +14,7 @@ from autoplan.cluster.spec import Cluster, load_cluster_spec, resolve
 from autoplan.costmodels.profiles import compute_profile, runtime_profile
 from autoplan.costmodels.step import Problem
 from autoplan.costmodels.step import estimate as estimate_plan
-from autoplan.errors import ConstraintError
+from autoplan.errors import ConstraintError, PlanFileError
 from autoplan.graph.layer_graph import LayerGraph
 from autoplan.graph.loader import ModelSource, load_model_source
 from autoplan.graph.trace import trace_model
@@ -193,3 +193,31 @@ def estimate(model, cluster, plan_or_pins, *, seq_len: int, global_batch: int, m
     info = SolverInfo(status="ESTIMATE", objective=est.step_time_s, bound=est.step_time_s, gap=0.0,
                       wall_time_s=time.perf_counter() - start)
     return _result(problem, model, cluster, plan, est, info)
+
+
+def load_result(path: str | Path) -> Result:
+    """Read back what ``autoplan solve --json`` printed."""
+    path = Path(path)
+    try:
+        return Result.model_validate_json(path.read_text())
+    except FileNotFoundError:
+        raise PlanFileError(f"{path}: no such file; save `autoplan solve --json` output there.") from None
+    except ValueError as err:
+        first = str(err).splitlines()[0]
+        raise PlanFileError(
+            f"{path}: not a plan document from `autoplan solve --json` ({first}).") from None
+
+
+def trace_document(graph: LayerGraph, batch: int = 1) -> dict:
+    """The ``autoplan trace --json`` document for ``batch`` sequences (figures per sample in the
+    graph scale linearly with the batch)."""
+    layers = [{
+        "name": l.name, "kind": l.kind.value, "params": l.num_params,
+        "fwd_flops": l.fwd_flops * batch, "bwd_flops": l.bwd_flops * batch,
+        "activation_bytes": l.activation_bytes * batch + l.attention_internal_bytes * batch,
+        "boundary_bytes": l.boundary_bytes * batch,
+        "tp_split": {g.name: g.split.value for g in l.gemms},
+    } for l in graph.layers]
+    return {"model": graph.name, "seq_len": graph.seq_len, "batch": batch,
+            "num_params": graph.num_params, "fwd_flops": graph.fwd_flops * batch,
+            "bwd_flops": graph.bwd_flops * batch, "layers": layers}

@@ -1,0 +1,186 @@
+"""The ``autoplan`` command: parse, call the API, print. Nothing else lives here.
+
+Exit codes: 0 ok, 2 bad input, 3 infeasible, 4 time limit hit with no plan. Errors are one
+paragraph on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from autoplan import api
+from autoplan.errors import AutoplanError, PlanFileError
+from autoplan.plan import Offload, Recompute, Result
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Plan tensor/pipeline/data parallelism for training a PyTorch model.")
+stdout = Console()
+stderr = Console(stderr=True)
+
+
+class ZeroChoice(str, Enum):
+    Z0, Z1, Z2, Z3 = "0", "1", "2", "3"
+
+
+class ExportTarget(str, Enum):
+    megatron = "megatron"
+    deepspeed = "deepspeed"
+    torchtitan = "torchtitan"
+    accelerate = "accelerate"
+    colossalai = "colossalai"
+    all = "all"
+
+
+MODEL = typer.Argument(..., help="model.py defining build_model().")
+CLUSTER = typer.Argument(..., help="cluster.yaml describing the GPUs and links.")
+SEQ_LEN = typer.Option(..., "--seq-len", help="Tokens per sequence.")
+GLOBAL_BATCH = typer.Option(..., "--global-batch", help="Sequences per optimizer step.")
+
+
+def _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload) -> dict:
+    values = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "mbs": mbs,
+              "zero": int(zero.value) if zero else None,
+              "recompute": recompute.value if recompute else None, "sp": sp, "vpp": vpp,
+              "offload": offload.value if offload else None}
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _emit(result: Result, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(result.model_dump(mode="json"), indent=2) + "\n")
+    else:
+        from autoplan.report import render
+        render(result, stdout)
+
+
+def _fail(err: AutoplanError) -> None:
+    stderr.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+    raise typer.Exit(err.exit_code)
+
+
+def _run(action):
+    """Run ``action``, turning user errors into a message and their exit code."""
+    try:
+        return action()
+    except AutoplanError as err:
+        _fail(err)
+
+
+# Plan options shared by solve (where they pin) and estimate (where unset ones take defaults).
+TP = typer.Option(None, "--tp", min=1, help="Tensor-parallel degree.")
+PP = typer.Option(None, "--pp", min=1, help="Pipeline-parallel degree.")
+DP = typer.Option(None, "--dp", min=1, help="Data-parallel degree.")
+CP = typer.Option(None, "--cp", min=1, help="Context-parallel degree.")
+MBS = typer.Option(None, "--mbs", min=1, help="Micro-batch size.")
+ZERO = typer.Option(None, "--zero", help="ZeRO stage.")
+RECOMPUTE = typer.Option(None, "--recompute", help="Activation recomputation.")
+SP = typer.Option(None, "--sp/--no-sp", help="Sequence parallelism.")
+VPP = typer.Option(None, "--vpp", min=1, help="Model chunks per pipeline rank (1: no interleaving).")
+OFFLOAD = typer.Option(None, "--offload", help="CPU offload.")
+MEM_LIMIT = typer.Option(None, "--mem-limit", help="Per-GPU memory cap, e.g. 72GiB (default: the GPU's).")
+RUNTIME = typer.Option("megatron", "--runtime", help="megatron, deepspeed or fsdp.")
+PRECISION = typer.Option("bf16", "--precision", help="bf16 or fp16.")
+JSON = typer.Option(False, "--json", help="Print one JSON document and nothing else.")
+
+
+@app.command()
+def solve(
+    model: Path = MODEL, cluster: Path = CLUSTER, seq_len: int = SEQ_LEN,
+    global_batch: int = GLOBAL_BATCH, tp: Optional[int] = TP, pp: Optional[int] = PP,
+    dp: Optional[int] = DP, cp: Optional[int] = CP, mbs: Optional[int] = MBS,
+    zero: Optional[ZeroChoice] = ZERO, recompute: Optional[Recompute] = RECOMPUTE,
+    sp: Optional[bool] = SP, vpp: Optional[int] = VPP, offload: Optional[Offload] = OFFLOAD,
+    mem_limit: Optional[str] = MEM_LIMIT, runtime: str = RUNTIME, precision: str = PRECISION,
+    as_json: bool = JSON,
+    time_limit: float = typer.Option(api.DEFAULT_TIME_LIMIT_S, "--time-limit", min=0.1,
+                                     help="Solver time limit in seconds; the best plan so far is returned."),
+    export: Optional[ExportTarget] = typer.Option(None, "--export", help="Also write launch files."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Folder for --export."),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing files in --out."),
+) -> None:
+    """Find the fastest plan that fits in memory; given options pin those dimensions."""
+    pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload)
+    result = _run(lambda: api.solve(
+        model, cluster, seq_len=seq_len, global_batch=global_batch, pins=pins,
+        mem_limit=mem_limit, time_limit_s=time_limit, runtime=runtime, precision=precision))
+    _emit(result, as_json)
+    if export is not None:
+        _export(result, export, out, force, quiet=as_json)
+
+
+@app.command()
+def estimate(
+    model: Path = MODEL, cluster: Path = CLUSTER, seq_len: int = SEQ_LEN,
+    global_batch: int = GLOBAL_BATCH, tp: Optional[int] = TP, pp: Optional[int] = PP,
+    dp: Optional[int] = DP, cp: Optional[int] = CP, mbs: Optional[int] = MBS,
+    zero: Optional[ZeroChoice] = ZERO, recompute: Optional[Recompute] = RECOMPUTE,
+    sp: Optional[bool] = SP, vpp: Optional[int] = VPP, offload: Optional[Offload] = OFFLOAD,
+    mem_limit: Optional[str] = MEM_LIMIT, runtime: str = RUNTIME, precision: str = PRECISION,
+    as_json: bool = JSON,
+) -> None:
+    """Evaluate one plan. Unset dimensions default to tp=pp=cp=1, dp = the remaining GPUs,
+    mbs=1, ZeRO-0, no recompute, no SP, no interleaving, no offload."""
+    pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload)
+    result = _run(lambda: api.estimate(
+        model, cluster, pins, seq_len=seq_len, global_batch=global_batch, mem_limit=mem_limit,
+        runtime=runtime, precision=precision))
+    _emit(result, as_json)
+
+
+@app.command()
+def trace(
+    model: Path = MODEL,
+    seq_len: int = typer.Option(2048, "--seq-len", help="Tokens per sequence."),
+    batch: int = typer.Option(1, "--batch", min=1, help="Sequences (figures scale linearly)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Print the traced layer table of a model."""
+    graph = _run(lambda: api.load_model(model).trace(seq_len))
+    document = api.trace_document(graph, batch)
+    if as_json:
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+        return
+    from autoplan.report import render_trace
+    render_trace(document, stdout)
+
+
+def _export(result: Result, target: ExportTarget, out: Optional[Path], force: bool, *,
+            quiet: bool) -> None:
+    if out is None:
+        _fail(PlanFileError("--export needs --out DIR: the folder to write the launch files to."))
+    from autoplan.plugins import export_plan
+    written = _run(lambda: export_plan(result, target.value, out, force=force))
+    if not quiet:
+        for path in written:
+            stdout.print(f"wrote {path}")
+
+
+@app.command("export")
+def export_cmd(
+    plan_json: Path = typer.Argument(..., help="What `autoplan solve --json` printed."),
+    to: ExportTarget = typer.Option(..., "--to", help="Target framework, or all."),
+    out: Path = typer.Option(..., "--out", help="Folder to write the files to."),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
+) -> None:
+    """Write launch files for a plan saved from `solve --json`."""
+    result = _run(lambda: api.load_result(plan_json))
+    _export(result, to, out, force, quiet=False)
+
+
+def main() -> None:
+    """Console entry point."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    try:
+        app()
+    except KeyboardInterrupt:
+        stderr.print("interrupted")
+        sys.exit(130)

@@ -1,0 +1,120 @@
+"""The human-readable report of a Result: rich tables for the terminal."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from autoplan.plan import Result
+
+
+def _kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
+    table = Table(title=title, title_justify="left", show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+def _stages_text(result: Result) -> str:
+    kinds = result.model.layer_kinds if result.model else ()
+    counts = []
+    for stage in result.plan.stages:
+        span = kinds[stage.first_layer: stage.first_layer + stage.num_layers]
+        blocks = sum(1 for k in span if k == "block")
+        counts.append(str(blocks) if kinds else str(stage.num_layers))
+    unit = "blocks" if kinds else "layers"
+    return f"{' / '.join(counts)} {unit} per stage (pipeline order)"
+
+
+def plan_table(result: Result) -> Table:
+    p = result.plan
+    return _kv_table("Plan", [
+        ("TP x PP x DP (x CP)", f"{p.tp} x {p.pp} x {p.dp}" + (f" x {p.cp}" if p.cp > 1 else "")
+         + f" = {p.world_size} GPUs"),
+        ("micro-batch", f"{p.micro_batch_size} x {p.num_microbatches} micro-batches "
+         f"(global batch {p.global_batch_size})"),
+        ("ZeRO stage", str(p.zero_stage)),
+        ("recompute", p.recompute.value),
+        ("sequence parallel", "yes" if p.sequence_parallel else "no"),
+        ("interleaved stages", f"{p.vpp} chunks per rank" if p.vpp > 1 else "no (1F1B)"),
+        ("offload", p.offload.value),
+        ("rank placement", f"{p.placement} (innermost first)"),
+        ("layers", _stages_text(result)),
+    ])
+
+
+def estimate_table(result: Result) -> Table:
+    e = result.estimate
+    status = "fits" if e.feasible else "DOES NOT FIT"
+    return _kv_table("Predicted", [
+        ("step time", f"{e.step_time_s:.3f} s"),
+        ("throughput", f"{e.tokens_per_s:,.0f} tokens/s"),
+        ("per GPU", f"{e.model_tflops_per_gpu:.1f} model TFLOP/s, "
+         f"{e.hardware_tflops_per_gpu:.1f} hardware TFLOP/s, MFU {e.mfu:.1%}"),
+        ("peak memory", f"{e.peak_memory_gib:.1f} GiB of {e.memory_limit_gib:.1f} GiB ({status})"),
+    ])
+
+
+def _breakdown_table(title: str, values: dict[str, float], unit: str, total: float) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("part")
+    table.add_column(unit, justify="right")
+    table.add_column("share", justify="right")
+    for name, value in values.items():
+        share = value / total if total else 0.0
+        table.add_row(name.replace("_", " "), f"{value:.3f}" if unit == "s" else f"{value:.2f}",
+                      f"{share:.0%}")
+    return table
+
+
+def solver_text(result: Result) -> Text:
+    s = result.solver
+    if s.status == "OPTIMAL":
+        line = f"Solver: OPTIMAL (proven) in {s.wall_time_s:.2f} s"
+    elif s.status == "ESTIMATE":
+        line = f"Estimate of the given plan (no search) in {s.wall_time_s:.2f} s"
+    else:
+        line = (f"Solver: {s.status}: best found {s.objective:.3f} s, bound {s.bound:.3f} s, "
+                f"gap {s.gap:.1%} after {s.wall_time_s:.2f} s")
+    return Text(line, style="bold green" if s.status == "OPTIMAL" else "bold yellow")
+
+
+def render(result: Result, console: Console) -> None:
+    """Print the full report."""
+    e = result.estimate
+    title = f"autoplan: {result.model.name if result.model else 'model'}"
+    if result.model:
+        title += f" ({result.model.num_params / 1e9:.2f}B parameters)"
+    console.print(Text(title, style="bold"))
+    console.print(Group(
+        plan_table(result), "", estimate_table(result), "",
+        _breakdown_table("Memory per GPU (worst stage)", e.memory_breakdown_gib, "GiB",
+                         e.peak_memory_gib),
+        _breakdown_table("Step time", e.time_breakdown_s, "s", e.step_time_s),
+        solver_text(result),
+    ))
+
+
+def render_trace(document: dict, console: Console) -> None:
+    """Print the layer table of ``autoplan trace``."""
+    table = Table(title=f"{document['model']}: seq {document['seq_len']}, batch {document['batch']}",
+                  title_justify="left")
+    for column in ("layer", "kind", "params", "fwd GFLOP", "bwd GFLOP", "act MiB", "boundary MiB",
+                   "TP split"):
+        table.add_column(column, justify="left" if column in ("layer", "kind", "TP split") else "right")
+    for layer in document["layers"]:
+        splits = {}
+        for split in layer["tp_split"].values():
+            splits[split] = splits.get(split, 0) + 1
+        table.add_row(
+            layer["name"], layer["kind"], f"{layer['params']:,}", f"{layer['fwd_flops'] / 1e9:.1f}",
+            f"{layer['bwd_flops'] / 1e9:.1f}", f"{layer['activation_bytes'] / 2**20:.1f}",
+            f"{layer['boundary_bytes'] / 2**20:.1f}",
+            ", ".join(f"{n} {s}" for s, n in splits.items()) or "-")
+    console.print(table)
+    console.print(f"total: {document['num_params']:,} parameters, "
+                  f"{document['fwd_flops'] / 1e12:.2f} TFLOP forward, "
+                  f"{document['bwd_flops'] / 1e12:.2f} TFLOP backward")
