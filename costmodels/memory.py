@@ -81,8 +81,9 @@ def layer_activation_bytes(layer: Layer, split: Split, recompute: Recompute) -> 
     kept *= split.mbs / split.cp
     if recompute is Recompute.SELECTIVE:
         return kept
-    internal = layer.attention_internal_bytes * split.mbs / (split.tp * split.cp)
-    return kept + internal + (0.0 if split.flash else _score_bytes(layer, split))
+    if not split.flash:
+        return kept + _score_bytes(layer, split)
+    return kept + layer.attention_internal_bytes * split.mbs / (split.tp * split.cp)
 
 
 def recompute_working_bytes(layer: Layer, split: Split, recompute: Recompute) -> float:

@@ -69,6 +69,7 @@ class _LayerStats:
     gemms: dict[str, Gemm] = field(default_factory=dict)
     attention: list[Attention] = field(default_factory=list)
     saved_storages: set[int] = field(default_factory=set)
+    internal_storages: set[int] = field(default_factory=set)
     output_bytes: float = 0.0
     input_bytes: float = 0.0
 
@@ -124,6 +125,8 @@ class _ProvenanceMode(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
             return self._attention(*args, **kwargs)
+        if func is F.dropout:
+            return self._dropout(*args, **kwargs)
         inputs = _tensors((args, kwargs))
         self.running_sharded = any(self._is_sharded(t) for t in inputs)
         out = func(*args, **kwargs)
@@ -136,6 +139,20 @@ class _ProvenanceMode(TorchFunctionMode):
             self._tag(out, self._origin(any_sharded[0]))
         if func not in _MATMUL_FUNCS:
             self._count_traffic(inputs, out, sharded=bool(any_sharded))
+        return out
+
+    def _dropout(self, x: torch.Tensor, p: float = 0.5, training: bool = True,
+                 inplace: bool = False) -> torch.Tensor:
+        """Run dropout as the GPU kernel does (a 1-byte mask saved), not as the CPU/meta
+        decomposition that keeps a mask in the input's dtype."""
+        if not training or p == 0.0:
+            return x
+        self.running_sharded = self._is_sharded(x)
+        out = torch.ops.aten.native_dropout(x, p, True)[0]
+        self.running_sharded = False
+        if self._is_sharded(x):
+            self._tag(out, self._origin(x))
+        self._count_traffic([x], out, sharded=self._is_sharded(x))
         return out
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
@@ -349,16 +366,23 @@ def _record_saved(tracker: _Tracker, t: torch.Tensor) -> None:
     """Count a tensor saved for backward once per storage; parameters are not activations."""
     storage = _storage_id(t)
     stats = tracker.now()
+    nbytes = t.untyped_storage().nbytes()
+    if storage in stats.internal_storages and tracker.in_attention is None:
+        # An attention output that a later op keeps too (the output projection's input):
+        # it stays when selective recompute drops the attention internals.
+        stats.internal_storages.discard(storage)
+        stats.attention_internal -= nbytes
+        stats.saved_storages.discard(storage)
     if storage in stats.saved_storages or storage in tracker.param_storages:
         return
     if tracker.in_attention is not None:
         qkv_storages, attention_stats = tracker.in_attention
         if storage not in qkv_storages:
             stats.saved_storages.add(storage)
-            attention_stats.attention_internal += t.untyped_storage().nbytes()
+            stats.internal_storages.add(storage)
+            attention_stats.attention_internal += nbytes
             return
     stats.saved_storages.add(storage)
-    nbytes = t.untyped_storage().nbytes()
     if tracker.is_sharded(t):
         stats.saved_sharded += nbytes
     else:
