@@ -86,10 +86,9 @@ def layer_activation_bytes(layer: Layer, split: Split, recompute: Recompute) -> 
     return kept + layer.attention_internal_bytes * split.mbs / (split.tp * split.cp)
 
 
-def recompute_working_bytes(layer: Layer, split: Split, recompute: Recompute) -> float:
-    """Extra bytes while one fully recomputed layer runs its backward (its whole activations)."""
-    if recompute is not Recompute.FULL or layer.kind is not LayerKind.BLOCK:
-        return 0.0
+def backward_working_bytes(layer: Layer, split: Split) -> float:
+    """Transient bytes while one layer runs its backward: the gradients it produces are about
+    as large as what it saved, and a fully recomputed layer first rebuilds all of that."""
     return layer_activation_bytes(layer, split, Recompute.NONE)
 
 

@@ -19,7 +19,7 @@ from autoplan.costmodels import comm
 from autoplan.costmodels.compute import Split, layer_time
 from autoplan.costmodels.memory import (
     WEIGHT_BYTES, ModelStates, in_flight_chunks, layer_activation_bytes, layer_params_on_gpu,
-    model_state_bytes, recompute_working_bytes,
+    model_state_bytes, backward_working_bytes,
 )
 from autoplan.costmodels.pipeline import pipeline_time
 from autoplan.costmodels.profiles import ComputeProfile, RuntimeProfile
@@ -114,6 +114,7 @@ class _LayerCost:
 
 @dataclass(frozen=True, slots=True)
 class _RankCost:
+    rank: int
     micro_batch_s: float
     compute_s: float
     backward_s: float
@@ -123,6 +124,8 @@ class _RankCost:
     activations: float
     other: float
     params: float
+    acts_per_chunk: float
+    largest: float
 
     @property
     def memory(self) -> float:
@@ -166,7 +169,7 @@ def _layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
         compute_s=t.fwd_s + t.bwd_s + t.recompute_s, backward_s=t.bwd_s + t.recompute_s,
         tp_comm_s=tp_comm,
         act_bytes=layer_activation_bytes(layer, split, recompute),
-        working_bytes=recompute_working_bytes(layer, split, recompute),
+        working_bytes=backward_working_bytes(layer, split),
         params=layer_params_on_gpu(layer, split.tp),
     )
     problem._cache[key] = cost
@@ -248,11 +251,19 @@ def _rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLi
                                offload=plan.offload, runtime=problem.runtime)
     held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp, num_microbatches=plan.num_microbatches)
     activations = held * sums.acts_per_chunk + sums.working
+    other = _other_bytes(problem, plan, activations, sums.largest)
+    return _RankCost(rank, sums.compute_s + sums.tp_comm_s + pp_comm_s, sums.compute_s,
+                     sums.backward_s, sums.tp_comm_s, pp_comm_s, states, activations, other, params,
+                     sums.acts_per_chunk, sums.largest)
+
+
+def _other_bytes(problem: Problem, plan: Plan, activations: float, largest_layer: float) -> float:
+    """The stated allowance: CUDA context and workspaces, allocator fragmentation, and with
+    ZeRO-3 the gathered weights of the running and the prefetched layer."""
     other = problem.runtime.cuda_context_bytes + problem.runtime.fragmentation * activations
-    if plan.zero_stage >= 3:  # gathered full layers: the running one and the prefetched next
-        other += 2 * WEIGHT_BYTES * sums.largest
-    return _RankCost(sums.compute_s + sums.tp_comm_s + pp_comm_s, sums.compute_s,
-                     sums.backward_s, sums.tp_comm_s, pp_comm_s, states, activations, other, params)
+    if plan.zero_stage >= 3:
+        other += 2 * WEIGHT_BYTES * largest_layer
+    return other
 
 
 def _tied_params(problem: Problem) -> float:
@@ -341,21 +352,55 @@ def hardware_flops_per_sample(graph: LayerGraph, recompute: Recompute) -> float:
     return model_flops_per_sample(graph) + extra
 
 
+def _rank_groups(problem: Problem, plan: Plan) -> list[list[int]]:
+    """Pipeline ranks grouped by what they run (same layers, same boundaries): a balanced
+    pipeline has a handful of groups however deep it is, and equal ranks cost the same."""
+    key = ("groups", plan.stages, plan.pp, plan.vpp)
+    groups = problem._cache.get(key)
+    if groups is None:
+        by_signature: dict[tuple, list[int]] = {}
+        for rank in range(plan.pp):
+            stages = _rank_stages(plan, rank)
+            signature = (rank == plan.pp - 1,) + tuple(
+                problem.layer_counts(st.first_layer, st.num_layers) for st in stages) + tuple(
+                (st.first_layer == 0, st.first_layer + st.num_layers == len(problem.graph.layers))
+                for st in stages)
+            by_signature.setdefault(signature, []).append(rank)
+        groups = problem._cache[key] = list(by_signature.values())
+    return groups
+
+
+def _rank_memory(problem: Problem, plan: Plan, cost: _RankCost, rank: int) -> float:
+    """Memory of ``rank`` given the cost of the first rank of its group (only the number of
+    micro-batches held in flight differs)."""
+    held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp, num_microbatches=plan.num_microbatches)
+    first = in_flight_chunks(cost.rank, pp=plan.pp, vpp=plan.vpp,
+                             num_microbatches=plan.num_microbatches)
+    activations = cost.activations + (held - first) * cost.acts_per_chunk
+    return cost.states.total + activations + _other_bytes(problem, plan, activations, cost.largest)
+
+
 def estimate(problem: Problem, plan: Plan) -> Estimate:
     """Predicted step time and worst-GPU memory of ``plan`` on ``problem``."""
     links = {axis: _axis_links(problem, plan, axis) for axis in ("tp", "dp", "pp")}
-    ranks = [_rank_cost(problem, plan, r, links) for r in range(plan.pp)]
-    times = [r.micro_batch_s for r in ranks]
+    groups = _rank_groups(problem, plan)
+    costs = [_rank_cost(problem, plan, ranks[0], links) for ranks in groups]
+    times = [0.0] * plan.pp
+    memories = [0.0] * plan.pp
+    for ranks, cost in zip(groups, costs):
+        for rank in ranks:
+            times[rank] = cost.micro_batch_s
+            memories[rank] = _rank_memory(problem, plan, cost, rank)
     pipe = pipeline_time(times, num_microbatches=plan.num_microbatches, vpp=plan.vpp)
-    params = max(r.params for r in ranks)
-    slow = max(ranks, key=lambda r: r.micro_batch_s)
+    params = max(c.params for c in costs)
+    slow = max(costs, key=lambda c: c.micro_batch_s)
     dp_s = _dp_time(problem, plan, params, links["dp"], backward_s=slow.backward_s,
                     compute_s=plan.num_microbatches * slow.compute_s)
     opt_s = _optimizer_time(problem, plan, params) + _offload_param_time(plan, params)
     step = pipe + dp_s + opt_s
-    worst = max(ranks, key=lambda r: r.memory)
+    worst = max(costs, key=lambda c: c.memory)  # the first rank of a group holds the most
     m = plan.num_microbatches
-    return _summarize(problem, plan, step=step, worst=worst, ranks=ranks, breakdown={
+    return _summarize(problem, plan, step=step, worst=worst, memories=memories, breakdown={
         "compute": m * slow.compute_s, "tp_comm": m * slow.tp_comm_s,
         "pp_comm": m * slow.pp_comm_s, "dp_comm": dp_s,
         "bubble": pipe - m * slow.micro_batch_s, "optimizer": opt_s,
@@ -363,7 +408,7 @@ def estimate(problem: Problem, plan: Plan) -> Estimate:
 
 
 def _summarize(problem: Problem, plan: Plan, *, step: float, worst: _RankCost,
-               ranks: list[_RankCost], breakdown: dict[str, float]) -> Estimate:
+               memories: list[float], breakdown: dict[str, float]) -> Estimate:
     samples = plan.global_batch_size
     peak = problem.cluster.gpu.peak_flops(problem.precision)
     flops_key = ("flops", plan.recompute)
@@ -387,6 +432,6 @@ def _summarize(problem: Problem, plan: Plan, *, step: float, worst: _RankCost,
             "other": worst.other / GIB,
         },
         time_breakdown_s=breakdown,
-        stage_memory_gib=tuple(r.memory / GIB for r in ranks),
+        stage_memory_gib=tuple(m / GIB for m in memories),
         feasible=worst.memory <= problem.mem_limit_bytes,
     )

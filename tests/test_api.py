@@ -74,6 +74,6 @@ def test_mtnlg_530b_beats_the_published_configuration():
                                   seq_len=2048, global_batch=1920)
     assert result.status == "OPTIMAL"
     assert result.plan.tp <= 8  # TP inside a node
-    assert result.plan.pp >= 8  # a deep pipeline
+    assert result.plan.pp >= 4  # a pipeline across nodes
     assert result.estimate.feasible
     assert result.estimate.step_time_s <= published.estimate.step_time_s
