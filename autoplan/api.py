@@ -20,7 +20,7 @@ from autoplan.graph.loader import ModelSource, load_model_source
 from autoplan.graph.trace import trace_model
 from autoplan.plan import ModelInfo, Plan, Result, SolverInfo, TrainingInfo
 from autoplan.search.solver import solve_table
-from autoplan.search.space import balanced_stages, check_pins
+from autoplan.search.space import balanced_stages, check_pins, dp_options
 from autoplan.training import AttentionKernel, Constraints, Pins, Precision, Runtime, TrainingSpec
 from autoplan.units import parse_quantity
 
@@ -155,23 +155,25 @@ def solve(model, cluster, *, seq_len: int, global_batch: int, pins=None, mem_lim
 
 
 def plan_from_pins(problem: Problem, pins: Pins) -> Plan:
-    """A fully pinned plan; unpinned dimensions take the defaults tp=pp=cp=1, dp = the rest,
-    mbs=1, ZeRO-0, no recompute, no SP, no interleaving, no offload, balanced stages."""
+    """A fully pinned plan; unpinned dimensions take the defaults tp=pp=cp=1, dp = the largest
+    degree that divides the global batch and fits the remaining GPUs, mbs=1, ZeRO-0, no
+    recompute, no SP, no interleaving, no offload, balanced stages."""
     world = problem.cluster.num_gpus
     tp, pp, cp = pins.tp or 1, pins.pp or 1, pins.cp or 1
-    dp = pins.dp or world // (tp * pp * cp)
     mbs, vpp = pins.mbs or 1, pins.vpp or 1
     batch = problem.training.global_batch
-    if tp * pp * dp * cp != world or batch % (dp * mbs):
+    fitting = dp_options(batch, world // (tp * pp * cp), pins.dp)
+    dp = fitting[-1] if fitting else pins.dp or 0
+    if not dp or tp * pp * dp * cp > world or batch % (dp * mbs):
         raise ConstraintError(
-            f"the plan tp={tp} pp={pp} dp={dp} cp={cp} mbs={mbs} does not fit {world} GPUs and a "
-            f"global batch of {batch}: tp*pp*dp*cp must equal the GPU count and the global "
-            "batch must divide by dp*mbs.")
+            f"the plan tp={tp} pp={pp} dp={dp or '?'} cp={cp} mbs={mbs} does not fit {world} "
+            f"GPUs and a global batch of {batch}: tp*pp*dp*cp must not exceed the GPU count and "
+            "the global batch must divide by dp*mbs.")
     return Plan(
         tp=tp, pp=pp, dp=dp, cp=cp, zero_stage=pins.zero or 0, micro_batch_size=mbs,
         global_batch_size=batch, num_microbatches=batch // (dp * mbs),
         recompute=pins.recompute or "none", sequence_parallel=bool(pins.sp), vpp=vpp,
-        offload=pins.offload or "none", world_size=world,
+        offload=pins.offload or "none", world_size=tp * pp * dp * cp,
         stages=balanced_stages(problem.graph, pp, vpp),
     )
 

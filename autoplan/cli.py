@@ -126,8 +126,8 @@ def estimate(
     mem_limit: Optional[str] = MEM_LIMIT, runtime: str = RUNTIME, precision: str = PRECISION,
     as_json: bool = JSON,
 ) -> None:
-    """Evaluate one plan. Unset dimensions default to tp=pp=cp=1, dp = the remaining GPUs,
-    mbs=1, ZeRO-0, no recompute, no SP, no interleaving, no offload."""
+    """Evaluate one plan. Unset dimensions default to tp=pp=cp=1, dp = the most GPUs left that
+    divide the global batch, mbs=1, ZeRO-0, no recompute, no SP, no interleaving, no offload."""
     pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload)
     result = _run(lambda: api.estimate(
         model, cluster, pins, seq_len=seq_len, global_batch=global_batch, mem_limit=mem_limit,

@@ -6,6 +6,7 @@ These are the JSON contracts of ``solve --json`` and ``estimate --json``; field 
 from __future__ import annotations
 
 from enum import Enum
+from functools import cached_property
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -75,6 +76,11 @@ class Plan(BaseModel):
         if len(self.stages) != self.pp * self.vpp:
             raise ValueError(f"{len(self.stages)} stages listed, expected pp*vpp = {self.pp * self.vpp}")
         return self
+
+    @cached_property
+    def layout(self) -> tuple[tuple[int, int], ...]:
+        """The stages as plain ``(first_layer, num_layers)`` pairs (a cheap, hashable key)."""
+        return tuple((s.first_layer, s.num_layers) for s in self.stages)
 
     @property
     def gradient_accumulation_steps(self) -> int:

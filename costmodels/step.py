@@ -90,9 +90,9 @@ class Problem:
 MIB = 2**20
 
 
-def memory_mib(est: Estimate) -> int:
+def memory_mib(peak_bytes: float) -> int:
     """Worst-GPU memory rounded up to whole MiB: the unit in which plans are compared."""
-    return math.ceil(est.peak_memory_gib * 1024)
+    return math.ceil(peak_bytes / MIB)
 
 
 def limit_mib(problem: Problem) -> int:
@@ -183,12 +183,18 @@ def _axis_links(problem: Problem, plan: Plan, axis: str) -> GroupLinks:
     stride = 1
     for name in order[: order.index(axis)]:
         stride *= sizes[name]
-    return group_links(problem.cluster, sizes[axis], stride)
+    key = ("links", sizes[axis], stride)
+    links = problem._cache.get(key)
+    if links is None:
+        links = problem._cache[key] = group_links(problem.cluster, sizes[axis], stride)
+    return links
 
 
-def _rank_stages(plan: Plan, rank: int) -> list:
-    """The model chunks a pipeline rank runs (chunk c is virtual stage c*pp + rank)."""
-    return [plan.stages[c * plan.pp + rank] for c in range(plan.vpp)]
+def _rank_stages(plan: Plan, rank: int) -> tuple[tuple[int, int], ...]:
+    """The model chunks ``(first_layer, num_layers)`` a pipeline rank runs (chunk c is virtual
+    stage c*pp + rank)."""
+    layout = plan.layout
+    return tuple(layout[c * plan.pp + rank] for c in range(plan.vpp))
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,9 +237,10 @@ def _rank_base(problem: Problem, plan: Plan, rank: int, split: Split,
                links: dict[str, GroupLinks]) -> tuple[_ChunkSums, float, float]:
     """(layer sums, pipeline-send time, parameters) of a rank; shared by equal ranks."""
     stages = _rank_stages(plan, rank)
-    compositions = tuple(problem.layer_counts(s.first_layer, s.num_layers) for s in stages)
+    compositions = tuple(problem.layer_counts(first, num) for first, num in stages)
     last = rank == plan.pp - 1 and plan.pp > 1
-    key = ("rank", compositions, last, split, plan.recompute, plan.pp > 1, links["tp"], links["pp"])
+    key = ("rank", stages if plan.pp > 1 else compositions, last, split, plan.recompute,
+           links["tp"], links["pp"])
     cached = problem._cache.get(key)
     if cached is None:
         sums = _chunk_sums(problem, compositions, split, plan.recompute, links["tp"])
@@ -271,12 +278,12 @@ def _tied_params(problem: Problem) -> float:
     return sum(l.tied_params for l in problem.graph.layers)
 
 
-def _pp_comm(problem: Problem, plan: Plan, stages: list, links: GroupLinks) -> float:
+def _pp_comm(problem: Problem, plan: Plan, stages: tuple, links: GroupLinks) -> float:
     """Activation sends forward and gradient sends backward, per micro-batch, for each chunk."""
     layers = problem.graph.layers
     total = 0.0
-    for stage in stages:
-        first, last = layers[stage.first_layer], layers[stage.first_layer + stage.num_layers - 1]
+    for start, num in stages:
+        first, last = layers[start], layers[start + num - 1]
         boundary = max(first.input_bytes, last.boundary_bytes)
         message = boundary * plan.micro_batch_size / plan.cp
         if problem.runtime.pp_scatter_gather and plan.tp > 1:
@@ -355,55 +362,91 @@ def hardware_flops_per_sample(graph: LayerGraph, recompute: Recompute) -> float:
 def _rank_groups(problem: Problem, plan: Plan) -> list[list[int]]:
     """Pipeline ranks grouped by what they run (same layers, same boundaries): a balanced
     pipeline has a handful of groups however deep it is, and equal ranks cost the same."""
-    key = ("groups", plan.stages, plan.pp, plan.vpp)
+    key = ("groups", plan.layout, plan.pp, plan.vpp)
     groups = problem._cache.get(key)
     if groups is None:
         by_signature: dict[tuple, list[int]] = {}
+        end = len(problem.graph.layers)
         for rank in range(plan.pp):
             stages = _rank_stages(plan, rank)
             signature = (rank == plan.pp - 1,) + tuple(
-                problem.layer_counts(st.first_layer, st.num_layers) for st in stages) + tuple(
-                (st.first_layer == 0, st.first_layer + st.num_layers == len(problem.graph.layers))
-                for st in stages)
+                problem.layer_counts(first, num) for first, num in stages) + tuple(
+                (first == 0, first + num == end) for first, num in stages)
             by_signature.setdefault(signature, []).append(rank)
         groups = problem._cache[key] = list(by_signature.values())
     return groups
 
 
-def _rank_memory(problem: Problem, plan: Plan, cost: _RankCost, rank: int) -> float:
-    """Memory of ``rank`` given the cost of the first rank of its group (only the number of
-    micro-batches held in flight differs)."""
-    held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp, num_microbatches=plan.num_microbatches)
-    first = in_flight_chunks(cost.rank, pp=plan.pp, vpp=plan.vpp,
-                             num_microbatches=plan.num_microbatches)
-    activations = cost.activations + (held - first) * cost.acts_per_chunk
-    return cost.states.total + activations + _other_bytes(problem, plan, activations, cost.largest)
+@dataclass(frozen=True, slots=True)
+class _Evaluation:
+    """What estimate() and the solver's tables share: the step and each rank group's cost."""
+
+    step_s: float
+    pipeline_s: float
+    dp_s: float
+    optimizer_s: float
+    groups: list[list[int]]
+    costs: list[_RankCost]
+
+    @property
+    def slowest(self) -> _RankCost:
+        return max(self.costs, key=lambda c: c.micro_batch_s)
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        """The first rank of each group holds the most micro-batches in flight."""
+        return max(c.memory for c in self.costs)
+
+
+def _evaluate(problem: Problem, plan: Plan) -> _Evaluation:
+    links = {axis: _axis_links(problem, plan, axis) for axis in ("tp", "dp", "pp")}
+    groups = _rank_groups(problem, plan)
+    costs = [_rank_cost(problem, plan, ranks[0], links) for ranks in groups]
+    slowest = max(c.micro_batch_s for c in costs)
+    total = sum(c.micro_batch_s * len(ranks) for ranks, c in zip(groups, costs))
+    m = plan.num_microbatches
+    pipe = pipeline_time(slowest_s=slowest, total_s=total, num_microbatches=m, vpp=plan.vpp)
+    params = max(c.params for c in costs)
+    slow = max(costs, key=lambda c: c.micro_batch_s)
+    dp_s = _dp_time(problem, plan, params, links["dp"], backward_s=slow.backward_s,
+                    compute_s=m * slow.compute_s)
+    opt_s = _optimizer_time(problem, plan, params) + _offload_param_time(plan, params)
+    return _Evaluation(pipe + dp_s + opt_s, pipe, dp_s, opt_s, groups, costs)
+
+
+def step_and_peak(problem: Problem, plan: Plan) -> tuple[float, float]:
+    """(step seconds, worst-GPU bytes): exactly what estimate() reports, without the detail,
+    for the solver's tables."""
+    evaluation = _evaluate(problem, plan)
+    return evaluation.step_s, evaluation.peak_memory_bytes
+
+
+def _rank_memories(problem: Problem, plan: Plan, evaluation: _Evaluation) -> list[float]:
+    """Memory of every rank: within a group only the micro-batches held in flight differ."""
+    memories = [0.0] * plan.pp
+    for ranks, cost in zip(evaluation.groups, evaluation.costs):
+        first = in_flight_chunks(cost.rank, pp=plan.pp, vpp=plan.vpp,
+                                 num_microbatches=plan.num_microbatches)
+        for rank in ranks:
+            held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp,
+                                    num_microbatches=plan.num_microbatches)
+            activations = cost.activations + (held - first) * cost.acts_per_chunk
+            memories[rank] = (cost.states.total + activations
+                              + _other_bytes(problem, plan, activations, cost.largest))
+    return memories
 
 
 def estimate(problem: Problem, plan: Plan) -> Estimate:
     """Predicted step time and worst-GPU memory of ``plan`` on ``problem``."""
-    links = {axis: _axis_links(problem, plan, axis) for axis in ("tp", "dp", "pp")}
-    groups = _rank_groups(problem, plan)
-    costs = [_rank_cost(problem, plan, ranks[0], links) for ranks in groups]
-    times = [0.0] * plan.pp
-    memories = [0.0] * plan.pp
-    for ranks, cost in zip(groups, costs):
-        for rank in ranks:
-            times[rank] = cost.micro_batch_s
-            memories[rank] = _rank_memory(problem, plan, cost, rank)
-    pipe = pipeline_time(times, num_microbatches=plan.num_microbatches, vpp=plan.vpp)
-    params = max(c.params for c in costs)
-    slow = max(costs, key=lambda c: c.micro_batch_s)
-    dp_s = _dp_time(problem, plan, params, links["dp"], backward_s=slow.backward_s,
-                    compute_s=plan.num_microbatches * slow.compute_s)
-    opt_s = _optimizer_time(problem, plan, params) + _offload_param_time(plan, params)
-    step = pipe + dp_s + opt_s
-    worst = max(costs, key=lambda c: c.memory)  # the first rank of a group holds the most
-    m = plan.num_microbatches
-    return _summarize(problem, plan, step=step, worst=worst, memories=memories, breakdown={
+    evaluation = _evaluate(problem, plan)
+    slow, m = evaluation.slowest, plan.num_microbatches
+    worst = max(evaluation.costs, key=lambda c: c.memory)
+    return _summarize(problem, plan, step=evaluation.step_s, worst=worst,
+                      memories=_rank_memories(problem, plan, evaluation), breakdown={
         "compute": m * slow.compute_s, "tp_comm": m * slow.tp_comm_s,
-        "pp_comm": m * slow.pp_comm_s, "dp_comm": dp_s,
-        "bubble": pipe - m * slow.micro_batch_s, "optimizer": opt_s,
+        "pp_comm": m * slow.pp_comm_s, "dp_comm": evaluation.dp_s,
+        "bubble": evaluation.pipeline_s - m * slow.micro_batch_s,
+        "optimizer": evaluation.optimizer_s,
     })
 
 

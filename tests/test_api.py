@@ -54,9 +54,18 @@ def test_estimate_fills_unpinned_dimensions_with_documented_defaults():
     assert result.status == "ESTIMATE"
 
 
-def test_pins_that_cannot_multiply_to_the_world_size_are_rejected():
+def test_pins_that_need_more_gpus_than_the_cluster_has_are_rejected():
     with pytest.raises(ConstraintError, match="GPU"):
         autoplan.solve(TINY, DGX1, seq_len=256, global_batch=16, pins={"tp": 4, "pp": 4, "dp": 4})
+
+
+def test_a_cluster_size_that_does_not_factor_uses_fewer_gpus():
+    # 3 GPUs and a batch of 16: no data-parallel degree of 3 divides the batch, so the best
+    # plan uses 2 GPUs (or a pipeline over 3, as the cost model decides), never 3 x DP.
+    three = {"gpu": "a100-sxm4-80gb", "nodes": 1, "gpus_per_node": 3,
+             "intra_node": {"link": "pcie", "bandwidth": "32GB/s"}}
+    plan = autoplan.solve(TINY, three, seq_len=256, global_batch=16).plan
+    assert plan.world_size <= 3 and 16 % plan.dp == 0
 
 
 def test_infeasible_memory_says_by_how_much():

@@ -1,45 +1,50 @@
 """CP-SAT search for the fastest plan that fits.
 
-Formulation (the solver only reads prepared tables; estimate() filled them):
+Tabulation (exact pruning, before the model is built)
+    Candidates come from ``space`` grouped by shape (tp, pp, dp, mbs, vpp) and stage layout.
+    For each group the switches that cannot be slower than the others (no recomputation, no
+    offload, ZeRO below 3) are estimated first: the fastest of them is a lower bound on the
+    whole group, since recomputation and offload only add time and ZeRO-3 only adds
+    communication. Groups are expanded best bound first; a group whose bound is slower than the
+    best fitting plan so far cannot hold the optimum and is not expanded. Rows over the memory
+    limit stay in the table (for explanations) but not in the model.
 
 Data
-    R candidate plans from ``space.candidate_plans`` (legal by construction), each with its
-    estimated step time ``time[r]`` (µs), worst-GPU memory ``mem[r]`` (MiB), and its degrees
+    R fitting rows, each with its estimated step time ``time[r]`` (µs) and its degrees
     ``tp[r], pp[r], dp[r], mbs[r], zero[r], recompute[r], sp[r], vpp[r], offload[r]``.
 
 Decision variables
-    ``pick[r]`` (bool): candidate r is the plan; exactly one is true.
+    ``pick[r]`` (bool): row r is the plan.
     One integer per dimension, ``dim = sum(dim_table[r] * pick[r])``, so pins and bounds are
-    constraints on named variables and cores can name them.
+    constraints on named variables and cores can name them (built on demand).
 
 Constraints (one ``add_<family>`` each, every constraint named)
-    1. choice: exactly one pick                                       → add_choice()
-    2. table link: ``dim == sum(dim_table[r] pick[r])`` per dimension  → add_table_link()
-    3. memory: ``sum(mem[r] pick[r]) <= limit`` (an assumption literal) → add_memory_limit()
-    4. pins: ``dim == pinned`` (assumption literals)                   → add_pins()
+    1. choice: exactly one pick                                        → add_choice()
+    2. table link: ``dim == sum(dim_table[r] pick[r])`` per dimension   → add_table_link()
+    3. pins: ``dim == pinned`` (assumption literals)                    → add_pins()
 
 Objective
     minimize ``sum((time[r] * R + tiebreak[r]) pick[r])``: step time first; among plans within the
-    same microsecond, the stated tie-break order (fewer GPUs per model replica first: smaller
-    tp*pp, then less memory, then the candidate order) so the same input gives the same plan
+    same microsecond, the stated tie-break order (fewer GPUs, then fewer GPUs per model replica
+    (tp*pp), then less memory, then the candidate order) so the same input gives the same plan
     whatever the number of workers.
 
-A greedy pick (the fastest fitting row found while tabulating) is the hint. Status is OPTIMAL
-only when CP-SAT proves it; with a time limit it may be FEASIBLE, reported with the bound.
+The fastest fitting row is the hint. Status is OPTIMAL only when CP-SAT proves it; with a time
+limit it may be FEASIBLE, reported with the bound.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from autoplan.costmodels.step import Problem, estimate, limit_mib, memory_mib
+from autoplan.costmodels.step import Problem, estimate, limit_mib, memory_mib, step_and_peak
 from autoplan.errors import InfeasibleError, NoPlanInTimeError
 from autoplan.plan import Estimate, Offload, Plan, Recompute, SolverInfo
-from autoplan.search.space import candidate_plans
+from autoplan.search.space import make_plan, shapes, stage_variants, switches
 from autoplan.training import Pins
 
 logger = logging.getLogger(__name__)
@@ -75,53 +80,83 @@ def pin_values(pins: Pins) -> dict[str, int]:
 
 @dataclass
 class Table:
-    """Candidate plans with their estimates, in candidate order."""
+    """Evaluated candidate plans with their step time and worst-GPU memory. Full estimates
+    (breakdowns, per-stage memory) are computed on demand."""
 
-    plans: list[Plan]
-    estimates: list[Estimate]
+    problem: Problem
+    plans: list[Plan] = field(default_factory=list)
+    step_times_s: list[float] = field(default_factory=list)
+    peak_bytes: list[float] = field(default_factory=list)
+    pruned: int = 0  # candidates never evaluated: their group's bound was already beaten
 
     @classmethod
     def build(cls, problem: Problem, pins: Pins) -> "Table":
-        plans, estimates = [], []
-        for plan in candidate_plans(problem.graph, world=problem.cluster.num_gpus,
-                                    gpus_per_node=problem.cluster.gpus_per_node,
-                                    training=problem.training, pins=pins):
-            plans.append(plan)
-            estimates.append(estimate(problem, plan))
-        return cls(plans, estimates)
+        table = cls(problem)
+        limit = limit_mib(problem)
+        groups = []
+        for shape in shapes(problem.graph, world=problem.cluster.num_gpus,
+                            gpus_per_node=problem.cluster.gpus_per_node,
+                            training=problem.training, pins=pins):
+            options = switches(shape, runtime=problem.training.runtime, pins=pins)
+            for stages in stage_variants(problem.graph, shape.pp, shape.vpp):
+                fast = [sw for sw in options if _cannot_be_slower(sw)] or options
+                bound = min(table.add(make_plan(shape, sw, stages, problem.training))
+                            for sw in fast)
+                rest = [sw for sw in options if sw not in fast]
+                groups.append((round(bound * US), shape, stages, rest))
+        best = min((round(t * US) for t, b in zip(table.step_times_s, table.peak_bytes)
+                    if memory_mib(b) <= limit), default=None)
+        for bound_us, shape, stages, rest in sorted(groups, key=lambda g: g[0]):
+            if best is not None and bound_us > best:
+                table.pruned += len(rest)
+                continue
+            for sw in rest:
+                step_s = table.add(make_plan(shape, sw, stages, problem.training))
+                if memory_mib(table.peak_bytes[-1]) <= limit:
+                    best = min(best, round(step_s * US)) if best is not None else round(step_s * US)
+        return table
+
+    def add(self, plan: Plan) -> float:
+        step_s, peak = step_and_peak(self.problem, plan)
+        self.plans.append(plan)
+        self.step_times_s.append(step_s)
+        self.peak_bytes.append(peak)
+        return step_s
 
     def __len__(self) -> int:
         return len(self.plans)
 
-    def times_us(self) -> list[int]:
-        return [round(e.step_time_s * US) for e in self.estimates]
+    def estimate(self, row: int) -> Estimate:
+        return estimate(self.problem, self.plans[row])
 
-    def memories_mib(self) -> list[int]:
-        return [memory_mib(e) for e in self.estimates]
+    def fitting(self) -> list[int]:
+        """Rows within the memory limit, in table order."""
+        limit = limit_mib(self.problem)
+        return [r for r, b in enumerate(self.peak_bytes) if memory_mib(b) <= limit]
 
-    def tiebreak(self) -> list[int]:
-        """Rank of each row by (tp*pp, memory, candidate order)."""
-        order = sorted(range(len(self)), key=lambda r: (
-            self.plans[r].tp * self.plans[r].pp, self.estimates[r].peak_memory_gib, r))
-        rank = [0] * len(self)
-        for position, r in enumerate(order):
-            rank[r] = position
-        return rank
+    def tiebreak_key(self, row: int) -> tuple:
+        """(GPUs used, tp*pp, memory, candidate order): the stated tie-break."""
+        plan = self.plans[row]
+        return plan.world_size, plan.tp * plan.pp, self.peak_bytes[row], row
+
+
+def _cannot_be_slower(sw) -> bool:
+    """Switches whose time is a lower bound for their shape: recomputation and offload add
+    work, ZeRO-3 adds per-micro-batch gathers; ZeRO 0-2 and SP can go either way."""
+    return sw.recompute is Recompute.NONE and sw.offload is Offload.NONE and sw.zero < 3
 
 
 class PlanModel:
-    """The CP-SAT model over one table."""
+    """The CP-SAT model over the fitting rows of one table."""
 
-    def __init__(self, table: Table, *, limit_mib: int, link_dimensions: bool = False) -> None:
+    def __init__(self, table: Table, rows: list[int]) -> None:
         self.table = table
+        self.rows = rows
         self.model = cp_model.CpModel()
-        self.pick = [self.model.new_bool_var(f"pick_{r}") for r in range(len(table))]
+        self.pick = [self.model.new_bool_var(f"pick_{r}") for r in rows]
         self.dims: dict[str, cp_model.IntVar] = {}
         self.assumptions: dict[cp_model.IntVar, str] = {}
         self.add_choice()
-        if link_dimensions:  # only needed to name pins in an infeasibility core
-            self.add_table_link()
-        self.add_memory_limit(limit_mib)
         self.add_objective()
 
     def _linked(self, name: str, values: list[int]) -> cp_model.IntVar:
@@ -136,38 +171,37 @@ class PlanModel:
 
     def add_table_link(self) -> None:
         """dim == dim_table[chosen row] for every dimension."""
-        rows = [_dims_of(p) for p in self.table.plans]
+        rows = [_dims_of(self.table.plans[r]) for r in self.rows]
         for name in DIMENSIONS:
             self.dims[name] = self._linked(name, [row[name] for row in rows])
 
-    def add_memory_limit(self, limit_mib: int) -> None:
-        """Worst-GPU memory within the limit, as an assumption so cores can name it: a
-        candidate over the limit cannot be picked while the assumption holds."""
-        fits = self.model.new_bool_var("memory_fits")
-        for pick, memory in zip(self.pick, self.table.memories_mib()):
-            if memory > limit_mib:
-                self.model.add_implication(fits, pick.Not())
-        self.assumptions[fits] = f"memory per GPU <= {limit_mib / 1024:.1f} GiB"
-
     def add_pins(self, pins: dict[str, int], labels: dict[str, str]) -> None:
         """User pins as assumption literals."""
+        if not self.dims:
+            self.add_table_link()
         for name, value in pins.items():
             literal = self.model.new_bool_var(f"pin_{name}")
             self.model.add(self.dims[name] == value).only_enforce_if(literal).with_name(f"pin_{name}")
             self.assumptions[literal] = labels[name]
 
     def add_objective(self) -> None:
-        """Step time, then the tie-break rank."""
-        n = len(self.table)
-        keys = [t * n + k for t, k in zip(self.table.times_us(), self.table.tiebreak())]
+        """Step time in µs, then the tie-break rank."""
+        n = len(self.rows)
+        order = sorted(range(n), key=lambda i: self.table.tiebreak_key(self.rows[i]))
+        rank = [0] * n
+        for position, i in enumerate(order):
+            rank[i] = position
+        keys = [round(self.table.step_times_s[r] * US) * n + rank[i]
+                for i, r in enumerate(self.rows)]
+        self.scale = n
         self.model.minimize(cp_model.LinearExpr.weighted_sum(self.pick, keys))
 
     def add_hint(self, row: int) -> None:
-        for r, pick in enumerate(self.pick):
+        for r, pick in zip(self.rows, self.pick):
             self.model.add_hint(pick, r == row)
 
     def chosen(self, solver: cp_model.CpSolver) -> int:
-        return next(r for r, pick in enumerate(self.pick) if solver.boolean_value(pick))
+        return next(r for r, pick in zip(self.rows, self.pick) if solver.boolean_value(pick))
 
     def solve(self, time_limit_s: float, num_workers: int = 1) -> tuple[cp_model.CpSolver, int]:
         solver = cp_model.CpSolver()
@@ -180,15 +214,10 @@ class PlanModel:
         return solver, status
 
     def conflict(self, solver: cp_model.CpSolver) -> list[str]:
-        """The assumptions (pins, memory limit) that together cannot hold."""
+        """The assumptions (pins) that together cannot hold."""
         core = solver.sufficient_assumptions_for_infeasibility()
         by_index = {lit.index: label for lit, label in self.assumptions.items()}
         return [by_index[i] for i in core if i in by_index]
-
-
-def _greedy(table: Table, limit_mib: int) -> int | None:
-    fitting = [r for r, m in enumerate(table.memories_mib()) if m <= limit_mib]
-    return min(fitting, key=lambda r: table.estimates[r].step_time_s) if fitting else None
 
 
 def solve_table(problem: Problem, pins: Pins, *, time_limit_s: float
@@ -198,37 +227,39 @@ def solve_table(problem: Problem, pins: Pins, *, time_limit_s: float
     table = Table.build(problem, pins)
     if not len(table):
         raise InfeasibleError(
-            "no legal plan exists for these pins on this cluster and batch: check that the "
-            "pinned degrees divide the GPU count and that the global batch divides by dp*mbs.")
-    limit = limit_mib(problem)
-    model = PlanModel(table, limit_mib=limit)
-    hint = _greedy(table, limit)
-    if hint is not None:
-        model.add_hint(hint)
+            "no legal plan exists for these pins on this cluster and batch: the pinned degrees "
+            "must fit the GPU count, and the global batch must divide by dp*mbs.")
+    rows = table.fitting()
+    if not rows:
+        raise InfeasibleError(explain_infeasible(table, problem))
+    model = PlanModel(table, rows)
+    fastest = min(rows, key=lambda r: (round(table.step_times_s[r] * US), table.tiebreak_key(r)))
+    model.add_hint(fastest)
     remaining = max(0.1, time_limit_s - (time.perf_counter() - start))
     solver, status = model.solve(remaining)
     wall = time.perf_counter() - start
-    if status == cp_model.INFEASIBLE:
-        raise InfeasibleError(explain_infeasible(table, problem))
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        row, name = model.chosen(solver), solver.status_name(status)
+        bound = (solver.best_objective_bound // model.scale) / US
+    elif status == cp_model.UNKNOWN:  # time limit before CP-SAT's first solution: the hint
+        row, name, bound = fastest, "FEASIBLE", 0.0
+    else:
         raise NoPlanInTimeError(
             f"no plan found within --time-limit {time_limit_s:g}s; raise the limit or pin "
             "more dimensions.")
-    row = model.chosen(solver)
-    n = len(table)
-    objective = table.estimates[row].step_time_s
-    bound = (solver.best_objective_bound // n) / US
-    info = SolverInfo(status=solver.status_name(status), objective=objective,
-                      bound=min(bound, objective), gap=max(0.0, (objective - bound) / objective),
-                      wall_time_s=wall)
-    logger.info("solved %d candidates in %.2fs: %s", n, wall, info.status)
-    return table.plans[row], table.estimates[row], info
+    chosen = table.estimate(row)
+    objective = chosen.step_time_s
+    info = SolverInfo(status=name, objective=objective, bound=min(bound, objective),
+                      gap=max(0.0, (objective - bound) / objective), wall_time_s=wall)
+    logger.info("solved %d rows (%d fit, %d pruned) in %.2fs: %s", len(table), len(rows),
+                table.pruned, wall, info.status)
+    return table.plans[row], chosen, info
 
 
 def explain_infeasible(table: Table, problem: Problem) -> str:
     """Which requirement cannot be met, and by how much."""
-    best = min(range(len(table)), key=lambda r: table.estimates[r].peak_memory_gib)
-    plan, est = table.plans[best], table.estimates[best]
+    best = min(range(len(table)), key=lambda r: table.peak_bytes[r])
+    plan, est = table.plans[best], table.estimate(best)
     stage = max(range(len(est.stage_memory_gib)), key=lambda s: est.stage_memory_gib[s])
     return (
         f"nothing fits in {est.memory_limit_gib:.1f} GiB per GPU: even the leanest of "

@@ -100,7 +100,7 @@ def stage_variants(graph: LayerGraph, pp: int, vpp: int) -> list[tuple[Stage, ..
     variants = [balanced_stages(graph, pp, vpp)]
     if vpp > 1 or pp < 3 or not blocks:
         return variants
-    even = blocks // pp
+    even = -(-blocks // pp)
     for cut_first, cut_last in ((1, 0), (0, 1), (1, 1), (2, 0), (0, 2), (2, 2)):
         first, last = even - cut_first, even - cut_last
         rest = blocks - first - last
@@ -111,19 +111,33 @@ def stage_variants(graph: LayerGraph, pp: int, vpp: int) -> list[tuple[Stage, ..
     return variants
 
 
-def tp_options(graph: LayerGraph, world: int, gpus_per_node: int, pinned: int | None) -> list[int]:
-    """TP degrees that divide the world, the heads and KV heads, and stay inside a node: TP's
-    all-reduces sit on the critical path of every layer, so practice (Narayanan et al. 2021,
-    sec. 3.3: "up to degree g") keeps them on NVLink. A pinned --tp may cross nodes."""
-    limit = max(gpus_per_node, pinned or 1)
-    return [t for t in divisors(world) if t <= limit
-            and all(d % t == 0 for d in graph.tp_divisors) and (pinned is None or t == pinned)]
+def tp_options(graph: LayerGraph, gpus_per_node: int, pinned: int | None) -> list[int]:
+    """TP degrees that divide the heads and KV heads and a node's GPUs: TP's all-reduces sit on
+    the critical path of every layer, so practice (Narayanan et al. 2021, sec. 3.3: "up to
+    degree g") keeps them on NVLink. A pinned --tp may cross nodes."""
+    options = [pinned] if pinned is not None else divisors(gpus_per_node)
+    return [t for t in options if all(d % t == 0 for d in graph.tp_divisors)]
 
 
-def pp_options(graph: LayerGraph, rest: int, pinned: int | None) -> list[int]:
-    """PP degrees that divide the remaining GPUs, with at least one block (or layer) each."""
+def pp_options(graph: LayerGraph, gpus: int, pinned: int | None) -> list[int]:
+    """PP degrees with at least one block (or layer) each that divide either the blocks (even
+    stages) or the GPUs available (full use of the cluster, stages made uneven)."""
     depth = len(graph.block_indices()) or len(graph.layers)
-    return [p for p in divisors(rest) if p <= depth and (pinned is None or p == pinned)]
+    options = sorted(set(divisors(depth)) | {p for p in divisors(gpus) if p <= depth})
+    return [p for p in options if pinned is None or p == pinned]
+
+
+def dp_options(global_batch: int, gpus: int, pinned: int | None) -> list[int]:
+    """The two largest data-parallel degrees that divide the global batch and fit in ``gpus``.
+
+    Dominance: with everything else fixed, more data parallelism leaves fewer micro-batches per
+    replica and never more memory per GPU, so smaller degrees only matter when the larger one's
+    extra gradient traffic outweighs that; the runner-up covers that case.
+    """
+    if pinned is not None:
+        return [pinned] if pinned <= gpus and global_batch % pinned == 0 else []
+    fitting = [d for d in divisors(global_batch) if d <= gpus]
+    return fitting[-2:]
 
 
 def vpp_options(graph: LayerGraph, pp: int, num_microbatches: int, pinned: int | None) -> list[int]:
@@ -137,20 +151,18 @@ def vpp_options(graph: LayerGraph, pp: int, num_microbatches: int, pinned: int |
 
 def shapes(graph: LayerGraph, *, world: int, gpus_per_node: int, training: TrainingSpec,
            pins: Pins) -> list[Shape]:
-    """All legal (tp, pp, dp, cp, mbs, vpp) for the world size and global batch."""
+    """All legal (tp, pp, dp, cp, mbs, vpp) on at most ``world`` GPUs for the global batch."""
     shapes_ = []
     cp = pins.cp or 1
-    for tp in tp_options(graph, world // cp if world % cp == 0 else 0, gpus_per_node, pins.tp):
+    for tp in tp_options(graph, gpus_per_node, pins.tp):
         for pp in pp_options(graph, world // (tp * cp), pins.pp):
-            dp = world // (tp * pp * cp)
-            if (pins.dp is not None and dp != pins.dp) or training.global_batch % dp:
-                continue
-            per_rank = training.global_batch // dp
-            for mbs in [b for b in divisors(per_rank) if b <= MAX_MICRO_BATCH]:
-                if pins.mbs is not None and mbs != pins.mbs:
-                    continue
-                for vpp in vpp_options(graph, pp, per_rank // mbs, pins.vpp):
-                    shapes_.append(Shape(tp, pp, dp, cp, mbs, vpp))
+            for dp in dp_options(training.global_batch, world // (tp * pp * cp), pins.dp):
+                per_rank = training.global_batch // dp
+                for mbs in [b for b in divisors(per_rank) if b <= MAX_MICRO_BATCH]:
+                    if pins.mbs is not None and mbs != pins.mbs:
+                        continue
+                    for vpp in vpp_options(graph, pp, per_rank // mbs, pins.vpp):
+                        shapes_.append(Shape(tp, pp, dp, cp, mbs, vpp))
     return shapes_
 
 
@@ -210,14 +222,10 @@ def check_pins(graph: LayerGraph, *, world: int, training: TrainingSpec, pins: P
     product_ = 1
     for d in degrees:
         product_ *= d
-    if world % product_:
+    if product_ > world:
         raise ConstraintError(
-            f"the pinned degrees multiply to {product_}, which does not divide the {world} GPUs "
-            "of the cluster; tp*pp*dp*cp must equal the GPU count.")
-    if all(d is not None for d in (pins.tp, pins.pp, pins.dp)) and product_ != world:
-        raise ConstraintError(
-            f"tp*pp*dp*cp = {product_} but the cluster has {world} GPUs; change a pin so the "
-            "product equals the GPU count.")
+            f"the pinned degrees multiply to {product_} GPUs but the cluster has {world}; "
+            "tp*pp*dp*cp must not exceed the GPU count.")
     if pins.tp is not None and any(d % pins.tp for d in graph.tp_divisors):
         raise ConstraintError(
             f"--tp {pins.tp} does not divide the model's attention heads / KV heads "
