@@ -29,11 +29,20 @@ def _stages_text(result: Result) -> str:
     return f"{' / '.join(counts)} {unit} per stage (pipeline order)"
 
 
+def _cluster_gpus(result: Result) -> int | None:
+    cluster = result.cluster or {}
+    if "nodes" in cluster and "gpus_per_node" in cluster:
+        return cluster["nodes"] * cluster["gpus_per_node"]
+    return None
+
+
 def plan_table(result: Result) -> Table:
     p = result.plan
+    total = _cluster_gpus(result)
+    of_total = f" of {total}" if total and total != p.world_size else ""
     return _kv_table("Plan", [
         ("TP x PP x DP (x CP)", f"{p.tp} x {p.pp} x {p.dp}" + (f" x {p.cp}" if p.cp > 1 else "")
-         + f" = {p.world_size} GPUs"),
+         + f" = {p.world_size}{of_total} GPUs"),
         ("micro-batch", f"{p.micro_batch_size} x {p.num_microbatches} micro-batches "
          f"(global batch {p.global_batch_size})"),
         ("ZeRO stage", str(p.zero_stage)),
