@@ -163,7 +163,7 @@ class ProvenanceMode(TorchFunctionMode):
         weight = next((t for t in inputs if id(t) in self.weights), None)
         closing = False
         if func in MATMUL_FUNCS:
-            closing = weight is None and self._watch_explicit_attention(func, args)
+            closing = weight is None and self._watch_explicit_attention(func, args, kwargs)
             self.explicit = self.explicit if weight is None else None
         self.running_sharded = any(self._tagged(t) for t in inputs)
         out = func(*args, **kwargs)
@@ -212,10 +212,13 @@ class ProvenanceMode(TorchFunctionMode):
         else:
             stats.traffic_replicated += moved
 
-    def _watch_explicit_attention(self, func, args) -> bool:
+    def _watch_explicit_attention(self, func, args, kwargs) -> bool:
         """An activation @ activation matmul opens attention (q @ k^T) or, when it reads the
         scores' descendant, closes it (probs @ v): then True."""
-        a, b = (args[1], args[2]) if func in (torch.baddbmm, torch.Tensor.baddbmm) else args[:2]
+        if func in (torch.baddbmm, torch.Tensor.baddbmm):
+            a, b = (*args[1:], kwargs.get("batch1"), kwargs.get("batch2"))[:2]
+        else:
+            a, b = (*args, None, None)[:2]
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dim() < 3:
             return False
         e = self.explicit
