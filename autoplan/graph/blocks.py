@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-MIN_STACK_SHARE = 0.05  # a stack holds at least this share of the parameters (not a pair of norms)
+MIN_STACK_SHARE = 0.05  # besides the largest, a stack holds this share of the parameters (not a
+# pair of norms); the largest always counts (tiny blocks under a big vocabulary table)
 MAX_UNIT_SHARE = 0.25  # without stacks, units holding more than this are split into children
 
 
@@ -50,8 +51,8 @@ def _signature(module: nn.Module) -> tuple:
     return type(module), tuple((n, tuple(p.shape)) for n, p in module.named_parameters())
 
 
-def _as_stack(name: str, module: nn.Module, total_params: int) -> Stack | None:
-    """``module`` as a stack, if it is a list of same-type blocks, mostly identical, big enough."""
+def _as_stack(name: str, module: nn.Module) -> Stack | None:
+    """``module`` as a stack, if it is a list of same-type blocks, mostly identical."""
     if not isinstance(module, (nn.ModuleList, nn.Sequential)) or len(module) < 2:
         return None
     children = list(module)
@@ -59,8 +60,6 @@ def _as_stack(name: str, module: nn.Module, total_params: int) -> Stack | None:
     common, count = Counter(signatures).most_common(1)[0]
     if (len({s[0] for s in signatures}) > 1 or count < 2 or 2 * count < len(children)
             or not common[1]):
-        return None
-    if sum(p.numel() for p in module.parameters()) < MIN_STACK_SHARE * total_params:
         return None
     first_of: dict[tuple, str] = {}
     blocks = tuple((f"{name}.{i}", c) for i, c in enumerate(children))
@@ -70,15 +69,17 @@ def _as_stack(name: str, module: nn.Module, total_params: int) -> Stack | None:
 
 def find_stacks(model: nn.Module) -> list[Stack]:
     """The outermost stacks of ``model`` in definition order."""
-    total = sum(p.numel() for p in model.parameters())
-    stacks: list[Stack] = []
+    candidates: list[Stack] = []
     for name, module in model.named_modules():
-        if any(name.startswith(f"{s.name}.") for s in stacks):
+        if any(name.startswith(f"{s.name}.") for s in candidates):
             continue
-        stack = _as_stack(name, module, total)
+        stack = _as_stack(name, module)
         if stack is not None:
-            stacks.append(stack)
-    return stacks
+            candidates.append(stack)
+    size = {s.name: sum(p.numel() for _, b in s.blocks for p in b.parameters()) for s in candidates}
+    total = sum(p.numel() for p in model.parameters())
+    largest = max(size.values(), default=0)
+    return [s for s in candidates if size[s.name] == largest or size[s.name] >= MIN_STACK_SHARE * total]
 
 
 def find_chain(model: nn.Module) -> Chain:
