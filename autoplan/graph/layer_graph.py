@@ -63,6 +63,21 @@ class Attention:
 
 
 @dataclass(frozen=True, slots=True)
+class Experts:
+    """A mixture-of-experts layer, recorded for expert parallelism. Its expert matmuls are also
+    in the layer's ``gemms`` as one expert over all routed rows (balanced routing: the same
+    FLOPs as ``num_experts`` experts of ``tokens_per_expert`` rows); the router is a Gemm with
+    split NONE."""
+
+    name: str  # the module holding the experts
+    num_experts: int
+    top_k: int  # experts each token is routed to
+    params_per_expert: int
+    tokens_per_expert: float  # per sample, balanced routing: tokens * top_k / num_experts
+    router: str  # the router's name (its Gemm)
+
+
+@dataclass(frozen=True, slots=True)
 class Layer:
     """One layer of the chain (a block, the embedding, the head...). Per sample, see module doc."""
 
@@ -84,6 +99,7 @@ class Layer:
     attention: tuple[Attention, ...] = ()
     tp_allreduces: int = 0  # forward all-reduces (one per row-parallel Linear / vocab embedding)
     tied_params: int = 0  # parameters shared with an earlier layer (counted there)
+    experts: tuple[Experts, ...] = ()  # MoE layers inside (empty for dense layers)
 
     @property
     def other_fwd_flops(self) -> float:
