@@ -219,3 +219,38 @@ def p2p_time(message_bytes: float, links: GroupLinks) -> float:
         latency = links.intra_latency
     return NCCL_BASE_LATENCY_S + latency + message_bytes / (
         plateau * size_efficiency(message_bytes, plateau))
+
+
+NETWORK_BOUND_SHARE = 0.5
+"""A step is network-bound when exposed communication is at least this share of it: the links,
+not the GPUs, then set the pace, and a faster fabric (not more GPUs) is what speeds it up."""
+
+COMM_PARTS = ("tp_comm", "pp_comm", "dp_comm")
+
+
+def communication_share(estimate) -> float:
+    """Exposed communication (TP, PP and DP/ZeRO collectives) as a share of the step time of an
+    :class:`autoplan.plan.Estimate`."""
+    parts = estimate.time_breakdown_s
+    return sum(parts.get(k, 0.0) for k in COMM_PARTS) / estimate.step_time_s
+
+
+def network_bound(estimate, *, share: float = NETWORK_BOUND_SHARE) -> bool:
+    """True when communication dominates the step (see NETWORK_BOUND_SHARE).
+
+    Example:
+        >>> network_bound(autoplan.estimate(model, slow_cluster, pins, ...).estimate)
+        True
+    """
+    return communication_share(estimate) >= share
+
+
+def network_note(estimate) -> str | None:
+    """A sentence for the report when the step is network-bound; None otherwise."""
+    if not network_bound(estimate):
+        return None
+    parts = estimate.time_breakdown_s
+    worst = max(COMM_PARTS, key=lambda k: parts.get(k, 0.0))
+    return (f"network-bound: communication is {communication_share(estimate):.0%} of the step "
+            f"(mostly {worst.replace('_comm', '').upper()}); a faster fabric or a plan that keeps "
+            "this traffic inside nodes will speed it up more than more GPUs.")
