@@ -175,6 +175,19 @@ def export_cmd(
     _export(result, to, out, force, quiet=False)
 
 
+@app.command()
+def topo(
+    cluster: Path = CLUSTER,
+    png: Optional[Path] = typer.Option(None, "--png", help="Also draw the topology to this PNG."),
+) -> None:
+    """Check a cluster.yaml and show its topology: hardware, fabric, group bandwidths."""
+    from autoplan.cluster.render import draw_png, render_summary
+    loaded = _run(lambda: api.load_cluster(cluster))
+    render_summary(loaded.cluster, stdout)
+    if png is not None:
+        stdout.print(f"wrote {draw_png(loaded.cluster, png)}")
+
+
 def main() -> None:
     """Console entry point."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s",

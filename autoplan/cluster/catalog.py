@@ -78,8 +78,11 @@ def link_names() -> list[str]:
 
 
 def _did_you_mean(name: str, choices: list[str]) -> str:
-    close = difflib.get_close_matches(name.lower(), choices, n=1, cutoff=0.4)
-    return f" Did you mean {close[0]!r}?" if close else ""
+    """Names that contain what was typed (``a100`` -> the A100 variants), else the closest."""
+    key = name.lower()
+    close = [c for c in choices if key and key in c][:3] or difflib.get_close_matches(
+        key, choices, n=1, cutoff=0.4)
+    return f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
 
 
 def get_gpu(name: str) -> GpuSpec:
@@ -112,3 +115,22 @@ def get_link(name: str) -> LinkSpec:
         allreduce_efficiency=float(entry["allreduce_efficiency"]),
         source=entry.get("source", ""),
     )
+
+
+def preset_names() -> list[str]:
+    return sorted(_catalog()["presets"])
+
+
+def get_preset(name: str) -> dict:
+    """The cluster.yaml keys of a standard node (``dgx-a100``, ``dgx-h100``...), without its
+    ``source``; a fresh copy the caller may change."""
+    key = str(name).strip().lower()
+    entries = _catalog()["presets"]
+    if key not in entries:
+        raise ClusterSpecError(
+            f"preset: unknown preset {name!r}.{_did_you_mean(key, preset_names())} Known presets: "
+            f"{', '.join(preset_names())}; e.g. preset: dgx-a100."
+        )
+    entry = {k: (dict(v) if isinstance(v, dict) else v) for k, v in entries[key].items()}
+    entry.pop("source", None)
+    return entry
