@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from autoplan.cluster.spec import Cluster, load_cluster_spec, resolve
+from autoplan.cluster.spec import Cluster, load_cluster_spec, require_homogeneous, resolve
 from autoplan.costmodels.profiles import compute_profile, runtime_profile
 from autoplan.costmodels.step import Problem
 from autoplan.costmodels.step import estimate as estimate_plan
@@ -80,6 +80,7 @@ def _mem_limit_bytes(mem_limit: str | float | None, cluster: Cluster) -> float:
 def make_problem(model: Model, cluster: LoadedCluster, training: TrainingSpec,
                  mem_limit: str | float | None = None) -> Problem:
     """Trace the model and gather the cost-model inputs for one question."""
+    require_homogeneous(cluster.cluster)
     graph = model.trace(training.seq_len, training.precision.value)
     return Problem(
         graph=graph, cluster=cluster.cluster, training=training,

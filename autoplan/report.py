@@ -6,6 +6,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from autoplan.costmodels.comm import network_note
 from autoplan.plan import Result
 
 
@@ -103,6 +104,7 @@ def render(result: Result, console: Console) -> None:
         _breakdown_table("Memory per GPU (worst stage)", e.memory_breakdown_gib, "GiB",
                          e.peak_memory_gib),
         _breakdown_table("Step time", e.time_breakdown_s, "s", e.step_time_s),
+        *([Text(note, style="yellow")] if (note := network_note(e)) else []),
         solver_text(result),
     ))
 

@@ -33,7 +33,8 @@ ADAM_BYTES_PER_PARAM = 26
 two fp32 moments (16), write the bf16 weight (2)."""
 
 HOST_LINK_BPS = 25e9
-"""[Empirical] achieved PCIe 4.0 x16 host<->GPU copy bandwidth (of 31.5 GB/s) for offload."""
+"""[Empirical] achieved PCIe 4.0 x16 host<->GPU copy bandwidth (of 31.5 GB/s) for offload, when
+cluster.yaml states no ``host_bandwidth``."""
 
 CPU_ADAM_PARAMS_PER_S = 1.0e9
 """[Empirical] DeepSpeed CPUAdam throughput per GPU's share of a host (ZeRO-Offload, Ren et al.
@@ -320,22 +321,26 @@ def _dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
     return _overlapped(total, compute_s, runtime.zero3_overlap)
 
 
+def _host_link(problem: Problem) -> float:
+    return problem.cluster.host_bandwidth_Bps or HOST_LINK_BPS
+
+
 def _optimizer_time(problem: Problem, plan: Plan, params: float) -> float:
     """Adam step over the GPU's shard: memory-bound on the GPU, or CPUAdam plus PCIe copies."""
     shard = params / (plan.dp if plan.zero_stage >= 1 else 1)
     if plan.offload is not Offload.NONE:
-        copies = shard * (problem.runtime.grad_bytes + WEIGHT_BYTES) / HOST_LINK_BPS
+        copies = shard * (problem.runtime.grad_bytes + WEIGHT_BYTES) / _host_link(problem)
         return shard / CPU_ADAM_PARAMS_PER_S + copies
     traffic = shard * (ADAM_BYTES_PER_PARAM + problem.runtime.grad_bytes)
     gpu = problem.cluster.gpu
     return traffic / (gpu.memory_bandwidth_Bps * problem.compute.memory_efficiency)
 
 
-def _offload_param_time(plan: Plan, params: float) -> float:
+def _offload_param_time(problem: Problem, plan: Plan, params: float) -> float:
     """ZeRO-3 parameter offload fetches the weights over PCIe for every forward and backward."""
     if plan.offload is not Offload.PARAMS:
         return 0.0
-    return plan.num_microbatches * 2 * WEIGHT_BYTES * params / HOST_LINK_BPS
+    return plan.num_microbatches * 2 * WEIGHT_BYTES * params / _host_link(problem)
 
 
 def model_flops_per_sample(graph: LayerGraph) -> float:
@@ -410,7 +415,7 @@ def _evaluate(problem: Problem, plan: Plan) -> _Evaluation:
     slow = max(costs, key=lambda c: c.micro_batch_s)
     dp_s = _dp_time(problem, plan, params, links["dp"], backward_s=slow.backward_s,
                     compute_s=m * slow.compute_s)
-    opt_s = _optimizer_time(problem, plan, params) + _offload_param_time(plan, params)
+    opt_s = _optimizer_time(problem, plan, params) + _offload_param_time(problem, plan, params)
     return _Evaluation(pipe + dp_s + opt_s, pipe, dp_s, opt_s, groups, costs)
 
 
