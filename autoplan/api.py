@@ -14,9 +14,11 @@ from autoplan.cluster.spec import Cluster, load_cluster_spec, require_homogeneou
 from autoplan.costmodels.profiles import compute_profile, runtime_profile
 from autoplan.costmodels.step import Problem
 from autoplan.costmodels.step import estimate as estimate_plan
-from autoplan.errors import ConstraintError, PlanFileError
+from autoplan.errors import ConstraintError, ModelFileError, PlanFileError
 from autoplan.graph.layer_graph import LayerGraph
 from autoplan.graph.loader import ModelSource, load_model_source
+from autoplan.graph.sandbox import DEFAULT_TIME_LIMIT_S as DEFAULT_TRACE_TIME_LIMIT_S
+from autoplan.graph.sandbox import run_guarded
 from autoplan.graph.trace import trace_model
 from autoplan.plan import ModelInfo, Plan, Result, SolverInfo, TrainingInfo
 from autoplan.search.solver import solve_table
@@ -27,21 +29,40 @@ from autoplan.units import parse_quantity
 DEFAULT_TIME_LIMIT_S = 60.0
 
 
+def _trace_origin(origin: Path | types.ModuleType, seq_len: int, precision: str) -> LayerGraph:
+    """Import model.py and trace it (run inside the sandbox's child process)."""
+    return trace_model(load_model_source(origin), seq_len=seq_len, precision=precision)
+
+
 @dataclass
 class Model:
-    """A loaded model.py; traces are cached per (sequence length, precision)."""
+    """A model.py (a path or an imported module); traces are cached per (sequence length,
+    precision) and run in a guarded child process, since model.py is user code."""
 
-    source: ModelSource
+    origin: Path | types.ModuleType
+    trace_time_limit_s: float = DEFAULT_TRACE_TIME_LIMIT_S
     _traces: dict[tuple[int, str], LayerGraph] = field(default_factory=dict, repr=False)
+    _source: ModelSource | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
-        return self.source.name
+        if isinstance(self.origin, types.ModuleType):
+            return self.origin.__name__
+        return self.origin.stem
+
+    @property
+    def source(self) -> ModelSource:
+        """model.py imported into this process (for runners that build the real model)."""
+        if self._source is None:
+            self._source = load_model_source(self.origin)
+        return self._source
 
     def trace(self, seq_len: int, precision: str = "bf16") -> LayerGraph:
         key = (seq_len, precision)
         if key not in self._traces:
-            self._traces[key] = trace_model(self.source, seq_len=seq_len, precision=precision)
+            self._traces[key] = run_guarded(
+                _trace_origin, self.origin, seq_len, precision, what=f"tracing {self.name}",
+                time_limit_s=self.trace_time_limit_s)
         return self._traces[key]
 
 
@@ -53,11 +74,18 @@ class LoadedCluster:
     spec: dict
 
 
-def load_model(path_or_module: str | Path | types.ModuleType | Model) -> Model:
-    """Load a model.py (path) or an imported module defining ``build_model()``."""
+def load_model(path_or_module: str | Path | types.ModuleType | Model, *,
+               trace_time_limit_s: float = DEFAULT_TRACE_TIME_LIMIT_S) -> Model:
+    """A model.py (path) or an imported module defining ``build_model()``. Nothing of it runs
+    here: it is imported and traced in a guarded child process when first traced."""
     if isinstance(path_or_module, Model):
         return path_or_module
-    return Model(load_model_source(path_or_module))
+    if isinstance(path_or_module, types.ModuleType):
+        return Model(path_or_module, trace_time_limit_s)
+    path = Path(path_or_module)
+    if not path.is_file():
+        raise ModelFileError(f"{path}: no such file; pass the path of a model.py.")
+    return Model(path, trace_time_limit_s)
 
 
 def load_cluster(path_or_dict: str | Path | Mapping | LoadedCluster) -> LoadedCluster:

@@ -1,0 +1,94 @@
+"""Run user code (importing model.py, tracing it) in a child process with a time limit and an
+address-space cap, its output kept off our stdout.
+
+model.py is someone else's code: it may loop forever, allocate real tensors for a trillion
+parameters, or print. The child is forked (it inherits the imported libraries, so it starts in
+milliseconds), its stdout goes to /dev/null so ``--json`` stays one document, and whatever it
+returns or raises comes back pickled. A child that runs out of time is killed; one that dies
+(killed by the OS for memory) is reported as such.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import resource
+import traceback
+from typing import Any, Callable
+
+from autoplan.errors import AutoplanError, ModelFileError
+
+DEFAULT_TIME_LIMIT_S = 120.0
+"""Tracing a trillion-parameter model takes about a second; two minutes means a runaway."""
+
+DEFAULT_MEMORY_HEADROOM_BYTES = 8 * 2**30
+"""Address space the child may add to what it inherits: ample for meta tracing, far below what
+a model that really allocates its weights would need."""
+
+
+def _address_space_bytes() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _child(conn, fn: Callable, args: tuple, headroom: int) -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    try:
+        limit = _address_space_bytes() + headroom
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        import torch
+        torch.set_num_threads(1)  # no OpenMP team in a forked child
+        conn.send(("ok", fn(*args)))
+    except AutoplanError as err:
+        conn.send(("error", err))
+    except MemoryError:
+        conn.send(("memory", None))
+    except BaseException as err:  # anything else is reported, not re-raised in the child
+        conn.send(("crash", f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=3)}"))
+    finally:
+        conn.close()
+
+
+def run_guarded(fn: Callable, *args: Any, what: str,
+                time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+                memory_headroom_bytes: int = DEFAULT_MEMORY_HEADROOM_BYTES) -> Any:
+    """``fn(*args)`` in a forked child; its result, or its AutoplanError re-raised here.
+
+    Raises:
+        ModelFileError: the child timed out, ran out of memory or died.
+    """
+    context = multiprocessing.get_context("fork")
+    parent, child = context.Pipe(duplex=False)
+    process = context.Process(target=_child, args=(child, fn, args, memory_headroom_bytes),
+                              daemon=True)
+    process.start()
+    child.close()
+    try:
+        if not parent.poll(time_limit_s):
+            process.kill()
+            raise ModelFileError(
+                f"{what} did not finish within {time_limit_s:g} s and was stopped. build_model() "
+                "and the forward pass must not loop or wait; on the meta device they take "
+                "seconds even for trillion-parameter models.")
+        kind, payload = parent.recv()
+    except EOFError:
+        raise ModelFileError(
+            f"{what} died (exit code {process.exitcode}), most likely killed for memory. "
+            "build_model() must not allocate real tensors: build with default constructors "
+            "(autoplan runs them under torch.device('meta')), load no weights.") from None
+    finally:
+        process.join(timeout=5)
+        parent.close()
+    if kind == "ok":
+        return payload
+    if kind == "error":
+        raise payload
+    if kind == "memory":
+        raise ModelFileError(
+            f"{what} ran out of memory: it allocates real tensors. Build the model with default "
+            "constructors only (no torch.load, no device= arguments, no .to('cpu'/'cuda')).")
+    raise ModelFileError(f"{what} failed unexpectedly: {payload}")

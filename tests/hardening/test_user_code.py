@@ -1,0 +1,60 @@
+"""model.py is user code: it runs in a guarded child with a time limit and a memory cap, and
+never writes to our stdout."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import autoplan
+from autoplan.cli import app
+from autoplan.errors import ModelFileError
+
+DGX1 = "examples/clusters/dgx-a100-x1.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _repo_root(monkeypatch, examples):
+    monkeypatch.chdir(examples.parent)
+
+
+def write(tmp_path, body: str):
+    path = tmp_path / "model.py"
+    path.write_text("import torch\nfrom torch import nn\n" + body)
+    return path
+
+
+def test_a_model_that_loops_forever_is_stopped(tmp_path):
+    path = write(tmp_path, "def build_model():\n    while True:\n        pass\n")
+    model = autoplan.load_model(path, trace_time_limit_s=2)
+    with pytest.raises(ModelFileError, match="did not finish within 2 s"):
+        model.trace(64)
+
+
+def test_a_model_that_allocates_terabytes_is_stopped(tmp_path):
+    path = write(tmp_path, "def build_model():\n"
+                           "    x = torch.ones(2**40, device='cpu')\n"
+                           "    return nn.Linear(4, 4)\n")
+    with pytest.raises(ModelFileError):
+        autoplan.load_model(path).trace(64)
+
+
+def test_a_model_that_prints_keeps_json_clean(tmp_path):
+    path = write(tmp_path, "print('hello from import')\n"
+                           "from autoplan.zoo import GPT, GPTConfig\n"
+                           "def build_model():\n"
+                           "    print('hello from build_model')\n"
+                           "    return GPT(GPTConfig(num_layers=2, hidden_size=64, num_heads=4,"
+                           " vocab_size=256, max_seq_len=64))\n")
+    result = CliRunner().invoke(app, ["solve", str(path), DGX1, "--seq-len", "64",
+                                      "--global-batch", "8", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["plan"]["world_size"] >= 1
+
+
+def test_import_errors_name_the_file_and_exit_2(tmp_path):
+    path = write(tmp_path, "raise RuntimeError('no GPU here')\n")
+    result = CliRunner().invoke(app, ["solve", str(path), DGX1, "--seq-len", "64",
+                                      "--global-batch", "8"])
+    assert result.exit_code == 2
+    assert "no GPU here" in result.stderr and "Traceback" not in result.output
