@@ -86,3 +86,20 @@ def test_mtnlg_530b_beats_the_published_configuration():
     assert result.plan.pp >= 4  # a pipeline across nodes
     assert result.estimate.feasible
     assert result.estimate.step_time_s <= published.estimate.step_time_s
+
+
+def test_a_short_time_limit_reports_feasible_with_an_honest_bound():
+    model = autoplan.load_model("examples/models/gpt3_175b.py")
+    cluster = "examples/clusters/dgx-a100-x128.yaml"
+    full = autoplan.solve(model, cluster, seq_len=2048, global_batch=1536)
+    for limit in (0.6, 1.0):
+        try:
+            quick = autoplan.solve(model, cluster, seq_len=2048, global_batch=1536,
+                                   time_limit_s=limit)
+        except autoplan.errors.NoPlanInTimeError:
+            continue  # a slow machine found nothing yet: exit code 4, also honest
+        if quick.status == "OPTIMAL":
+            assert quick.estimate.step_time_s == pytest.approx(full.estimate.step_time_s)
+        else:
+            assert quick.status == "FEASIBLE"
+            assert quick.solver.bound <= full.estimate.step_time_s <= quick.solver.objective

@@ -36,6 +36,7 @@ limit it may be FEASIBLE, reported with the bound.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -88,33 +89,46 @@ class Table:
     step_times_s: list[float] = field(default_factory=list)
     peak_bytes: list[float] = field(default_factory=list)
     pruned: int = 0  # candidates never evaluated: their group's bound was already beaten
+    open_bound_s: float = math.inf  # lower bound of candidates left unevaluated at the deadline
 
     @classmethod
-    def build(cls, problem: Problem, pins: Pins) -> "Table":
+    def build(cls, problem: Problem, pins: Pins, *, deadline: float = math.inf) -> "Table":
+        """Evaluate the candidates best bound first until the rest cannot win or the
+        ``deadline`` (a ``time.perf_counter()`` value) passes."""
         table = cls(problem)
-        limit = limit_mib(problem)
-        groups = []
+        groups = table._bound_groups(pins, deadline)
+        best = min((round(table.step_times_s[r] * US) for r in table.fitting()), default=None)
+        for position, (bound_us, shape, stages, rest) in enumerate(groups):
+            if best is not None and bound_us > best:
+                table.pruned += sum(len(g[3]) for g in groups[position:])
+                break
+            if time.perf_counter() > deadline:
+                table.open_bound_s = min(table.open_bound_s, bound_us / US)
+                break
+            for sw in rest:
+                step_s = table.add(make_plan(shape, sw, stages, problem.training))
+                if memory_mib(table.peak_bytes[-1]) <= limit_mib(problem):
+                    best = min(best or math.inf, round(step_s * US))
+        return table
+
+    def _bound_groups(self, pins: Pins, deadline: float) -> list[tuple]:
+        """Evaluate the lower-bound switches of every (shape, stages) group; the groups sorted
+        by bound, with the switches still to evaluate."""
+        problem, groups = self.problem, []
         for shape in shapes(problem.graph, world=problem.cluster.num_gpus,
                             gpus_per_node=problem.cluster.gpus_per_node,
                             training=problem.training, pins=pins):
+            if time.perf_counter() > deadline:
+                self.open_bound_s = 0.0  # shapes never looked at: nothing is known of them
+                break
             options = switches(shape, runtime=problem.training.runtime, pins=pins)
             for stages in stage_variants(problem.graph, shape.pp, shape.vpp):
                 fast = [sw for sw in options if _cannot_be_slower(sw)] or options
-                bound = min(table.add(make_plan(shape, sw, stages, problem.training))
+                bound = min(self.add(make_plan(shape, sw, stages, problem.training))
                             for sw in fast)
                 rest = [sw for sw in options if sw not in fast]
                 groups.append((round(bound * US), shape, stages, rest))
-        best = min((round(t * US) for t, b in zip(table.step_times_s, table.peak_bytes)
-                    if memory_mib(b) <= limit), default=None)
-        for bound_us, shape, stages, rest in sorted(groups, key=lambda g: g[0]):
-            if best is not None and bound_us > best:
-                table.pruned += len(rest)
-                continue
-            for sw in rest:
-                step_s = table.add(make_plan(shape, sw, stages, problem.training))
-                if memory_mib(table.peak_bytes[-1]) <= limit:
-                    best = min(best, round(step_s * US)) if best is not None else round(step_s * US)
-        return table
+        return sorted(groups, key=lambda g: g[0])
 
     def add(self, plan: Plan) -> float:
         step_s, peak = step_and_peak(self.problem, plan)
@@ -224,7 +238,11 @@ def solve_table(problem: Problem, pins: Pins, *, time_limit_s: float
                 ) -> tuple[Plan, Estimate, SolverInfo]:
     """Tabulate the candidates, solve, and return the plan with its estimate."""
     start = time.perf_counter()
-    table = Table.build(problem, pins)
+    table = Table.build(problem, pins, deadline=start + time_limit_s)
+    if not table.fitting() and table.open_bound_s < math.inf:
+        raise NoPlanInTimeError(
+            f"no plan that fits was found within --time-limit {time_limit_s:g}s; raise the "
+            "limit or pin more dimensions.")
     if not len(table):
         raise InfeasibleError(
             "no legal plan exists for these pins on this cluster and batch: the pinned degrees "
@@ -241,6 +259,8 @@ def solve_table(problem: Problem, pins: Pins, *, time_limit_s: float
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         row, name = model.chosen(solver), solver.status_name(status)
         bound = (solver.best_objective_bound // model.scale) / US
+        if table.open_bound_s < math.inf:  # optimal among what was evaluated, not proven
+            name, bound = "FEASIBLE", min(bound, table.open_bound_s)
     elif status == cp_model.UNKNOWN:  # time limit before CP-SAT's first solution: the hint
         row, name, bound = fastest, "FEASIBLE", 0.0
     else:
