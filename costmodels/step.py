@@ -441,6 +441,15 @@ def _rank_memories(problem: Problem, plan: Plan, evaluation: _Evaluation) -> lis
     return memories
 
 
+def lower_bound_s(problem: Problem) -> float:
+    """A step time no plan can beat under this cost model: the model's FLOPs spread over every
+    GPU of the cluster at the best efficiency any kernel reaches, with nothing else."""
+    rate = problem.cluster.gpu.peak_flops(problem.precision) * max(
+        problem.compute.gemm_efficiency, problem.compute.attention_efficiency)
+    samples = problem.training.global_batch
+    return model_flops_per_sample(problem.graph) * samples / (problem.cluster.num_gpus * rate)
+
+
 def estimate(problem: Problem, plan: Plan) -> Estimate:
     """Predicted step time and worst-GPU memory of ``plan`` on ``problem``."""
     evaluation = _evaluate(problem, plan)

@@ -42,7 +42,9 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from autoplan.costmodels.step import Problem, estimate, limit_mib, memory_mib, step_and_peak
+from autoplan.costmodels.step import (
+    Problem, estimate, limit_mib, lower_bound_s, memory_mib, step_and_peak,
+)
 from autoplan.errors import InfeasibleError, NoPlanInTimeError
 from autoplan.plan import Estimate, Offload, Plan, Recompute, SolverInfo
 from autoplan.search.space import make_plan, shapes, stage_variants, switches
@@ -118,8 +120,8 @@ class Table:
         for shape in shapes(problem.graph, world=problem.cluster.num_gpus,
                             gpus_per_node=problem.cluster.gpus_per_node,
                             training=problem.training, pins=pins):
-            if time.perf_counter() > deadline:
-                self.open_bound_s = 0.0  # shapes never looked at: nothing is known of them
+            if time.perf_counter() > deadline:  # shapes never looked at: only physics bounds them
+                self.open_bound_s = lower_bound_s(problem)
                 break
             options = switches(shape, runtime=problem.training.runtime, pins=pins)
             for stages in stage_variants(problem.graph, shape.pp, shape.vpp):
