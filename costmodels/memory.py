@@ -7,6 +7,8 @@ weights and moments (``K = master + moments = 12``):
     stage 0: 2 + g + K          stage 1: 2 + g + K/d
     stage 2: 2 + (g + K)/d      stage 3: (2 + g + K)/d
 where g is the runtime's gradient bytes (2 in DeepSpeed, 4 for Megatron's fp32 main grads).
+DeepSpeed's ZeRO optimizers also keep an fp32 gradient partition with the optimizer state
+(``fp32_grad_bytes``; 2 + 18/d for ZeRO-2 in its own estimators).
 Activations per layer come from the trace (bytes saved for backward), split by TP where the
 tensor lies between a column- and a row-parallel Linear and by SP elsewhere (Korthikanti et al.
 2022, Table 2); full recompute keeps only each layer's input.
@@ -48,11 +50,14 @@ def model_state_bytes(num_params: float, *, zero_stage: int, dp: int, offload: O
                       runtime: RuntimeProfile) -> ModelStates:
     """Model-state bytes on one GPU holding ``num_params`` parameters (before ZeRO sharding)."""
     optimizer_per_param = runtime.master_bytes + runtime.moment_bytes
+    shard = dp if zero_stage >= 1 else 1
     weights = WEIGHT_BYTES * num_params / (dp if zero_stage >= 3 else 1)
     gradients = runtime.grad_bytes * num_params / (dp if zero_stage >= 2 else 1)
-    optimizer = optimizer_per_param * num_params / (dp if zero_stage >= 1 else 1)
+    optimizer = optimizer_per_param * num_params / shard
     if offload is not Offload.NONE:
         optimizer = 0.0
+    else:
+        gradients += runtime.fp32_grad_bytes * num_params / shard
     if offload is Offload.PARAMS:
         weights = 0.0
     return ModelStates(weights, gradients, optimizer)

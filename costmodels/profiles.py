@@ -34,6 +34,7 @@ class RuntimeProfile:
 
     name: str
     grad_bytes: int
+    fp32_grad_bytes: int
     master_bytes: int
     moment_bytes: int
     dp_overlap: float
