@@ -216,6 +216,15 @@ def estimate(model, cluster, plan_or_pins, *, seq_len: int, global_batch: int, m
     problem = make_problem(model, cluster, training, mem_limit)
     if isinstance(plan_or_pins, Plan):
         plan = plan_or_pins
+        if plan.num_layers != len(problem.graph.layers):
+            raise ConstraintError(
+                f"the plan's stages cover {plan.num_layers} layers but {model.name} traces into "
+                f"{len(problem.graph.layers)} (embedding, blocks, head and loss each count); "
+                "was the plan made for another model?")
+        if plan.world_size > cluster.cluster.num_gpus:
+            raise ConstraintError(
+                f"the plan needs {plan.world_size} GPUs but the cluster has "
+                f"{cluster.cluster.num_gpus}.")
     else:
         pins = _pins(plan_or_pins)
         check_pins(problem.graph, world=cluster.cluster.num_gpus, training=training, pins=pins)

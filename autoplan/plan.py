@@ -27,6 +27,9 @@ class Offload(str, Enum):
     PARAMS = "params"  # optimizer state and parameters (ZeRO-3 offload)
 
 
+PLACEMENT_AXES = ("tp", "cp", "dp", "pp")
+
+
 class Stage(BaseModel):
     """A pipeline stage: a contiguous run of layers of the LayerGraph chain (embedding and head
     count as layers, so ``first_layer`` indexes ``LayerGraph.layers``)."""
@@ -75,7 +78,21 @@ class Plan(BaseModel):
             )
         if len(self.stages) != self.pp * self.vpp:
             raise ValueError(f"{len(self.stages)} stages listed, expected pp*vpp = {self.pp * self.vpp}")
+        position = 0
+        for stage in self.stages:
+            if stage.first_layer != position:
+                raise ValueError(f"stages must be contiguous from layer 0: a stage starts at "
+                                 f"{stage.first_layer}, expected {position}")
+            position += stage.num_layers
+        if sorted(self.placement.split("-")) != sorted(PLACEMENT_AXES):
+            raise ValueError(f"placement {self.placement!r} must order the axes "
+                             f"{'-'.join(PLACEMENT_AXES)}, innermost first")
         return self
+
+    @property
+    def num_layers(self) -> int:
+        """Layers of the chain the stages cover."""
+        return sum(stage.num_layers for stage in self.stages)
 
     @cached_property
     def layout(self) -> tuple[tuple[int, int], ...]:

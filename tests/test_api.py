@@ -103,3 +103,17 @@ def test_a_short_time_limit_reports_feasible_with_an_honest_bound():
         else:
             assert quick.status == "FEASIBLE"
             assert quick.solver.bound <= full.estimate.step_time_s <= quick.solver.objective
+
+
+def test_a_plan_for_another_model_is_refused():
+    result = autoplan.solve(TINY, DGX1, seq_len=256, global_batch=16)
+    with pytest.raises(ConstraintError, match="another model"):
+        autoplan.estimate("examples/models/llama2_7b.py", DGX1, result.plan, seq_len=256,
+                          global_batch=16)
+
+
+def test_non_contiguous_stages_are_not_a_plan():
+    with pytest.raises(ValueError, match="contiguous"):
+        autoplan.Plan(tp=1, pp=2, dp=1, micro_batch_size=1, global_batch_size=2,
+                      num_microbatches=2, world_size=2,
+                      stages=[{"first_layer": 0, "num_layers": 3}, {"first_layer": 4, "num_layers": 3}])
