@@ -112,7 +112,7 @@ def make_problem(model: Model, cluster: LoadedCluster, training: TrainingSpec,
     graph = model.trace(training.seq_len, training.precision.value)
     return Problem(
         graph=graph, cluster=cluster.cluster, training=training,
-        runtime=runtime_profile(training.runtime.value),
+        runtime=runtime_profile(training.runtime.value, training.precision.value),
         compute=compute_profile(cluster.cluster.gpu.name),
         mem_limit_bytes=_mem_limit_bytes(mem_limit, cluster.cluster),
     )

@@ -63,7 +63,10 @@ def compute_profile(gpu_name: str) -> ComputeProfile:
     return _build(ComputeProfile, table.get(gpu_name, table["default"]))
 
 
-def runtime_profile(name: str) -> RuntimeProfile:
+def runtime_profile(name: str, precision: str = "bf16") -> RuntimeProfile:
+    """A runtime's profile for a training precision (some keep fp16 gradients in fp16)."""
     entry = dict(_profiles()["runtimes"][name])
     entry["cuda_context_bytes"] = parse_quantity(entry["cuda_context_bytes"], "memory")
+    if precision == "fp16" and "fp16_grad_bytes" in entry:
+        entry["grad_bytes"] = entry["fp16_grad_bytes"]
     return _build(RuntimeProfile, entry, name=name)
