@@ -1,0 +1,134 @@
+"""Property tests (hypothesis): any cluster file or constraint gets an answer, never a
+traceback; plans returned satisfy their own constraints; the cost model is monotone where
+physics says it must be."""
+
+import types
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+import autoplan
+from autoplan.api import _training, load_cluster, make_problem
+from autoplan.cli import app
+from autoplan.costmodels.memory import model_state_bytes
+from autoplan.costmodels.profiles import runtime_profile
+from autoplan.costmodels.step import estimate
+from autoplan.plan import Offload
+from autoplan.search.solver import solve_table
+from autoplan.training import Pins
+from autoplan.zoo import GPT, GPTConfig, next_token_loss
+
+SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+
+def _tiny_module():
+    module = types.ModuleType("tiny_props")
+    config = GPTConfig(num_layers=4, hidden_size=128, num_heads=4, vocab_size=512, max_seq_len=128)
+    module.build_model = lambda: GPT(config)
+    module.loss = next_token_loss
+    return module
+
+
+TINY = autoplan.load_model(_tiny_module())
+
+units = st.sampled_from(["", "GB/s", "Gbps", "GiB", "us", "banana"])
+values = st.one_of(st.integers(-4, 64), st.floats(-1, 1e3, allow_nan=False),
+                   st.text(max_size=6), st.none())
+cluster_docs = st.fixed_dictionaries(
+    {"gpu": st.sampled_from(["a100-sxm4-80gb", "h100-sxm5-80gb", "a100", "nope", 7]),
+     "nodes": st.one_of(st.integers(-1, 4), st.text(max_size=3)),
+     "gpus_per_node": st.integers(-1, 8)},
+    optional={"intra_node": st.fixed_dictionaries(
+                  {"link": st.sampled_from(["nvswitch", "pcie", "ethernet"])},
+                  optional={"bandwidth": st.builds(lambda n, u: f"{n}{u}", st.integers(1, 900), units)}),
+              "inter_node": st.fixed_dictionaries(
+                  {"link": st.sampled_from(["infiniband", "ethernet"]),
+                   "bandwidth": st.builds(lambda n, u: f"{n}{u}", st.integers(1, 900), units)},
+                  optional={"nics_per_node": st.integers(-1, 8)}),
+              "hosts": st.lists(st.fixed_dictionaries({"name": st.text(max_size=4),
+                                                       "ip": st.sampled_from(["10.0.0.1", "x"])}),
+                                max_size=3),
+              "typo_key": values})
+
+
+@SETTINGS
+@given(doc=cluster_docs, batch=st.integers(1, 64), mem=st.sampled_from(["1GiB", "80GiB", "80"]))
+def test_any_cluster_file_gets_an_answer_not_a_traceback(tmp_path_factory, doc, batch, mem):
+    path = tmp_path_factory.mktemp("c") / "cluster.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(app, ["solve", "examples/models/tiny_gpt.py", str(path),
+                                      "--seq-len", "64", "--global-batch", str(batch),
+                                      "--mem-limit", mem, "--time-limit", "20"])
+    assert result.exit_code in (0, 2, 3, 4), result.output
+    assert "Traceback" not in result.output
+    if result.exit_code:
+        assert result.stderr.strip()
+
+
+def _problem(gpus=8, inter="200Gbps", mem=None, batch=16):
+    cluster = {"gpu": "a100-sxm4-80gb", "nodes": 2, "gpus_per_node": gpus // 2,
+               "intra_node": {"link": "pcie", "bandwidth": "32GB/s"},
+               "inter_node": {"link": "infiniband", "bandwidth": inter, "nics_per_node": 1}}
+    return make_problem(TINY, load_cluster(cluster), _training(128, batch, "bf16", "megatron", "flash"),
+                        mem_limit=mem)
+
+
+PLAN_FIELD = {"tp": "tp", "pp": "pp", "zero": "zero_stage", "recompute": "recompute",
+              "mbs": "micro_batch_size"}
+pins = st.fixed_dictionaries({}, optional={
+    "tp": st.sampled_from([1, 2, 4]), "pp": st.sampled_from([1, 2, 4]),
+    "zero": st.sampled_from([0, 1]), "recompute": st.sampled_from(["none", "full"]),
+    "mbs": st.sampled_from([1, 2])})
+
+
+@SETTINGS
+@given(pinned=pins, mem_mib=st.integers(1536, 4096))
+def test_returned_plans_satisfy_their_constraints(pinned, mem_mib):
+    problem = _problem(mem=mem_mib * 2**20)
+    try:
+        plan, est, _ = solve_table(problem, Pins(**pinned), time_limit_s=20)
+    except autoplan.AutoplanError:
+        return
+    assert plan.tp * plan.pp * plan.dp * plan.cp == plan.world_size <= problem.cluster.num_gpus
+    assert plan.micro_batch_size * plan.num_microbatches * plan.dp == 16
+    for name, value in pinned.items():
+        got = getattr(plan, PLAN_FIELD[name])
+        assert getattr(got, "value", got) == value
+    assert estimate(problem, plan).peak_memory_gib * 2**30 <= mem_mib * 2**20
+
+
+@SETTINGS
+@given(mem_mib=st.integers(1536, 4096), extra=st.integers(1, 4096))
+def test_more_memory_never_makes_a_feasible_case_infeasible(mem_mib, extra):
+    small = _problem(mem=mem_mib * 2**20)
+    try:
+        solve_table(small, Pins(), time_limit_s=20)
+    except autoplan.InfeasibleError:
+        return
+    solve_table(_problem(mem=(mem_mib + extra) * 2**20), Pins(), time_limit_s=20)
+
+
+@SETTINGS
+@given(slow=st.integers(1, 399), pinned=pins)
+def test_a_faster_link_never_makes_the_estimate_slower(slow, pinned):
+    try:
+        plan = autoplan.api.plan_from_pins(_problem(inter=f"{slow}Gbps"), Pins(**pinned))
+    except autoplan.AutoplanError:
+        return
+    slow_s = estimate(_problem(inter=f"{slow}Gbps"), plan).step_time_s
+    fast_s = estimate(_problem(inter=f"{slow + 1}Gbps"), plan).step_time_s
+    assert fast_s <= slow_s
+
+
+@pytest.mark.parametrize("runtime", ["megatron", "deepspeed", "fsdp"])
+@given(params=st.floats(1e6, 1e12), dp=st.integers(1, 4096))
+@SETTINGS
+def test_a_higher_zero_stage_never_raises_model_state_memory(runtime, params, dp):
+    profile = runtime_profile(runtime)
+    totals = [model_state_bytes(params, zero_stage=z, dp=dp, offload=Offload.NONE,
+                                runtime=profile).total for z in range(4)]
+    assert totals == sorted(totals, reverse=True)
