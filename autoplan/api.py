@@ -21,6 +21,7 @@ from autoplan.graph.sandbox import DEFAULT_TIME_LIMIT_S as DEFAULT_TRACE_TIME_LI
 from autoplan.graph.sandbox import run_guarded
 from autoplan.graph.trace import trace_model
 from autoplan.plan import ModelInfo, Plan, Result, SolverInfo, TrainingInfo
+from autoplan.plugins.importers import ImportedRun, read_run  # noqa: F401 (API)
 from autoplan.search.solver import solve_table
 from autoplan.search.space import balanced_stages, check_pins, dp_options
 from autoplan.training import AttentionKernel, Constraints, Pins, Precision, Runtime, TrainingSpec
@@ -157,8 +158,8 @@ def _result(problem: Problem, model: Model, cluster: LoadedCluster, plan: Plan, 
 
 
 def solve(model, cluster, *, seq_len: int, global_batch: int, pins=None, mem_limit=None,
-          time_limit_s: float | None = None, precision: str = "bf16", runtime: str = "megatron",
-          attention: str = "flash") -> Result:
+          time_limit_s: float | None = None, precision: str | None = None,
+          runtime: str | None = None, attention: str = "flash") -> Result:
     """The fastest plan that fits, with its estimate and the solver's status.
 
     Args:
@@ -174,6 +175,8 @@ def solve(model, cluster, *, seq_len: int, global_batch: int, pins=None, mem_lim
         InfeasibleError: nothing fits; the message says what conflicts and by how much.
     """
     model, cluster = load_model(model), load_cluster(cluster)
+    seq_len, global_batch, precision, runtime = _settings(None, seq_len, global_batch, precision,
+                                                         runtime)
     training = _training(seq_len, global_batch, precision, runtime, attention)
     constraints = Constraints(pins=_pins(pins), time_limit_s=time_limit_s or DEFAULT_TIME_LIMIT_S)
     problem = make_problem(model, cluster, training, mem_limit)
@@ -183,7 +186,8 @@ def solve(model, cluster, *, seq_len: int, global_batch: int, pins=None, mem_lim
     return _result(problem, model, cluster, plan, est, info)
 
 
-def plan_from_pins(problem: Problem, pins: Pins) -> Plan:
+def plan_from_pins(problem: Problem, pins: Pins, *, first: int | None = None,
+                   last: int | None = None) -> Plan:
     """A fully pinned plan; unpinned dimensions take the defaults tp=pp=cp=1, dp = the largest
     degree that divides the global batch and fits the remaining GPUs, mbs=1, ZeRO-0, no
     recompute, no SP, no interleaving, no offload, balanced stages."""
@@ -203,32 +207,56 @@ def plan_from_pins(problem: Problem, pins: Pins) -> Plan:
         global_batch_size=batch, num_microbatches=batch // (dp * mbs),
         recompute=pins.recompute or "none", sequence_parallel=bool(pins.sp), vpp=vpp,
         offload=pins.offload or "none", world_size=tp * pp * dp * cp,
-        stages=balanced_stages(problem.graph, pp, vpp),
+        stages=balanced_stages(problem.graph, pp, vpp, first=first, last=last),
     )
 
 
-def estimate(model, cluster, plan_or_pins, *, seq_len: int, global_batch: int, mem_limit=None,
-             precision: str = "bf16", runtime: str = "megatron", attention: str = "flash") -> Result:
-    """Evaluate one plan (a Plan, or pins completed with documented defaults)."""
+def _plan_for(problem: Problem, cluster: LoadedCluster, model: Model, plan_or_pins) -> Plan:
+    """The plan to estimate: a Plan checked against the problem, or pins (from the caller or an
+    imported configuration) completed with the documented defaults."""
+    if isinstance(plan_or_pins, Plan):
+        if plan_or_pins.num_layers != len(problem.graph.layers):
+            raise ConstraintError(
+                f"the plan's stages cover {plan_or_pins.num_layers} layers but {model.name} "
+                f"traces into {len(problem.graph.layers)} (embedding, blocks, head and loss each "
+                "count); was the plan made for another model?")
+        if plan_or_pins.world_size > cluster.cluster.num_gpus:
+            raise ConstraintError(f"the plan needs {plan_or_pins.world_size} GPUs but the "
+                                  f"cluster has {cluster.cluster.num_gpus}.")
+        return plan_or_pins
+    run = plan_or_pins if isinstance(plan_or_pins, ImportedRun) else None
+    pins = _pins(run.pins if run else plan_or_pins)
+    check_pins(problem.graph, world=cluster.cluster.num_gpus, training=problem.training, pins=pins)
+    return plan_from_pins(problem, pins, first=run.first_stage_blocks if run else None,
+                          last=run.last_stage_blocks if run else None)
+
+
+def _settings(run: ImportedRun | None, seq_len, global_batch, precision, runtime):
+    """Training settings: the caller's, else the imported configuration's, else defaults."""
+    seq_len = seq_len or (run.seq_len if run else None)
+    global_batch = global_batch or (run.global_batch if run else None)
+    if not seq_len or not global_batch:
+        raise ConstraintError(
+            "give --seq-len and --global-batch (the imported configuration does not state "
+            "them).")
+    return (seq_len, global_batch, precision or (run.precision if run else None) or "bf16",
+            runtime or (run.runtime if run else "megatron"))
+
+
+def estimate(model, cluster, plan_or_pins, *, seq_len: int | None = None,
+             global_batch: int | None = None, mem_limit=None, precision: str | None = None,
+             runtime: str | None = None, attention: str = "flash") -> Result:
+    """Evaluate one plan: a Plan, pins completed with documented defaults, or an
+    :class:`ImportedRun` read from a Megatron-LM, DeepSpeed or torchtitan configuration
+    (``read_run(path)``), which may also supply the sequence length and global batch."""
     start = time.perf_counter()
     model, cluster = load_model(model), load_cluster(cluster)
+    run = plan_or_pins if isinstance(plan_or_pins, ImportedRun) else None
+    seq_len, global_batch, precision, runtime = _settings(run, seq_len, global_batch, precision,
+                                                         runtime)
     training = _training(seq_len, global_batch, precision, runtime, attention)
     problem = make_problem(model, cluster, training, mem_limit)
-    if isinstance(plan_or_pins, Plan):
-        plan = plan_or_pins
-        if plan.num_layers != len(problem.graph.layers):
-            raise ConstraintError(
-                f"the plan's stages cover {plan.num_layers} layers but {model.name} traces into "
-                f"{len(problem.graph.layers)} (embedding, blocks, head and loss each count); "
-                "was the plan made for another model?")
-        if plan.world_size > cluster.cluster.num_gpus:
-            raise ConstraintError(
-                f"the plan needs {plan.world_size} GPUs but the cluster has "
-                f"{cluster.cluster.num_gpus}.")
-    else:
-        pins = _pins(plan_or_pins)
-        check_pins(problem.graph, world=cluster.cluster.num_gpus, training=training, pins=pins)
-        plan = plan_from_pins(problem, pins)
+    plan = _plan_for(problem, cluster, model, plan_or_pins)
     est = estimate_plan(problem, plan)
     info = SolverInfo(status="ESTIMATE", objective=est.step_time_s, bound=est.step_time_s, gap=0.0,
                       wall_time_s=time.perf_counter() - start)

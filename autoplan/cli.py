@@ -6,6 +6,7 @@ paragraph on stderr, never a traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -41,8 +42,12 @@ class ExportTarget(str, Enum):
 
 MODEL = typer.Argument(..., help="model.py defining build_model().")
 CLUSTER = typer.Argument(..., help="cluster.yaml describing the GPUs and links.")
-SEQ_LEN = typer.Option(..., "--seq-len", help="Tokens per sequence.")
-GLOBAL_BATCH = typer.Option(..., "--global-batch", help="Sequences per optimizer step.")
+SEQ_LEN = typer.Option(None, "--seq-len", min=1,
+                       help="Tokens per sequence (required unless --from states it).")
+GLOBAL_BATCH = typer.Option(None, "--global-batch", min=1,
+                            help="Sequences per optimizer step (required unless --from states it).")
+FROM = typer.Option(None, "--from", help="A Megatron-LM argument list or launch script, a "
+                    "DeepSpeed ds_config.json, or torchtitan overrides: the setup you run now.")
 
 
 def _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload) -> dict:
@@ -53,12 +58,19 @@ def _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload) -> dict:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def _emit(result: Result, as_json: bool) -> None:
+def _emit(result: Result, as_json: bool, *, current: Optional[Result] = None) -> None:
+    """Print the result; with ``current`` (the setup read by --from) compare the two. In JSON
+    the current setup's document goes under ``"current"``."""
     if as_json:
-        sys.stdout.write(json.dumps(result.model_dump(mode="json"), indent=2) + "\n")
-    else:
-        from autoplan.report import render
-        render(result, stdout)
+        document = result.model_dump(mode="json")
+        if current is not None:
+            document["current"] = current.model_dump(mode="json")
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+        return
+    from autoplan.report import render, render_comparison
+    render(result, stdout)
+    if current is not None:
+        render_comparison(current, result, stdout)
 
 
 def _fail(err: AutoplanError) -> None:
@@ -86,19 +98,21 @@ SP = typer.Option(None, "--sp/--no-sp", help="Sequence parallelism.")
 VPP = typer.Option(None, "--vpp", min=1, help="Model chunks per pipeline rank (1: no interleaving).")
 OFFLOAD = typer.Option(None, "--offload", help="CPU offload.")
 MEM_LIMIT = typer.Option(None, "--mem-limit", help="Per-GPU memory cap, e.g. 72GiB (default: the GPU's).")
-RUNTIME = typer.Option("megatron", "--runtime", help="megatron, deepspeed or fsdp.")
-PRECISION = typer.Option("bf16", "--precision", help="bf16 or fp16.")
+RUNTIME = typer.Option(None, "--runtime", help="megatron (default), deepspeed or fsdp.")
+PRECISION = typer.Option(None, "--precision", help="bf16 (default) or fp16.")
 JSON = typer.Option(False, "--json", help="Print one JSON document and nothing else.")
 
 
 @app.command()
 def solve(
-    model: Path = MODEL, cluster: Path = CLUSTER, seq_len: int = SEQ_LEN,
-    global_batch: int = GLOBAL_BATCH, tp: Optional[int] = TP, pp: Optional[int] = PP,
+    model: Path = MODEL, cluster: Path = CLUSTER, seq_len: Optional[int] = SEQ_LEN,
+    global_batch: Optional[int] = GLOBAL_BATCH, from_file: Optional[Path] = FROM,
+    tp: Optional[int] = TP, pp: Optional[int] = PP,
     dp: Optional[int] = DP, cp: Optional[int] = CP, mbs: Optional[int] = MBS,
     zero: Optional[ZeroChoice] = ZERO, recompute: Optional[Recompute] = RECOMPUTE,
     sp: Optional[bool] = SP, vpp: Optional[int] = VPP, offload: Optional[Offload] = OFFLOAD,
-    mem_limit: Optional[str] = MEM_LIMIT, runtime: str = RUNTIME, precision: str = PRECISION,
+    mem_limit: Optional[str] = MEM_LIMIT, runtime: Optional[str] = RUNTIME,
+    precision: Optional[str] = PRECISION,
     as_json: bool = JSON,
     time_limit: float = typer.Option(api.DEFAULT_TIME_LIMIT_S, "--time-limit", min=0.1,
                                      help="Solver time limit in seconds; the best plan so far is returned."),
@@ -106,31 +120,49 @@ def solve(
     out: Optional[Path] = typer.Option(None, "--out", help="Folder for --export."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing files in --out."),
 ) -> None:
-    """Find the fastest plan that fits in memory; given options pin those dimensions."""
+    """Find the fastest plan that fits in memory; given options pin those dimensions. With
+    --from, also price the setup you run now and say what to change."""
     pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload)
+    current = None
+    if from_file is not None:
+        current = _run(lambda: api.estimate(
+            model, cluster, api.read_run(from_file), seq_len=seq_len, global_batch=global_batch,
+            mem_limit=mem_limit, runtime=runtime, precision=precision))
+        training = current.training
+        seq_len, global_batch = training.seq_len, training.global_batch
+        runtime, precision = training.runtime, training.precision
     result = _run(lambda: api.solve(
         model, cluster, seq_len=seq_len, global_batch=global_batch, pins=pins,
         mem_limit=mem_limit, time_limit_s=time_limit, runtime=runtime, precision=precision))
-    _emit(result, as_json)
+    _emit(result, as_json, current=current)
     if export is not None:
         _export(result, export, out, force, quiet=as_json)
 
 
 @app.command()
 def estimate(
-    model: Path = MODEL, cluster: Path = CLUSTER, seq_len: int = SEQ_LEN,
-    global_batch: int = GLOBAL_BATCH, tp: Optional[int] = TP, pp: Optional[int] = PP,
+    model: Path = MODEL, cluster: Path = CLUSTER, seq_len: Optional[int] = SEQ_LEN,
+    global_batch: Optional[int] = GLOBAL_BATCH, from_file: Optional[Path] = FROM,
+    tp: Optional[int] = TP, pp: Optional[int] = PP,
     dp: Optional[int] = DP, cp: Optional[int] = CP, mbs: Optional[int] = MBS,
     zero: Optional[ZeroChoice] = ZERO, recompute: Optional[Recompute] = RECOMPUTE,
     sp: Optional[bool] = SP, vpp: Optional[int] = VPP, offload: Optional[Offload] = OFFLOAD,
-    mem_limit: Optional[str] = MEM_LIMIT, runtime: str = RUNTIME, precision: str = PRECISION,
+    mem_limit: Optional[str] = MEM_LIMIT, runtime: Optional[str] = RUNTIME,
+    precision: Optional[str] = PRECISION,
     as_json: bool = JSON,
 ) -> None:
     """Evaluate one plan. Unset dimensions default to tp=pp=cp=1, dp = the most GPUs left that
     divide the global batch, mbs=1, ZeRO-0, no recompute, no SP, no interleaving, no offload."""
     pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload)
+
+    def plan():
+        if from_file is None:
+            return pins
+        run = api.read_run(from_file)  # pins on the command line override the file's
+        return dataclasses.replace(run, pins={**run.pins, **pins})
+
     result = _run(lambda: api.estimate(
-        model, cluster, pins, seq_len=seq_len, global_batch=global_batch, mem_limit=mem_limit,
+        model, cluster, plan(), seq_len=seq_len, global_batch=global_batch, mem_limit=mem_limit,
         runtime=runtime, precision=precision))
     _emit(result, as_json)
 

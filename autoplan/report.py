@@ -129,3 +129,34 @@ def render_trace(document: dict, console: Console) -> None:
     console.print(f"total: {document['num_params']:,} parameters, "
                   f"{document['fwd_flops'] / 1e12:.2f} TFLOP forward, "
                   f"{document['bwd_flops'] / 1e12:.2f} TFLOP backward")
+
+
+_COMPARED = (("tp", "TP"), ("pp", "PP"), ("dp", "DP"), ("micro_batch_size", "micro-batch"),
+             ("zero_stage", "ZeRO stage"), ("recompute", "recompute"),
+             ("sequence_parallel", "sequence parallel"), ("vpp", "chunks per rank"),
+             ("offload", "offload"))
+
+
+def changes(current: Result, best: Result) -> list[str]:
+    """What to change in the current setup to run the plan, one phrase per setting."""
+    phrases = []
+    for field, label in _COMPARED:
+        old, new = getattr(current.plan, field), getattr(best.plan, field)
+        if old != new:
+            phrases.append(f"{label} {getattr(old, 'value', old)} -> {getattr(new, 'value', new)}")
+    return phrases
+
+
+def render_comparison(current: Result, best: Result, console: Console) -> None:
+    """Print the current setup (from --from) against the optimum."""
+    now, opt = current.estimate, best.estimate
+    fits = "fits" if now.feasible else "DOES NOT FIT"
+    console.print(Text("Your current setup", style="bold"))
+    console.print(f"{now.step_time_s:.3f} s/step, {now.tokens_per_s:,.0f} tokens/s, peak memory "
+                  f"{now.peak_memory_gib:.1f} GiB of {now.memory_limit_gib:.1f} ({fits}).")
+    todo = changes(current, best)
+    if not todo:
+        console.print("It is the optimum.")
+        return
+    console.print(f"The plan above is {now.step_time_s / opt.step_time_s:.2f}x as fast; change "
+                  + ", ".join(todo) + ".")

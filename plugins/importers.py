@@ -1,0 +1,147 @@
+"""Read a configuration users already run: a Megatron-LM argument list (or a launch script that
+holds one), a DeepSpeed ``ds_config.json``, or torchtitan CLI overrides, into the pins of a
+plan, so ``autoplan estimate --from FILE`` prices the current setup and ``autoplan solve --from
+FILE`` says how much faster the optimum is. Exporting a plan and importing it back gives the
+same plan.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autoplan.errors import PlanFileError
+
+
+@dataclass(frozen=True)
+class ImportedRun:
+    """What a configuration file fixes: pins by the CLI's names, and training settings."""
+
+    framework: str
+    pins: dict = field(default_factory=dict)
+    seq_len: int | None = None
+    global_batch: int | None = None
+    precision: str | None = None
+    runtime: str = "megatron"
+    first_stage_blocks: int | None = None  # Megatron's uneven first/last stages
+    last_stage_blocks: int | None = None
+
+
+def _tokens(text: str) -> list[str]:
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    return shlex.split(" ".join(lines).replace("\\ ", " "))
+
+
+def _flags(tokens: list[str]) -> dict[str, str | bool]:
+    """``--name value`` pairs and bare ``--switch`` flags."""
+    flags: dict[str, str | bool] = {}
+    for i, token in enumerate(tokens):
+        if not token.startswith("--"):
+            continue
+        name, _, inline = token[2:].partition("=")
+        following = tokens[i + 1] if i + 1 < len(tokens) else None
+        if inline:
+            flags[name] = inline
+        elif following is not None and not following.startswith("--"):
+            flags[name] = following
+        else:
+            flags[name] = True
+    return flags
+
+
+def _int(flags: dict, name: str) -> int | None:
+    value = flags.get(name)
+    if value is None or value is True:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise PlanFileError(f"--{name} {value!r} is not a whole number.") from None
+
+
+def _megatron(flags: dict) -> ImportedRun:
+    pins = {"tp": _int(flags, "tensor-model-parallel-size"),
+            "pp": _int(flags, "pipeline-model-parallel-size"),
+            "cp": _int(flags, "context-parallel-size"), "mbs": _int(flags, "micro-batch-size"),
+            "vpp": _int(flags, "num-virtual-stages-per-pipeline-rank"),
+            "sp": True if flags.get("sequence-parallel") else None,
+            "zero": 1 if flags.get("use-distributed-optimizer") else 0,
+            "recompute": flags.get("recompute-granularity") or "none",
+            "offload": "optimizer" if flags.get("optimizer-cpu-offload") else None}
+    precision = "bf16" if flags.get("bf16") else "fp16" if flags.get("fp16") else None
+    return ImportedRun("megatron", {k: v for k, v in pins.items() if v is not None},
+                       seq_len=_int(flags, "seq-length"),
+                       global_batch=_int(flags, "global-batch-size"), precision=precision,
+                       runtime="megatron",
+                       first_stage_blocks=_int(flags, "decoder-first-pipeline-num-layers"),
+                       last_stage_blocks=_int(flags, "decoder-last-pipeline-num-layers"))
+
+
+def _torchtitan(tokens: list[str], flags: dict) -> ImportedRun:
+    shard = _int(flags, "parallelism.data_parallel_shard_degree") or 1
+    replicate = _int(flags, "parallelism.data_parallel_replicate_degree") or 1
+    mode = next((t.split(":", 1)[1] for t in tokens if t.startswith("activation_checkpoint:")),
+                "none")
+    reshard = flags.get("parallelism.fsdp_reshard_after_forward", "default")
+    pins = {"tp": _int(flags, "parallelism.tensor_parallel_degree"),
+            "pp": _int(flags, "parallelism.pipeline_parallel_degree"),
+            "cp": _int(flags, "parallelism.context_parallel_degree"),
+            "dp": shard * replicate,
+            "sp": True if flags.get("parallelism.enable_sequence_parallel") else None,
+            "mbs": _int(flags, "parallelism.pipeline_parallel_microbatch_size"),
+            "zero": 0 if shard == 1 else (2 if reshard == "never" else 3),
+            "recompute": mode if mode in ("none", "selective", "full") else "none"}
+    return ImportedRun("torchtitan", {k: v for k, v in pins.items() if v is not None},
+                       seq_len=_int(flags, "training.seq_len"),
+                       global_batch=_int(flags, "training.global_batch_size"), runtime="fsdp")
+
+
+def _deepspeed(config: dict) -> ImportedRun:
+    batch = config.get("train_batch_size")
+    mbs = config.get("train_micro_batch_size_per_gpu")
+    accumulation = config.get("gradient_accumulation_steps", 1)
+    if not all(isinstance(v, int) for v in (batch, mbs, accumulation)):
+        raise PlanFileError(
+            "ds_config.json: train_batch_size, train_micro_batch_size_per_gpu and "
+            "gradient_accumulation_steps must be integers (not \"auto\") to price the setup.")
+    zero = config.get("zero_optimization", {})
+    offload = "params" if zero.get("offload_param", {}).get("device") == "cpu" else (
+        "optimizer" if zero.get("offload_optimizer", {}).get("device") == "cpu" else "none")
+    pins = {"mbs": mbs, "dp": batch // (mbs * accumulation), "zero": zero.get("stage", 0),
+            "offload": offload,
+            "recompute": "full" if "activation_checkpointing" in config else "none",
+            "pp": config.get("pipeline", {}).get("stages"),
+            "tp": config.get("tensor_parallel", {}).get("autotp_size")}
+    precision = "bf16" if config.get("bf16", {}).get("enabled") else (
+        "fp16" if config.get("fp16", {}).get("enabled") else None)
+    return ImportedRun("deepspeed", {k: v for k, v in pins.items() if v is not None},
+                       global_batch=batch, precision=precision, runtime="deepspeed")
+
+
+def read_run(path: str | Path) -> ImportedRun:
+    """Recognise and read a Megatron-LM, DeepSpeed or torchtitan configuration file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise PlanFileError(f"{path}: cannot be read ({err.strerror}).") from None
+    if text.lstrip().startswith("{"):
+        try:
+            return _deepspeed(json.loads(text))
+        except json.JSONDecodeError as err:
+            raise PlanFileError(f"{path}: not valid JSON ({err.msg}, line {err.lineno}).") from None
+    try:
+        tokens = _tokens(text)
+    except ValueError as err:
+        raise PlanFileError(f"{path}: cannot split into arguments ({err}).") from None
+    flags = _flags(tokens)
+    if "tensor-model-parallel-size" in flags or "pipeline-model-parallel-size" in flags:
+        return _megatron(flags)
+    if any(name.startswith("parallelism.") for name in flags):
+        return _torchtitan(tokens, flags)
+    raise PlanFileError(
+        f"{path}: not a configuration autoplan reads. Give a Megatron-LM argument list or launch "
+        "script (with --tensor-model-parallel-size ...), a DeepSpeed ds_config.json, or "
+        "torchtitan overrides (--parallelism....).")

@@ -1,0 +1,83 @@
+"""Importers: a configuration exported by autoplan reads back into the same plan, and the
+current setup of a user is priced against the optimum."""
+
+import pytest
+from typer.testing import CliRunner
+
+import autoplan
+from autoplan.cli import app
+from autoplan.errors import PlanFileError
+from autoplan.plugins import export_plan
+from autoplan.plugins.importers import read_run
+
+TINY = "examples/models/tiny_gpt.py"
+DGX1 = "examples/clusters/dgx-a100-x1.yaml"
+TWO = "examples/clusters/pcie-x2-10gbe.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _repo_root(monkeypatch, examples):
+    monkeypatch.chdir(examples.parent)
+
+
+def round_trip(tmp_path, target, filename, pins, cluster=DGX1, runtime="megatron", batch=16):
+    planned = autoplan.estimate(TINY, cluster, pins, seq_len=256, global_batch=batch,
+                                runtime=runtime)
+    export_plan(planned, target, tmp_path)
+    imported = autoplan.estimate(TINY, cluster, read_run(tmp_path / filename), seq_len=256,
+                                 global_batch=batch, runtime=runtime)
+    return planned.plan, imported.plan
+
+
+@pytest.mark.parametrize("pins", [
+    {"tp": 2, "pp": 2, "mbs": 2, "zero": 1, "recompute": "selective", "sp": True},
+    {"tp": 1, "pp": 4, "mbs": 1, "recompute": "full"},
+    {"tp": 2, "pp": 1, "mbs": 4, "zero": 0},
+])
+def test_megatron_arguments_round_trip(tmp_path, pins):
+    planned, imported = round_trip(tmp_path, "megatron", "megatron_args.txt", pins)
+    assert imported == planned
+
+
+def test_megatron_uneven_stages_round_trip(tmp_path):
+    model = autoplan.load_model("examples/models/gpt3_175b.py")
+    cluster = "examples/clusters/dgx-a100-x128.yaml"
+    result = autoplan.solve(model, cluster, seq_len=2048, global_batch=1536,
+                            pins={"tp": 8, "pp": 8, "vpp": 1})
+    export_plan(result, "megatron", tmp_path)
+    imported = autoplan.estimate(model, cluster, read_run(tmp_path / "megatron_args.txt"))
+    assert imported.plan.stages == result.plan.stages
+    assert imported.estimate.step_time_s == pytest.approx(result.estimate.step_time_s)
+
+
+def test_deepspeed_config_round_trip(tmp_path):
+    pins = {"tp": 1, "pp": 1, "mbs": 2, "zero": 2, "recompute": "full"}
+    planned, imported = round_trip(tmp_path, "deepspeed", "ds_config.json", pins,
+                                   runtime="deepspeed")
+    assert imported == planned
+
+
+def test_torchtitan_overrides_round_trip(tmp_path):
+    pins = {"tp": 2, "pp": 1, "mbs": 1, "zero": 3, "recompute": "full"}
+    planned, imported = round_trip(tmp_path, "torchtitan", "torchtitan_args.txt", pins,
+                                   runtime="fsdp")
+    assert (imported.tp, imported.dp, imported.zero_stage, imported.recompute) == (
+        planned.tp, planned.dp, planned.zero_stage, planned.recompute)
+
+
+def test_solve_from_a_file_says_what_to_change(tmp_path):
+    args = tmp_path / "megatron_args.txt"
+    args.write_text("--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1\n"
+                    "--micro-batch-size 1 --global-batch-size 16 --seq-length 256\n"
+                    "--recompute-granularity full --recompute-method uniform --bf16\n")
+    result = CliRunner().invoke(app, ["solve", TINY, DGX1, "--from", str(args)])
+    assert result.exit_code == 0, result.output
+    assert "Your current setup" in result.stdout and "as fast; change" in result.stdout
+    assert "recompute full ->" in result.stdout
+
+
+def test_unknown_files_are_refused_clearly(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("hello\n")
+    with pytest.raises(PlanFileError, match="Megatron-LM argument list"):
+        read_run(path)
