@@ -3,11 +3,11 @@
 The public API lives in :mod:`autoplan.api` and is re-exported here.
 """
 
-from autoplan.api import estimate, load_cluster, load_model, solve
+from autoplan.api import estimate, load_cluster, load_model, place_for_inference, read_run, solve
 from autoplan.errors import AutoplanError, InfeasibleError
 from autoplan.plan import Estimate, Plan, Result
 
 __all__ = [
     "AutoplanError", "Estimate", "InfeasibleError", "Plan", "Result",
-    "estimate", "load_cluster", "load_model", "solve",
+    "estimate", "load_cluster", "load_model", "place_for_inference", "read_run", "solve",
 ]

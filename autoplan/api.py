@@ -20,6 +20,8 @@ from autoplan.graph.loader import ModelSource, load_model_source
 from autoplan.graph.sandbox import DEFAULT_TIME_LIMIT_S as DEFAULT_TRACE_TIME_LIMIT_S
 from autoplan.graph.sandbox import run_guarded
 from autoplan.graph.trace import trace_model
+from autoplan.inference import InferencePlacement
+from autoplan.inference import place_for_inference as inference_placement
 from autoplan.plan import ModelInfo, Plan, Result, SolverInfo, TrainingInfo
 from autoplan.plugins.importers import ImportedRun, read_run  # noqa: F401 (API)
 from autoplan.search.solver import solve_table
@@ -289,3 +291,14 @@ def trace_document(graph: LayerGraph, batch: int = 1) -> dict:
     return {"model": graph.name, "seq_len": graph.seq_len, "batch": batch,
             "num_params": graph.num_params, "fwd_flops": graph.fwd_flops * batch,
             "bwd_flops": graph.bwd_flops * batch, "layers": layers}
+
+
+def place_for_inference(model, cluster, *, context_len: int, batch: int = 1,
+                        mem_limit=None) -> InferencePlacement:
+    """A Hugging Face ``device_map`` (module name -> GPU index) that fits the model for
+    inference with ``context_len`` tokens of KV cache, and the predicted time per token."""
+    model, cluster = load_model(model), load_cluster(cluster)
+    require_homogeneous(cluster.cluster)
+    graph = model.trace(min(context_len, 2048))
+    return inference_placement(graph, cluster.cluster, context_len=context_len, batch=batch,
+                               mem_limit_bytes=_mem_limit_bytes(mem_limit, cluster.cluster))

@@ -138,7 +138,8 @@ def _flops(run: TraceRun, keys: list[str]) -> tuple[float, float]:
 
 def _layer(run: TraceRun, name: str, members: list[str], position: str, *, seen: set[int],
            named: dict[str, nn.Module], vocab: int | None, root: str) -> Layer:
-    modules = [named[m] for m in ([name] if position == "block" else members) if m in named]
+    module_names = tuple(m for m in ([name] if position == "block" else members) if m in named)
+    modules = [named[m] for m in module_names]
     stats = _merged(run, members)
     count, nbytes, tied = _params(modules, seen)
     fwd, bwd = _flops(run, [f"{root}.{m}" for m in members if m in named])
@@ -160,7 +161,7 @@ def _layer(run: TraceRun, name: str, members: list[str], position: str, *, seen:
         gemms=tuple(gemms.values()), attention=tuple(stats.attention),
         tp_allreduces=sum(g.count for g in gemms.values() if g.split is TpSplit.ROW)
         + (1 if kind is LayerKind.EMBEDDING and vocab else 0),
-        tied_params=tied, experts=tuple(stats.experts),
+        tied_params=tied, experts=tuple(stats.experts), modules=module_names,
     )
 
 

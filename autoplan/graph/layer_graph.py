@@ -99,6 +99,7 @@ class Layer:
     attention: tuple[Attention, ...] = ()
     tp_allreduces: int = 0  # forward all-reduces (one per row-parallel Linear / vocab embedding)
     tied_params: int = 0  # parameters shared with an earlier layer (counted there)
+    modules: tuple[str, ...] = ()  # module names the layer consists of (for device maps)
     experts: tuple[Experts, ...] = ()  # MoE layers inside (empty for dense layers)
 
     @property
