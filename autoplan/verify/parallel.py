@@ -241,10 +241,9 @@ def _parallelize_stage(stage: StageModule, graph: LayerGraph, plan: Plan, mesh) 
         reshard = plan.zero_stage == 3
         for name in owned_blocks:
             fully_shard(named[name], mesh=mesh["dp"], reshard_after_forward=reshard)
-        others = [named[n] for n in stage.owned if n not in block_names
-                  and any(True for _ in named[n].parameters())]
-        if others:
-            fully_shard(others, mesh=mesh["dp"], reshard_after_forward=reshard)
+        # The stage is the root; the meta copies of other stages' layers stay out of FSDP.
+        meta = {p for p in stage.parameters() if p.device.type == "meta"}
+        fully_shard(stage, mesh=mesh["dp"], reshard_after_forward=reshard, ignored_params=meta)
 
 
 def _tied_groups(model: nn.Module, plan: Plan, mesh, stages: dict[int, StageModule],
