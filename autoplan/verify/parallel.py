@@ -340,7 +340,8 @@ def _io_example(chain: Chain, shapes, boundary: int, plan: Plan, mbs_tokens) -> 
 
 def _schedule(plan: Plan, stages: dict[int, StageModule], chain: Chain, shapes, mesh,
               source: ModelSource):
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                              ScheduleInterleaved1F1B)
     num_stages = len(plan.stages)
     pipeline_stages = []
     for index, stage in sorted(stages.items()):
@@ -354,6 +355,9 @@ def _schedule(plan: Plan, stages: dict[int, StageModule], chain: Chain, shapes, 
                                              input_args=inputs, output_args=outputs,
                                              group=mesh.get_group("pp")))
     loss_fn = lambda output, target: loss_of(source, output, target)
+    if plan.vpp == 1 and plan.num_microbatches < plan.pp:
+        # 1F1B needs a micro-batch per stage; with fewer, GPipe runs the same arithmetic.
+        return ScheduleGPipe(pipeline_stages[0], plan.num_microbatches, loss_fn=loss_fn)
     if plan.vpp == 1:
         return Schedule1F1B(pipeline_stages[0], plan.num_microbatches, loss_fn=loss_fn)
     return ScheduleInterleaved1F1B(pipeline_stages, plan.num_microbatches, loss_fn=loss_fn)

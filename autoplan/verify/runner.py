@@ -168,3 +168,47 @@ def parallel_losses(plan: Plan, reports: list[dict], steps: int) -> list[float]:
 
 if __name__ == "__main__":
     _worker(int(sys.argv[2]), json.loads(Path(sys.argv[1]).read_text()))
+
+
+def relative_differences(reference: list[float], parallel: list[float]) -> list[float]:
+    return [abs(p - r) / max(abs(r), 1e-12) for r, p in zip(reference, parallel)]
+
+
+def verify_plan(model_path: str, plan: Plan, *, seq_len: int, steps: int,
+                predicted_bytes: list[float], notes: list[str] | None = None) -> dict:
+    """Run ``plan`` and its single-process reference for ``steps`` steps and compare them.
+
+    Args:
+        predicted_bytes: the memory model's bytes for each pipeline rank.
+
+    Returns:
+        The ``autoplan verify --json`` document.
+    """
+    _check_runnable(plan)
+    reference = reference_losses(model_path, plan, seq_len, steps)
+    reports = parallel_reports(model_path, plan, seq_len, steps)
+    parallel = parallel_losses(plan, reports, steps)
+    return {
+        "world_size": plan.world_size, "steps": steps,
+        "losses_reference": reference, "losses_parallel": parallel,
+        "max_rel_loss_diff": max(relative_differences(reference, parallel)),
+        "ranks": [{"rank": r["rank"], "pp_rank": r["pp_rank"], "dp_rank": r["dp_rank"],
+                   "tp_rank": r["tp_rank"], "peak_bytes_measured": r["peak_bytes_measured"],
+                   "peak_bytes_predicted": round(predicted_bytes[r["pp_rank"]])}
+                  for r in reports],
+        "notes": list(notes or []),
+    }
+
+
+def _check_runnable(plan: Plan) -> None:
+    problems = []
+    if plan.world_size > MAX_LOCAL_WORLD:
+        problems.append(f"its world size {plan.world_size} exceeds the {MAX_LOCAL_WORLD} local "
+                        "processes verify starts; plan for a smaller cluster (e.g. "
+                        "examples/clusters/dgx-a100-x1.yaml)")
+    if plan.cp > 1:
+        problems.append("context parallelism (cp > 1) is not built by the verifier")
+    if plan.offload.value != "none":
+        problems.append("CPU offload has no meaning on a CPU-only run")
+    if problems:
+        raise VerifyError("cannot verify this plan: " + "; ".join(problems) + ".")
