@@ -120,7 +120,7 @@ def render(result: Result) -> dict[str, str]:
         env={}, args_file=ARGS_FILE,
         program=f'"$HERE"/{shlex.quote(TRAIN_FILE)} --model "$MODEL_PY" --plan "$HERE"/{PLAN_FILE}')
     return {
-        TRAIN_FILE: TRAIN_PY,
+        TRAIN_FILE: header + TRAIN_PY,
         PLAN_FILE: json.dumps(result.plan.model_dump(mode="json"), indent=2) + "\n",
         ARGS_FILE: args_file_text(header, ["--seq-len", str(seq_len(result))]),
         SCRIPT_FILE: script,
