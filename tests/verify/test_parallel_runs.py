@@ -66,3 +66,4 @@ def test_losses_match_single_process(model, case):
     for rank in ranks:
         assert rank["peak_bytes_measured"] > 0 and rank["peak_bytes_predicted"] > 0
         print(case, model, rank)
+    print(case, model, "max_rel_loss_diff", doc["max_rel_loss_diff"])
