@@ -302,3 +302,53 @@ def place_for_inference(model, cluster, *, context_len: int, batch: int = 1,
     graph = model.trace(min(context_len, 2048))
     return inference_placement(graph, cluster.cluster, context_len=context_len, batch=batch,
                                mem_limit_bytes=_mem_limit_bytes(mem_limit, cluster.cluster))
+
+
+def verify(model, plan_or_result: Plan | Result | str | Path, *, steps: int = 5,
+           seq_len: int | None = None) -> dict:
+    """Train ``plan_or_result`` on CPU, one gloo process per rank, next to a single-process
+    reference with the same weights and batches; return losses and per-rank memory.
+
+    Args:
+        model: the model.py the plan was made for (a path: the ranks import it themselves).
+        plan_or_result: a :class:`Result` (or the path of ``solve --json`` output) or a bare
+            :class:`Plan`, which then needs ``seq_len``.
+        steps: optimizer steps to run.
+
+    Returns:
+        The ``autoplan verify --json`` document (see :mod:`autoplan.verify.runner`).
+
+    Raises:
+        VerifyError: the plan cannot run here, or a rank failed.
+    """
+    from autoplan.costmodels.step import Problem as _Problem
+    from autoplan.verify.memory import FP32_ADAM, predicted_rank_bytes
+    from autoplan.verify.runner import verify_plan
+    from autoplan.verify.tp_check import local_tp_problem
+    if isinstance(plan_or_result, (str, Path)):
+        plan_or_result = load_result(plan_or_result)
+    result = plan_or_result if isinstance(plan_or_result, Result) else None
+    plan = result.plan if result else plan_or_result
+    if seq_len is None:
+        if result is None or (result.training is None and result.model is None):
+            raise ConstraintError("verify needs seq_len for a bare Plan; pass seq_len=.")
+        seq_len = result.training.seq_len if result.training else result.model.seq_len
+    if not isinstance(model, (str, Path)):
+        raise ConstraintError("verify needs the path of model.py: every rank imports it.")
+    loaded = load_model(model)
+    cluster = load_cluster(result.cluster if result and result.cluster else {
+        "gpu": "a100-sxm4-80gb", "nodes": 1, "gpus_per_node": plan.world_size,
+        "intra_node": {"link": "nvswitch", "bandwidth": "300GB/s"}})
+    training = TrainingSpec(seq_len=seq_len, global_batch=plan.global_batch_size,
+                            attention=AttentionKernel.EXPLICIT)
+    problem = _Problem(graph=loaded.trace(seq_len, "fp32"), cluster=cluster.cluster,
+                       training=training, runtime=FP32_ADAM,
+                       compute=compute_profile(cluster.cluster.gpu.name),
+                       mem_limit_bytes=cluster.cluster.gpu.memory_bytes)
+    notes = []
+    if plan.tp > 1:
+        problem_line = local_tp_problem(loaded.source, problem.graph, plan.tp)
+        if problem_line:
+            notes.append(problem_line)
+    return verify_plan(str(model), plan, seq_len=seq_len, steps=steps,
+                       predicted_bytes=predicted_rank_bytes(problem, plan), notes=notes)

@@ -37,6 +37,7 @@ class ExportTarget(str, Enum):
     torchtitan = "torchtitan"
     accelerate = "accelerate"
     colossalai = "colossalai"
+    torchrun = "torchrun"
     all = "all"
 
 
@@ -218,6 +219,30 @@ def topo(
     render_summary(loaded.cluster, stdout)
     if png is not None:
         stdout.print(f"wrote {draw_png(loaded.cluster, png)}")
+
+
+@app.command("verify")
+def verify_cmd(
+    model: Path = MODEL,
+    plan_json: Path = typer.Argument(..., help="What `autoplan solve --json` printed."),
+    steps: int = typer.Option(5, "--steps", min=1, help="Training steps to run."),
+    as_json: bool = JSON,
+) -> None:
+    """Run a plan on CPU (one gloo process per rank) next to a single-process reference and
+    compare losses and per-rank memory."""
+    document = _run(lambda: api.verify(model, plan_json, steps=steps))
+    if as_json:
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+        return
+    for step, (ref, par) in enumerate(zip(document["losses_reference"],
+                                          document["losses_parallel"])):
+        stdout.print(f"step {step}: reference {ref:.6f}  parallel {par:.6f}")
+    stdout.print(f"largest relative loss difference: {document['max_rel_loss_diff']:.2e}")
+    for rank in document["ranks"]:
+        stdout.print(f"rank {rank['rank']}: peak {rank['peak_bytes_measured'] / 2**20:.2f} MiB "
+                     f"measured, {rank['peak_bytes_predicted'] / 2**20:.2f} MiB predicted")
+    for note in document["notes"]:
+        stdout.print(f"note: {note}", highlight=False, soft_wrap=True)
 
 
 def main() -> None:

@@ -44,3 +44,9 @@ class NoPlanInTimeError(AutoplanError):
 class ExportError(AutoplanError):
     """A plan cannot be written for a launcher: the target cannot express it, a file exists, or
     the plan JSON lacks what the target needs (model dimensions, hosts)."""
+
+
+class VerifyError(AutoplanError):
+    """A plan did not run as planned under ``autoplan verify`` (exit 5)."""
+
+    exit_code = 5

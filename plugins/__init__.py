@@ -30,7 +30,7 @@ from autoplan.plugins.torchtitan import torchtitan_overrides
 logger = logging.getLogger(__name__)
 
 GROUP = "autoplan.exporters"
-BUILTIN = ("megatron", "deepspeed", "torchtitan", "accelerate", "colossalai")
+BUILTIN = ("megatron", "deepspeed", "torchtitan", "accelerate", "colossalai", "torchrun")
 
 
 def discover() -> dict[str, Exporter]:

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# PyTorch native stack (DeviceMesh, parallelize_module, pipelining, FSDP2) launched with torchrun.
+#
+# Planned by autoplan for llama3-8b on 4x DGX H100.
+# Parallelism: TP=4 PP=4 VPP=2 CP=1 DP=2 on 32 GPUs (placement tp-cp-dp-pp, innermost first).
+# Memory: ZeRO stage 1, recompute selective, sequence parallel on, offload none.
+# Batch: micro-batch 1 x 32 micro-batches x DP 2 = global batch 64 sequences of 4096 tokens, bf16.
+# Predicted: 3.200 s/step, 81,920 tokens/s, MFU 52.0%, peak memory 61.5 GiB of 80.0 GiB per GPU.
+# Solver: OPTIMAL, objective 1.000 s, gap 0.0%.
+#
+# Run launch_torchrun.sh on every node with MODEL_PY set to your model.py; autoplan must be installed there.
+# train.py trains on random tokens: replace batches() with your data.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+: "${MODEL_PY:?set MODEL_PY to the model.py the plan was made for}"
+NNODES=4
+NPROC_PER_NODE=8
+MASTER_ADDR="${MASTER_ADDR:-10.0.0.1}"
+MASTER_PORT="${MASTER_PORT:-29500}"
+if [[ -z "${NODE_RANK:-}" ]]; then
+  case "$(hostname -s)" in
+    dgx-00|10.0.0.1) NODE_RANK=0 ;;
+    dgx-01|10.0.0.2) NODE_RANK=1 ;;
+    dgx-02|10.0.0.3) NODE_RANK=2 ;;
+    dgx-03|10.0.0.4) NODE_RANK=3 ;;
+    *) echo "$(hostname -s) is not a host of the plan; set NODE_RANK" >&2; exit 1 ;;
+  esac
+fi
+ARGS=()
+while read -r -a words; do
+  [[ ${#words[@]} -eq 0 || ${words[0]} == \#* ]] && continue
+  ARGS+=("${words[@]}")
+done < "$HERE"/torchrun_args.txt
+exec torchrun --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE" \
+  --node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \
+  "$HERE"/train.py --model "$MODEL_PY" --plan "$HERE"/plan.json "${ARGS[@]}" "$@"
