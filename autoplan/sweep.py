@@ -163,7 +163,8 @@ def parse_over(items: Iterable[str]) -> Axes:
 
 
 def points(base: PointInputs, axes: Axes) -> list[PointInputs]:
-    """The cartesian product of the axes over the base, in axis order (last axis fastest)."""
+    """The cartesian product of the axes over the base, axes in the schema's field order
+    (nodes, gpu, mem_limit, ..., seq_len, pins), the last one varying fastest."""
     swept = {k: v for k, v in axes.model_dump().items() if v}
     names = list(swept)
     out = []
