@@ -125,14 +125,22 @@ def binding(table: Table, problem: Problem, row: int) -> str:
            f"of {est.memory_limit_gib:.1f} GiB")
     if times[fastest] >= times[row]:
         return f"nothing binds: the plan is the fastest candidate even ignoring memory; {own}."
+    limit = limit_mib(problem)
     fest = table.estimates[fastest]
-    faster = (f"the fastest candidate, {summary(table.plans[fastest])}, would take "
-              f"{fest.step_time_s:.3f} s ({1 - fest.step_time_s / est.step_time_s:.1%} faster)")
-    if memories[fastest] <= limit_mib(problem):
-        return f"pins: {faster} and fits, but the pins exclude it; {own}."
-    stage = max(range(len(fest.stage_memory_gib)), key=lambda s: fest.stage_memory_gib[s])
-    return (f"memory: {faster} but needs {fest.peak_memory_gib:.1f} GiB on pipeline stage "
-            f"{stage} (limit {fest.memory_limit_gib:.1f} GiB); {own}.")
+    if memories[fastest] <= limit:
+        return (f"pins: the fastest candidate, {summary(table.plans[fastest])}, would take "
+                f"{fest.step_time_s:.3f} s and fits, but the pins exclude it; {own}.")
+    faster = [r for r in range(len(table)) if times[r] < times[row] and memories[r] > limit]
+    nearest = min(faster, key=lambda r: (memories[r], times[r]))
+    nest = table.estimates[nearest]
+    stage = max(range(len(nest.stage_memory_gib)), key=lambda s: nest.stage_memory_gib[s])
+    return (f"memory: {len(faster)} faster candidates do not fit (the fastest, "
+            f"{summary(table.plans[fastest])}, {1 - fest.step_time_s / est.step_time_s:.1%} "
+            f"faster, needs {fest.peak_memory_gib:.0f} GiB); the nearest miss, "
+            f"{summary(table.plans[nearest])}, would take {nest.step_time_s:.3f} s "
+            f"({1 - nest.step_time_s / est.step_time_s:.1%} faster) but needs "
+            f"{nest.peak_memory_gib:.1f} GiB on pipeline stage {stage} (limit "
+            f"{nest.memory_limit_gib:.1f} GiB); {own}.")
 
 
 def bottleneck(problem: Problem, result: Result) -> str:

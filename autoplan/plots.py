@@ -11,6 +11,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+import matplotlib.ticker  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 from matplotlib.patches import Rectangle  # noqa: E402
 
@@ -59,27 +60,30 @@ def _swept(doc: dict) -> set[str]:
 
 
 def scaling_curve(doc: dict, path: str | Path) -> Path:
-    """Tokens/s against GPUs per series, with linear scaling from each series' smallest point
-    and the efficiency (achieved / linear) written at each point."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    """Left: tokens/s against GPUs per series, dotted linear scaling from each series' smallest
+    point. Right: scaling efficiency (achieved / linear) against GPUs."""
+    fig, (ax, eff) = plt.subplots(1, 2, figsize=(10, 4.2))
     swept = _swept(doc) - {"nodes"}
     for key, pts in _series(doc, "nodes").items():
         pts = sorted(pts, key=lambda p: p["metrics"]["gpus"])
         gpus = [p["metrics"]["gpus"] for p in pts]
         tps = [p["estimate"]["tokens_per_s"] for p in pts]
-        line, = ax.plot(gpus, tps, "o-", label=_label(key, swept))
+        line, = ax.plot(gpus, tps, "o-", ms=3, label=_label(key, swept))
         per_gpu = tps[0] / gpus[0]
         ax.plot(gpus, [per_gpu * g for g in gpus], ":", color=line.get_color(), alpha=0.6)
-        for g, t in zip(gpus[1:], tps[1:]):
-            ax.annotate(f"{t / (per_gpu * g):.0%}", (g, t), textcoords="offset points",
-                        xytext=(4, -10), fontsize=7, color=line.get_color())
-    ax.set_xscale("log", base=2)
+        eff.plot(gpus, [t / (per_gpu * g) for g, t in zip(gpus, tps)], "o-", ms=3,
+                 color=line.get_color())
+    for axis in (ax, eff):
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("GPUs")
     ax.set_yscale("log")
-    ax.set_xlabel("GPUs")
     ax.set_ylabel("tokens/s")
-    ax.set_title(f"{doc['model']}: scaling (dotted: linear; % = efficiency)", fontsize=10)
+    ax.set_title(f"{doc['model']}: throughput (dotted: linear scaling)", fontsize=10)
+    eff.set_ylabel("scaling efficiency")
+    eff.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+    eff.set_title("efficiency vs the series' smallest point", fontsize=10)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6)
     return _save(fig, path)
 
 
@@ -152,7 +156,7 @@ def memory_per_stage(result: Result, path: str | Path) -> Path:
     est = result.estimate
     stages = est.stage_memory_gib
     worst = max(range(len(stages)), key=lambda s: stages[s])
-    fig, ax = plt.subplots(figsize=(max(4.5, 0.35 * len(stages) + 2), 3.8))
+    fig, ax = plt.subplots(figsize=(max(5.5, 0.35 * len(stages) + 3), 3.8))
     ax.bar(range(len(stages)), stages, color="tab:gray", label="stage total")
     bottom = 0.0
     for part in MEMORY_PARTS:
@@ -163,7 +167,7 @@ def memory_per_stage(result: Result, path: str | Path) -> Path:
     ax.set_xlabel("pipeline stage")
     ax.set_ylabel("GiB per GPU")
     ax.set_title(_plan_title(result), fontsize=9)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _save(fig, path)
 
 
@@ -193,7 +197,7 @@ def plan_on_cluster(result: Result, path: str | Path, *, gpus_per_node: int | No
     per_node = gpus_per_node or (result.cluster or {}).get("gpus_per_node") or min(8, p.world_size)
     nodes = -(-p.world_size // per_node)
     shown = min(nodes, max_nodes)
-    fig, ax = plt.subplots(figsize=(1.0 * per_node + 1.5, 0.7 * shown + 1.2))
+    fig, ax = plt.subplots(figsize=(0.8 * per_node + 1.5, 0.5 * shown + 1.2))
     colours = plt.get_cmap("tab20" if p.pp > 10 else "tab10")
     for rank in range(min(p.world_size, shown * per_node)):
         node, gpu = divmod(rank, per_node)
@@ -201,6 +205,9 @@ def plan_on_cluster(result: Result, path: str | Path, *, gpus_per_node: int | No
         ax.add_patch(Rectangle((gpu, -node), 0.92, 0.85, color=colours(c["pp"] % colours.N)))
         ax.text(gpu + 0.46, -node + 0.42, f"S{c['pp']}\nT{c['tp']} D{c['dp']}", ha="center",
                 va="center", fontsize=6)
+        if c["tp"] == 0 and p.tp > 1 and p.placement.startswith("tp") and gpu + p.tp <= per_node:
+            ax.add_patch(Rectangle((gpu - 0.04, -node - 0.04), p.tp - 0.04, 0.93, fill=False,
+                                   edgecolor="black", linewidth=1.5))
     ax.set_xlim(-0.1, per_node)
     ax.set_ylim(-shown + 0.9, 1)
     ax.set_yticks([-n + 0.42 for n in range(shown)])
@@ -208,7 +215,8 @@ def plan_on_cluster(result: Result, path: str | Path, *, gpus_per_node: int | No
     ax.set_xticks([g + 0.46 for g in range(per_node)])
     ax.set_xticklabels([f"GPU {g}" for g in range(per_node)], fontsize=7)
     more = f" (first {shown} of {nodes} nodes)" if shown < nodes else ""
-    ax.set_title(_plan_title(result) + f"\nS = pipeline stage, T = TP rank, D = DP rank{more}",
+    ax.set_title(_plan_title(result) + "\nS = pipeline stage, T = TP rank (a black box per TP "
+                 f"group), D = DP rank{more}",
                  fontsize=8)
     for spine in ax.spines.values():
         spine.set_visible(False)
