@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from pydantic import BaseModel, ConfigDict
 
+from autoplan.cluster.spec import Cluster
 from autoplan.cluster.topology import GroupLinks, group_links
 from autoplan.costmodels.step import MIB, Problem, limit_mib
 from autoplan.plan import Offload, Plan, Result
@@ -96,14 +97,14 @@ def best_row(table: Table, limit: int, rows: list[int] | None = None) -> int | N
     return min(fitting, key=lambda r: (times[r], ranks[r])) if fitting else None
 
 
-def axis_links(problem: Problem, plan: Plan, axis: str) -> GroupLinks:
+def axis_links(cluster: Cluster, plan: Plan, axis: str) -> GroupLinks:
     """The links of the plan's group along ``axis`` (ranks placed innermost axis first)."""
     sizes = {"tp": plan.tp, "cp": plan.cp, "dp": plan.dp, "pp": plan.pp}
     order = plan.placement.split("-")
     stride = 1
     for name in order[: order.index(axis)]:
         stride *= sizes[name]
-    return group_links(problem.cluster, sizes[axis], stride)
+    return group_links(cluster, sizes[axis], stride)
 
 
 def _describe_links(problem: Problem, links: GroupLinks) -> str:
@@ -154,7 +155,7 @@ def bottleneck(problem: Problem, result: Result) -> str:
             "the largest other part is ")
     if part in ("tp_comm", "dp_comm", "pp_comm"):
         axis = part[:2]
-        links = axis_links(problem, plan, axis)
+        links = axis_links(problem.cluster, plan, axis)
         return (head + f"{axis.upper()} communication ({share}) over "
                 f"{_describe_links(problem, links)}.")
     if part == "bubble":
@@ -240,7 +241,7 @@ def warnings(problem: Problem, result: Result, pins: Pins) -> list[str]:
     if plan.tp > cluster.gpus_per_node:
         out.append(f"TP={plan.tp} spans nodes ({cluster.gpus_per_node} GPUs per node): TP's "
                    "all-reduces sit on every layer's critical path; keep TP inside a node.")
-    dp = axis_links(problem, plan, "dp")
+    dp = axis_links(problem.cluster, plan, "dp")
     if plan.zero_stage == 3 and dp.crosses_nodes and (
             cluster.inter.kind == "ethernet" or dp.nic_bandwidth_per_gpu < SLOW_NETWORK_BPS):
         shard = problem.graph.num_params / (plan.tp * plan.pp)

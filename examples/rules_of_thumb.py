@@ -53,14 +53,11 @@ def _cluster(name: str) -> Path:
 
 
 def pp_across_nodes_zero_at_most_1(result: Result) -> bool:
+    """The pipeline crosses the nodes; the data-parallel group stays inside one; ZeRO <= 1."""
     from autoplan import api
-    problem = api.make_problem(api.load_model(_model("llama2_7b")),
-                               api.load_cluster(result.cluster), api._training(
-                                   result.training.seq_len, result.training.global_batch,
-                                   result.training.precision, result.training.runtime, "flash"))
-    p = result.plan
-    return (p.pp > 1 and p.zero_stage <= 1 and not axis_links(problem, p, "dp").crosses_nodes
-            and axis_links(problem, p, "pp").crosses_nodes)
+    cluster, p = api.load_cluster(result.cluster).cluster, result.plan
+    return (p.pp > 1 and p.zero_stage <= 1 and not axis_links(cluster, p, "dp").crosses_nodes
+            and axis_links(cluster, p, "pp").crosses_nodes)
 
 
 RULES = [
