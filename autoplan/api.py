@@ -224,7 +224,7 @@ def trace_document(graph: LayerGraph, batch: int = 1) -> dict:
 
 
 def sweep(model, cluster, *, over, base=None, time_limit_s: float | None = None,
-          workers: int | None = None, price_per_gpu_hour: float | None = None,
+          workers: int | None = None, price_per_gpu_hour: float | dict | None = None,
           train_tokens: float | None = None, progress=None) -> dict:
     """Solve every point of a grid of inputs and mark the Pareto fronts (see autoplan.sweep).
 
@@ -235,6 +235,8 @@ def sweep(model, cluster, *, over, base=None, time_limit_s: float | None = None,
         over: the swept inputs, ``{"nodes": [1, 2, 4], "seq_len": [2048, 4096]}`` or ``Axes``.
         base: inputs held fixed (``{"seq_len": 4096, "global_batch": 512, "zero": 1}``).
         workers: processes (default: the machine's cores).
+        price_per_gpu_hour: $ per GPU-hour, one price or ``{gpu name: price}``.
+        train_tokens: tokens of the run whose time-to-train and cost the fronts use.
         progress: ``callback(done, total)`` after each point.
 
     Returns:

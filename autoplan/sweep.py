@@ -114,7 +114,8 @@ class SweepSpec(BaseModel):
     base: PointInputs = PointInputs()
     """Inputs held fixed (seq_len and global_batch must be given here or swept)."""
     over: Axes
-    price_per_gpu_hour: float = Field(default=DEFAULT_PRICE_PER_GPU_HOUR, gt=0)
+    price_per_gpu_hour: float | dict[str, float] = DEFAULT_PRICE_PER_GPU_HOUR
+    """$ per GPU-hour: one price, or one per catalog GPU name (for sweeps over ``gpu``)."""
     train_tokens: float = Field(default=DEFAULT_TRAIN_TOKENS, gt=0)
     time_limit_s: float = Field(default=60.0, gt=0)
 
@@ -236,7 +237,23 @@ def _solve_point(task: _Task) -> dict:
                 "error": str(err), "exit_code": err.exit_code}
     doc = result.model_dump(mode="json")
     return {"index": task.index, "plan": doc["plan"], "estimate": doc["estimate"],
-            "solver": doc["solver"]}
+            "solver": doc["solver"], "gpu": _gpu_name(task.cluster)}
+
+
+def _gpu_name(cluster: dict) -> str:
+    gpu = cluster["gpu"]
+    return gpu if isinstance(gpu, str) else gpu["name"]
+
+
+def gpu_hour_price(price: float | dict[str, float], gpu: str) -> float:
+    """The price of one GPU-hour of ``gpu``."""
+    if not isinstance(price, dict):
+        return float(price)
+    if gpu not in price:
+        raise ConstraintError(
+            f"price_per_gpu_hour lists {', '.join(sorted(price))} but not {gpu!r}; give a price "
+            "for every GPU the sweep uses.")
+    return float(price[gpu])
 
 
 def run_points(model, cluster, inputs: list[PointInputs], *, time_limit_s: float = 60.0,
@@ -295,14 +312,15 @@ def pareto_mask(values: list[tuple[float, ...] | None]) -> list[bool]:
     return out
 
 
-def metrics(row: dict, *, price_per_gpu_hour: float, train_tokens: float) -> dict | None:
+def metrics(row: dict, *, price_per_gpu_hour: float | dict[str, float],
+            train_tokens: float) -> dict | None:
     """GPUs, cost per million tokens, days to train ``train_tokens``, memory headroom."""
     est, plan = row.get("estimate"), row.get("plan")
     if not plan:
         return None
     gpus = plan["world_size"]
     tokens_per_s = est["tokens_per_s"]
-    dollars_per_s = price_per_gpu_hour * gpus / 3600.0
+    dollars_per_s = gpu_hour_price(price_per_gpu_hour, row.get("gpu", "")) * gpus / 3600.0
     return {
         "gpus": gpus,
         "cost_per_million_tokens": dollars_per_s / tokens_per_s * 1e6,
@@ -331,7 +349,8 @@ def mark_fronts(rows: list[dict]) -> None:
         row["pareto"] = masks[FRONTS[0]][i]
 
 
-def document(inputs: list[PointInputs], rows: list[dict], *, price_per_gpu_hour: float,
+def document(inputs: list[PointInputs], rows: list[dict], *,
+             price_per_gpu_hour: float | dict[str, float],
              train_tokens: float, model_name: str, wall_time_s: float) -> dict:
     """The ``sweep --json`` document."""
     out = []

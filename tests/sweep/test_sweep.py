@@ -135,3 +135,17 @@ def test_cli_sweep_bad_axis_exits_2():
     result = CliRunner().invoke(app, ["sweep", str(TINY), str(DGX16), "--over", "gpus=1",
                                       "--seq-len", "128", "--global-batch", "16"])
     assert result.exit_code == 2
+
+
+def test_price_per_gpu_type(tiny, dgx16):
+    doc = api.sweep(tiny, dgx16, over={"gpu": ["a100-sxm4-80gb", "h100-sxm5-80gb"]},
+                    base={"seq_len": 128, "global_batch": 16, "nodes": 1}, workers=1,
+                    price_per_gpu_hour={"a100-sxm4-80gb": 1.0, "h100-sxm5-80gb": 3.0})
+    for point, price in zip(doc["points"], (1.0, 3.0)):
+        tokens_per_s = point["estimate"]["tokens_per_s"]
+        expected = price * 8 / 3600 / tokens_per_s * 1e6
+        assert point["metrics"]["cost_per_million_tokens"] == pytest.approx(expected)
+    with pytest.raises(ConstraintError, match="not 'h100-sxm5-80gb'"):
+        api.sweep(tiny, dgx16, over={"gpu": ["h100-sxm5-80gb"]},
+                  base={"seq_len": 128, "global_batch": 16, "nodes": 1}, workers=1,
+                  price_per_gpu_hour={"a100-sxm4-80gb": 1.0})
