@@ -412,26 +412,34 @@ def write_json(doc: dict, path: str | Path) -> Path:
 
 
 def render(doc: dict, console) -> None:
-    """Print the sweep table (rich); * marks the time-vs-GPUs front."""
+    """Print the sweep table (rich): one column per swept input, the fixed ones in the title."""
     from rich.table import Table
 
-    inputs = [k for k in SWEEPABLE if any(k in p["inputs"] for p in doc["points"])]
-    table = Table(title=f"sweep: {doc['model']} ({len(doc['points'])} points, {doc['wall_time_s']:.1f} s)",
-                  title_justify="left")
-    for name in inputs + ["TP/PP/DP ZeRO", "step s", "tokens/s", "MFU", "mem GiB", "$/Mtok", "days",
-                          "fronts"]:
-        table.add_column(name, justify="left" if name in ("TP/PP/DP ZeRO", "fronts") else "right")
+    values: dict[str, list] = {}
     for point in doc["points"]:
-        cells = [str(point["inputs"].get(k, "")) for k in inputs]
+        for k, v in point["inputs"].items():
+            values.setdefault(k, [])
+            if v not in values[k]:
+                values[k].append(v)
+    swept = [k for k in SWEEPABLE if len(values.get(k, ())) > 1]
+    fixed = ", ".join(f"{k}={v[0]}" for k, v in values.items() if len(v) == 1)
+    table = Table(title=f"sweep: {doc['model']}, {fixed} ({len(doc['points'])} points, "
+                        f"{doc['wall_time_s']:.1f} s)", title_justify="left")
+    for name in swept + ["TP/PP/DP", "step s", "tok/s", "MFU", "GiB", "$/Mtok", "days", "front"]:
+        table.add_column(name, justify="left" if name in ("TP/PP/DP", "front") else "right",
+                         no_wrap=name == "TP/PP/DP")
+    for point in doc["points"]:
+        cells = [str(point["inputs"].get(k, "")) for k in swept]
         if point["plan"] is None:
-            table.add_row(*cells, "[red]no plan fits[/]", *[""] * 6)
+            table.add_row(*cells, "[red]no fit[/]", *[""] * 7)
             continue
         p, e, m = point["plan"], point["estimate"], point["metrics"]
         fronts = "".join(sym for f, sym in zip(FRONTS, "*$m") if point["fronts"][f])
         table.add_row(
-            *cells, f"{p['tp']}/{p['pp']}/{p['dp']} Z{p['zero_stage']}", f"{e['step_time_s']:.3g}", f"{e['tokens_per_s']:,.0f}",
-            f"{e['mfu']:.0%}", f"{e['peak_memory_gib']:.0f}/{e['memory_limit_gib']:.0f}",
+            *cells, f"{p['tp']}/{p['pp']}/{p['dp']} Z{p['zero_stage']}", f"{e['step_time_s']:.3g}",
+            f"{e['tokens_per_s']:,.0f}", f"{e['mfu']:.0%}",
+            f"{e['peak_memory_gib']:.0f}/{e['memory_limit_gib']:.0f}",
             f"{m['cost_per_million_tokens']:.3g}", f"{m['time_to_train_days']:.3g}", fronts)
     console.print(table)
-    console.print("fronts: * step time vs GPUs, $ cost per token vs time to train, "
+    console.print("front: * step time vs GPUs, $ cost per token vs time to train, "
                   "m memory headroom vs speed")
