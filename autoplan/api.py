@@ -225,7 +225,8 @@ def trace_document(graph: LayerGraph, batch: int = 1) -> dict:
 
 def sweep(model, cluster, *, over, base=None, time_limit_s: float | None = None,
           workers: int | None = None, price_per_gpu_hour: float | dict | None = None,
-          train_tokens: float | None = None, progress=None) -> dict:
+          train_tokens: float | None = None, ray_address: str | None = None,
+          progress=None) -> dict:
     """Solve every point of a grid of inputs and mark the Pareto fronts (see autoplan.sweep).
 
     Args:
@@ -237,6 +238,7 @@ def sweep(model, cluster, *, over, base=None, time_limit_s: float | None = None,
         workers: processes (default: the machine's cores).
         price_per_gpu_hour: $ per GPU-hour, one price or ``{gpu name: price}``.
         train_tokens: tokens of the run whose time-to-train and cost the fronts use.
+        ray_address: run the points as Ray tasks there (``local`` starts Ray here).
         progress: ``callback(done, total)`` after each point.
 
     Returns:
@@ -254,14 +256,15 @@ def sweep(model, cluster, *, over, base=None, time_limit_s: float | None = None,
     inputs = sweeps.points(base, axes)
     rows = sweeps.run_points(model, cluster, inputs,
                              time_limit_s=time_limit_s or DEFAULT_TIME_LIMIT_S, workers=workers,
-                             progress=progress)
+                             ray_address=ray_address, progress=progress)
     return sweeps.document(
         inputs, rows, model_name=model.name, wall_time_s=time.perf_counter() - start,
         price_per_gpu_hour=price_per_gpu_hour or sweeps.DEFAULT_PRICE_PER_GPU_HOUR,
         train_tokens=train_tokens or sweeps.DEFAULT_TRAIN_TOKENS)
 
 
-def sweep_file(path: str | Path, *, workers: int | None = None, progress=None) -> dict:
+def sweep_file(path: str | Path, *, workers: int | None = None, ray_address: str | None = None,
+               progress=None) -> dict:
     """Run a sweep YAML (examples/sweeps/*.yaml)."""
     from autoplan import sweep as sweeps
 
@@ -269,7 +272,7 @@ def sweep_file(path: str | Path, *, workers: int | None = None, progress=None) -
     return sweep(spec.model, spec.cluster, over=spec.over, base=spec.base,
                  time_limit_s=spec.time_limit_s, workers=workers,
                  price_per_gpu_hour=spec.price_per_gpu_hour, train_tokens=spec.train_tokens,
-                 progress=progress)
+                 ray_address=ray_address, progress=progress)
 
 
 def _validated(schema, values: Mapping, what: str):

@@ -194,6 +194,7 @@ def sweep_cmd(
     mem_limit: Optional[str] = MEM_LIMIT, runtime: Optional[str] = typer.Option(None, "--runtime"),
     precision: Optional[str] = typer.Option(None, "--precision"),
     workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Processes (default: cores)."),
+    ray: Optional[str] = typer.Option(None, "--ray", help="Ray address (or local) to run the points on."),
     price: Optional[float] = typer.Option(None, "--gpu-hour-price", help="$ per GPU-hour (default 2)."),
     train_tokens: Optional[float] = typer.Option(None, "--train-tokens", help="Tokens of the run (default 1e12)."),
     time_limit: float = typer.Option(api.DEFAULT_TIME_LIMIT_S, "--time-limit", min=0.1),
@@ -212,12 +213,13 @@ def sweep_cmd(
         task = bar.add_task("solving points", total=None)
         progress = lambda done, total: bar.update(task, completed=done, total=total)  # noqa: E731
         if cluster is None:
-            doc = _run(lambda: api.sweep_file(source, workers=workers, progress=progress))
+            doc = _run(lambda: api.sweep_file(source, workers=workers, ray_address=ray,
+                                              progress=progress))
         else:
             doc = _run(lambda: api.sweep(
                 source, cluster, over=_run(lambda: sweeps.parse_over(over)), base=base,
                 time_limit_s=time_limit, workers=workers, price_per_gpu_hour=price,
-                train_tokens=train_tokens, progress=progress))
+                train_tokens=train_tokens, ray_address=ray, progress=progress))
     if out is not None:
         for path in api.write_sweep(doc, out):
             stderr.print(f"wrote {path}")

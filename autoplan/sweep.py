@@ -257,13 +257,16 @@ def gpu_hour_price(price: float | dict[str, float], gpu: str) -> float:
 
 
 def run_points(model, cluster, inputs: list[PointInputs], *, time_limit_s: float = 60.0,
-               workers: int | None = None,
+               workers: int | None = None, ray_address: str | None = None,
                progress: Callable[[int, int], None] | None = None) -> list[dict]:
-    """Solve every point (in worker processes when ``workers`` > 1); results in point order.
+    """Solve every point (in worker processes when ``workers`` > 1, or as Ray tasks when
+    ``ray_address`` is given); results in point order.
 
     Args:
         model: a loaded ``api.Model``; traced here once per (seq_len, precision).
         cluster: a loaded cluster (``api.LoadedCluster``); each point derives its own from it.
+        ray_address: a Ray cluster (``ray://host:10001``, ``auto``) or ``local`` to start one
+            on this machine; its workers need autoplan installed.
         progress: called with (points done, points total) after each point.
     """
     from autoplan import api
@@ -274,6 +277,8 @@ def run_points(model, cluster, inputs: list[PointInputs], *, time_limit_s: float
         api.load_cluster(mapping)  # a bad derived cluster is the user's error: fail before solving
         graph = model.trace(point.seq_len, point.precision or "bf16")
         tasks.append(_Task(index, point, model.name, graph, mapping, time_limit_s))
+    if ray_address is not None:
+        return _run_on_ray(tasks, ray_address, num_cpus=workers, progress=progress)
     workers = max(1, min(workers or os.cpu_count() or 1, len(tasks)))
     results: list[dict | None] = [None] * len(tasks)
     if workers == 1:
@@ -290,6 +295,31 @@ def run_points(model, cluster, inputs: list[PointInputs], *, time_limit_s: float
             if progress:
                 progress(done, len(tasks))
     return results
+
+
+def _run_on_ray(tasks: list[_Task], address: str, *, num_cpus: int | None,
+                progress: Callable[[int, int], None] | None) -> list[dict]:
+    """The points as Ray tasks, one CPU each; collected as they finish."""
+    try:
+        import ray
+    except ImportError:
+        raise ConstraintError("--ray needs Ray on this machine: pip install 'autoplan[ray]'.") from None
+    options = {"num_cpus": num_cpus} if address == "local" and num_cpus else {}
+    ray.init(address=address, ignore_reinit_error=True, log_to_driver=False,
+             include_dashboard=False, **options)
+    try:
+        solve = ray.remote(num_cpus=1)(_solve_point)
+        pending = [solve.remote(task) for task in tasks]
+        results: list[dict | None] = [None] * len(tasks)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            row = ray.get(ready[0])
+            results[row["index"]] = row
+            if progress:
+                progress(len(tasks) - len(pending), len(tasks))
+        return results
+    finally:
+        ray.shutdown()
 
 
 # ---------------------------------------------------------------------------------------------

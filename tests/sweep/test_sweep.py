@@ -149,3 +149,12 @@ def test_price_per_gpu_type(tiny, dgx16):
         api.sweep(tiny, dgx16, over={"gpu": ["h100-sxm5-80gb"]},
                   base={"seq_len": 128, "global_batch": 16, "nodes": 1}, workers=1,
                   price_per_gpu_hour={"a100-sxm4-80gb": 1.0})
+
+
+def test_ray_backend_gives_the_same_points(tiny, dgx16):
+    """Skipped unless Ray is installed (the `ray` extra); starts a local Ray."""
+    pytest.importorskip("ray")
+    over, base = {"nodes": [1, 2]}, {"seq_len": 128, "global_batch": 16}
+    on_ray = api.sweep(tiny, dgx16, over=over, base=base, ray_address="local", workers=2)
+    local = api.sweep(tiny, dgx16, over=over, base=base, workers=1)
+    assert [p["plan"] for p in on_ray["points"]] == [p["plan"] for p in local["points"]]
