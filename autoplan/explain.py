@@ -1,23 +1,26 @@
 """Why this plan: the binding constraint, the runners-up, what-ifs and a practitioner's warnings.
 
-Everything here reads the solver's candidate Table of the same problem (the plans and the
-estimates the solver chose from), so "the runner-up is 12% slower" is a statement about the
-same cost model that picked the plan. What-ifs rebuild the table on a changed cluster and take
-the fastest fitting row under the solver's own order (step time in µs, then tie-break rank).
+Everything here reads the solver's candidate space for the same problem (``candidate_plans``,
+each evaluated by the one ``estimate()``), so "the runner-up is 12% slower" is a statement about
+the same cost model that picked the plan. The space is evaluated in full, not pruned as the
+solver may, because an explanation needs every shape. What-ifs evaluate it again on a changed
+cluster and take the fastest fitting plan under the solver's order (step time in µs, then fewer
+GPUs, smaller tp*pp, less memory, candidate order).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+import math
+from dataclasses import dataclass, replace
 
 from pydantic import BaseModel, ConfigDict
 
 from autoplan.cluster.spec import Cluster
 from autoplan.cluster.topology import GroupLinks, group_links
-from autoplan.costmodels.step import MIB, Problem, limit_mib
-from autoplan.plan import Offload, Plan, Result
-from autoplan.search.solver import Table
+from autoplan.costmodels.step import MIB, Problem, estimate, limit_mib
+from autoplan.plan import Estimate, Offload, Plan, Result
+from autoplan.search.space import candidate_plans
 from autoplan.training import Pins
 
 logger = logging.getLogger(__name__)
@@ -70,6 +73,40 @@ class Explanation(BaseModel):
     runners_up: list[RunnerUp]
     what_ifs: list[WhatIf]
     warnings: list[str]
+
+
+US = 1e6
+
+
+@dataclass
+class Table:
+    """Every legal plan of a problem with its estimate, in candidate order."""
+
+    plans: list[Plan]
+    estimates: list[Estimate]
+
+    @classmethod
+    def build(cls, problem: Problem, pins: Pins) -> "Table":
+        plans = list(candidate_plans(problem.graph, world=problem.cluster.num_gpus,
+                                     gpus_per_node=problem.cluster.gpus_per_node,
+                                     training=problem.training, pins=pins))
+        return cls(plans, [estimate(problem, plan) for plan in plans])
+
+    def __len__(self) -> int:
+        return len(self.plans)
+
+    def times_us(self) -> list[int]:
+        return [round(e.step_time_s * US) for e in self.estimates]
+
+    def memories_mib(self) -> list[int]:
+        """Worst-GPU memory rounded up to whole MiB, as the solver compares it."""
+        return [math.ceil(e.peak_memory_gib * 1024) for e in self.estimates]
+
+    def tiebreak(self) -> list[tuple]:
+        """The solver's tie-break among equal step times: fewer GPUs, smaller tp*pp, less
+        memory, candidate order."""
+        return [(p.world_size, p.tp * p.pp, e.peak_memory_gib, r)
+                for r, (p, e) in enumerate(zip(self.plans, self.estimates))]
 
 
 def summary(plan: Plan) -> str:

@@ -4,7 +4,7 @@ A sweep is a base set of inputs (``PointInputs``) and axes (``Axes``) whose cart
 gives the points. Each point is an ordinary ``api.solve`` on a cluster derived from the base
 cluster.yaml (``nodes``, ``gpu``, ``inter_bandwidth`` ...), so a sweep row and ``autoplan solve``
 of the same inputs give the same plan. The model is traced once per (sequence length,
-precision) in the parent and the LayerGraph shipped to the worker processes.
+precision) in the parent before the worker processes fork, so they inherit the traces.
 
 Fronts (all objectives minimized; a point is on a front when no other feasible point is at
 least as good in both and better in one):
@@ -23,6 +23,7 @@ import csv
 import itertools
 import json
 import logging
+import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -33,8 +34,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autoplan.errors import AutoplanError, ConstraintError
-from autoplan.graph.layer_graph import LayerGraph
-from autoplan.graph.loader import ModelSource
 
 logger = logging.getLogger(__name__)
 
@@ -205,27 +204,19 @@ def point_cluster(spec: dict, inputs: PointInputs) -> dict:
 
 @dataclass(frozen=True)
 class _Task:
-    """What a worker needs for one point (all picklable)."""
+    """One point: its inputs and its cluster mapping (plain, picklable data)."""
 
     index: int
     inputs: PointInputs
-    model_name: str
-    graph: LayerGraph
     cluster: dict
     time_limit_s: float
 
 
-def _untraced() -> None:
-    raise AssertionError("sweep workers get their LayerGraph from the parent; none was shipped")
-
-
-def _solve_point(task: _Task) -> dict:
+def _solve_point(model, task: _Task) -> dict:
     """One ``api.solve``; an infeasible point returns its explanation instead of a plan."""
     from autoplan import api
 
     inputs = task.inputs
-    model = api.Model(ModelSource(task.model_name, _untraced, None, None))
-    model._traces[(inputs.seq_len, inputs.precision or "bf16")] = task.graph
     pins = {k: getattr(inputs, k) for k in PIN_NAMES if getattr(inputs, k) is not None}
     try:
         result = api.solve(
@@ -256,14 +247,29 @@ def gpu_hour_price(price: float | dict[str, float], gpu: str) -> float:
     return float(price[gpu])
 
 
+# The model of this worker process. Workers are forked after the parent traced the model, so
+# they inherit it, traces included, without pickling (model.py's functions may not pickle).
+_worker_model = None
+
+
+def _init_worker(model) -> None:
+    global _worker_model
+    _worker_model = model
+
+
+def _solve_in_worker(task: _Task) -> dict:
+    return _solve_point(_worker_model, task)
+
+
 def run_points(model, cluster, inputs: list[PointInputs], *, time_limit_s: float = 60.0,
                workers: int | None = None, ray_address: str | None = None,
                progress: Callable[[int, int], None] | None = None) -> list[dict]:
-    """Solve every point (in worker processes when ``workers`` > 1, or as Ray tasks when
+    """Solve every point (in forked worker processes when ``workers`` > 1, or as Ray tasks when
     ``ray_address`` is given); results in point order.
 
     Args:
-        model: a loaded ``api.Model``; traced here once per (seq_len, precision).
+        model: a loaded ``api.Model``; traced here once per (seq_len, precision) before the
+            workers start, so they find the traces in its cache.
         cluster: a loaded cluster (``api.LoadedCluster``); each point derives its own from it.
         ray_address: a Ray cluster (``ray://host:10001``, ``auto``) or ``local`` to start one
             on this machine; its workers need autoplan installed.
@@ -275,49 +281,52 @@ def run_points(model, cluster, inputs: list[PointInputs], *, time_limit_s: float
     for index, point in enumerate(inputs):
         mapping = point_cluster(cluster.spec, point)
         api.load_cluster(mapping)  # a bad derived cluster is the user's error: fail before solving
-        graph = model.trace(point.seq_len, point.precision or "bf16")
-        tasks.append(_Task(index, point, model.name, graph, mapping, time_limit_s))
+        model.trace(point.seq_len, point.precision or "bf16")
+        tasks.append(_Task(index, point, mapping, time_limit_s))
     if ray_address is not None:
-        return _run_on_ray(tasks, ray_address, num_cpus=workers, progress=progress)
+        return _run_on_ray(model, tasks, ray_address, num_cpus=workers, progress=progress)
     workers = max(1, min(workers or os.cpu_count() or 1, len(tasks)))
-    results: list[dict | None] = [None] * len(tasks)
-    if workers == 1:
-        for done, task in enumerate(tasks, 1):
-            results[task.index] = _solve_point(task)
-            if progress:
-                progress(done, len(tasks))
-        return results
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(_solve_point, task) for task in tasks]
-        for done, future in enumerate(as_completed(futures), 1):
-            row = future.result()
-            results[row["index"]] = row
-            if progress:
-                progress(done, len(tasks))
+    if workers == 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return _collect(((_solve_point(model, task) for task in tasks)), len(tasks), progress)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"),
+                             initializer=_init_worker, initargs=(model,)) as pool:
+        futures = [pool.submit(_solve_in_worker, task) for task in tasks]
+        return _collect((f.result() for f in as_completed(futures)), len(tasks), progress)
+
+
+def _collect(rows: Iterable[dict], total: int,
+             progress: Callable[[int, int], None] | None) -> list[dict]:
+    results: list[dict | None] = [None] * total
+    for done, row in enumerate(rows, 1):
+        results[row["index"]] = row
+        if progress:
+            progress(done, total)
     return results
 
 
-def _run_on_ray(tasks: list[_Task], address: str, *, num_cpus: int | None,
+def _run_on_ray(model, tasks: list[_Task], address: str, *, num_cpus: int | None,
                 progress: Callable[[int, int], None] | None) -> list[dict]:
-    """The points as Ray tasks, one CPU each; collected as they finish."""
+    """The points as Ray tasks, one CPU each; the model (traces included) goes to the object
+    store once, pickled by Ray's cloudpickle."""
     try:
         import ray
     except ImportError:
         raise ConstraintError("--ray needs Ray on this machine: pip install 'autoplan[ray]'.") from None
     options = {"num_cpus": num_cpus} if address == "local" and num_cpus else {}
-    ray.init(address=address, ignore_reinit_error=True, log_to_driver=False,
-             include_dashboard=False, **options)
+    ray.init(address=None if address == "local" else address, ignore_reinit_error=True,
+             log_to_driver=False, include_dashboard=False, **options)
     try:
         solve = ray.remote(num_cpus=1)(_solve_point)
-        pending = [solve.remote(task) for task in tasks]
-        results: list[dict | None] = [None] * len(tasks)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            row = ray.get(ready[0])
-            results[row["index"]] = row
-            if progress:
-                progress(len(tasks) - len(pending), len(tasks))
-        return results
+        shared = ray.put(model)
+        pending = [solve.remote(shared, task) for task in tasks]
+
+        def finished():
+            nonlocal pending
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1)
+                yield ray.get(ready[0])
+
+        return _collect(finished(), len(tasks), progress)
     finally:
         ray.shutdown()
 
