@@ -30,6 +30,8 @@ def llama_module(name: str, config: LlamaConfig) -> types.ModuleType:
 
 LLAMA_4B = LlamaConfig(num_layers=32, hidden_size=3200, num_heads=32, num_kv_heads=32,
                        ffn_hidden_size=8640)  # ~4.2B parameters: 16 B/param = 67 GB of states
+LLAMA_42B = LlamaConfig(num_layers=60, hidden_size=8192, num_heads=64, num_kv_heads=8,
+                        ffn_hidden_size=22016)  # ~42B: 16 B/param = 670 GB, more than 8x 80 GB
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,10 @@ def pp_across_nodes_zero_at_most_1(result: Result) -> bool:
 RULES = [
     Rule("one_gpu_4b", "one 80 GB GPU trains a ~4B model without offload",
          llama_module("llama_4b", LLAMA_4B), _cluster("a100-x1"),
+         {"seq_len": 2048, "global_batch": 8},
+         lambda r: r.plan.offload is Offload.NONE, "offload none"),
+    Rule("one_gpu_4b_deepspeed", "one 80 GB GPU trains a ~4B model without offload (DeepSpeed)",
+         llama_module("llama_4b", LLAMA_4B), _cluster("a100-x1"),
          {"seq_len": 2048, "global_batch": 8, "runtime": "deepspeed"},
          lambda r: r.plan.offload is Offload.NONE, "offload none"),
     Rule("one_gpu_7b", "a 7B model on one 80 GB GPU needs CPU offload",
@@ -72,7 +78,13 @@ RULES = [
     Rule("no_nvlink_pp", "without NVLink, PP is preferred over TP (8x RTX 4090 on PCIe)",
          _model("llama2_7b"), _cluster("rtx4090-x8-pcie"), {"seq_len": 2048, "global_batch": 64},
          lambda r: r.plan.pp > r.plan.tp, "pp > tp"),
-    Rule("slow_network_pp", "over 10 Gb/s Ethernet, PP goes across nodes with ZeRO-1 at most",
+    Rule("slow_network_pp", "over 10 Gb/s Ethernet, PP goes across nodes with ZeRO-1 at most "
+         "(a 42B model that needs both nodes)",
+         llama_module("llama_42b", LLAMA_42B), _cluster("pcie-x2-10gbe"),
+         {"seq_len": 2048, "global_batch": 64},
+         pp_across_nodes_zero_at_most_1, "pp > 1 across nodes, DP inside a node, ZeRO <= 1"),
+    Rule("slow_network_pp_7b", "over 10 Gb/s Ethernet, PP goes across nodes with ZeRO-1 at most "
+         "(Llama 2 7B)",
          _model("llama2_7b"), _cluster("pcie-x2-10gbe"), {"seq_len": 2048, "global_batch": 64},
          pp_across_nodes_zero_at_most_1, "pp > 1 across nodes, DP inside a node, ZeRO <= 1"),
     Rule("dgx_3d", "hundreds of billions on DGX clusters: 3D parallelism, TP inside nodes",
@@ -83,7 +95,6 @@ RULES = [
          _model("llama2_7b"), _cluster("dgx-a100-x1"), {"seq_len": 2048, "global_batch": 64},
          lambda r: r.plan.tp == 1 and r.plan.pp == 1, "tp = pp = 1"),
 ]
-
 
 def check(rule: Rule) -> tuple[Result, bool]:
     from autoplan import api
