@@ -352,3 +352,104 @@ def verify(model, plan_or_result: Plan | Result | str | Path, *, steps: int = 5,
             notes.append(problem_line)
     return verify_plan(str(model), plan, seq_len=seq_len, steps=steps,
                        predicted_bytes=predicted_rank_bytes(problem, plan), notes=notes)
+
+
+def sweep(model, cluster, *, over, base=None, time_limit_s: float | None = None,
+          workers: int | None = None, price_per_gpu_hour: float | dict | None = None,
+          train_tokens: float | None = None, ray_address: str | None = None,
+          progress=None) -> dict:
+    """Solve every point of a grid of inputs and mark the Pareto fronts (see autoplan.sweep).
+
+    Args:
+        model: a path to model.py, an imported module, or a loaded :class:`Model`; traced once
+            per sequence length and precision here, the traces shipped to the workers.
+        cluster: the base cluster (path, mapping or loaded); points change nodes, gpu, links.
+        over: the swept inputs, ``{"nodes": [1, 2, 4], "seq_len": [2048, 4096]}`` or ``Axes``.
+        base: inputs held fixed (``{"seq_len": 4096, "global_batch": 512, "zero": 1}``).
+        workers: processes (default: the machine's cores).
+        price_per_gpu_hour: $ per GPU-hour, one price or ``{gpu name: price}``.
+        train_tokens: tokens of the run whose time-to-train and cost the fronts use.
+        ray_address: run the points as Ray tasks there (``local`` starts Ray here).
+        progress: ``callback(done, total)`` after each point.
+
+    Returns:
+        The ``sweep --json`` document: ``{"points": [{"inputs", "plan", "estimate", "solver",
+        "metrics", "fronts", "pareto"}, ...]}``; an infeasible point has ``plan: None`` and
+        ``error``.
+    """
+    from autoplan import sweep as sweeps
+
+    start = time.perf_counter()
+    model, cluster = load_model(model), load_cluster(cluster)
+    axes = over if isinstance(over, sweeps.Axes) else _validated(sweeps.Axes, over, "over")
+    base = base if isinstance(base, sweeps.PointInputs) else _validated(
+        sweeps.PointInputs, base or {}, "base")
+    inputs = sweeps.points(base, axes)
+    rows = sweeps.run_points(model, cluster, inputs,
+                             time_limit_s=time_limit_s or DEFAULT_TIME_LIMIT_S, workers=workers,
+                             ray_address=ray_address, progress=progress)
+    return sweeps.document(
+        inputs, rows, model_name=model.name, wall_time_s=time.perf_counter() - start,
+        price_per_gpu_hour=price_per_gpu_hour or sweeps.DEFAULT_PRICE_PER_GPU_HOUR,
+        train_tokens=train_tokens or sweeps.DEFAULT_TRAIN_TOKENS)
+
+
+def sweep_file(path: str | Path, *, workers: int | None = None, ray_address: str | None = None,
+               progress=None) -> dict:
+    """Run a sweep YAML (examples/sweeps/*.yaml)."""
+    from autoplan import sweep as sweeps
+
+    spec = sweeps.load_sweep_spec(path)
+    return sweep(spec.model, spec.cluster, over=spec.over, base=spec.base,
+                 time_limit_s=spec.time_limit_s, workers=workers,
+                 price_per_gpu_hour=spec.price_per_gpu_hour, train_tokens=spec.train_tokens,
+                 ray_address=ray_address, progress=progress)
+
+
+def _validated(schema, values: Mapping, what: str):
+    try:
+        return schema.model_validate(dict(values))
+    except ValueError as err:
+        raise ConstraintError(f"{what}: {err}".replace("\n", " ")) from None
+
+
+def explain(result: Result | str | Path, model, *, pins=None):
+    """Why a plan: binding constraint, runners-up per (TP, PP), what-ifs, warnings.
+
+    Args:
+        result: a :class:`Result` or the path of a ``solve --json`` document.
+        model: the model.py (path, module or loaded Model) the plan was made for; the plan JSON
+            carries the cluster and training settings but not the traced graph.
+        pins: the pins the plan was solved under (runners-up and what-ifs keep them).
+    """
+    from autoplan.explain import explain_plan
+
+    result = result if isinstance(result, Result) else load_result(result)
+    if result.cluster is None or result.training is None:
+        raise PlanFileError("the plan JSON lacks its cluster or training section; save the "
+                            "output of `autoplan solve --json` and explain that.")
+    t = result.training
+    training = _training(t.seq_len, t.global_batch, t.precision, t.runtime, "flash")
+    problem = make_problem(load_model(model), load_cluster(result.cluster), training,
+                           result.estimate.memory_limit_gib * 2**30)
+    return explain_plan(problem, result, _pins(pins))
+
+
+def write_sweep(doc: dict, folder: str | Path) -> list[Path]:
+    """sweep.csv, sweep.json and the sweep figures (PNG) into ``folder``."""
+    from autoplan import plots
+    from autoplan import sweep as sweeps
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = [sweeps.write_csv(doc, folder / "sweep.csv"), sweeps.write_json(doc, folder / "sweep.json")]
+    if any(p["plan"] for p in doc["points"]):
+        written += plots.sweep_figures(doc, folder)
+    return written
+
+
+def plot_plan(result: Result, folder: str | Path) -> list[Path]:
+    """Memory per stage against the limit, and the plan laid out on the cluster (PNG)."""
+    from autoplan import plots
+
+    return plots.plan_figures(result, folder)

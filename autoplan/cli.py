@@ -120,6 +120,7 @@ def solve(
     export: Optional[ExportTarget] = typer.Option(None, "--export", help="Also write launch files."),
     out: Optional[Path] = typer.Option(None, "--out", help="Folder for --export."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing files in --out."),
+    explain: bool = typer.Option(False, "--explain", help="Also say why this plan (see `explain`)."),
 ) -> None:
     """Find the fastest plan that fits in memory; given options pin those dimensions. With
     --from, also price the setup you run now and say what to change."""
@@ -135,7 +136,17 @@ def solve(
     result = _run(lambda: api.solve(
         model, cluster, seq_len=seq_len, global_batch=global_batch, pins=pins,
         mem_limit=mem_limit, time_limit_s=time_limit, runtime=runtime, precision=precision))
-    _emit(result, as_json, current=current)
+    if explain:
+        explanation = _run(lambda: api.explain(result, model, pins=pins))
+    if explain and as_json:
+        document = {**result.model_dump(mode="json"), "explanation": explanation.model_dump(mode="json")}
+        if current is not None:
+            document["current"] = current.model_dump(mode="json")
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+    else:
+        _emit(result, as_json, current=current)
+        if explain:
+            _emit_explanation(explanation, False)
     if export is not None:
         _export(result, export, out, force, quiet=as_json)
 
@@ -243,6 +254,74 @@ def verify_cmd(
                      f"measured, {rank['peak_bytes_predicted'] / 2**20:.2f} MiB predicted")
     for note in document["notes"]:
         stdout.print(f"note: {note}", highlight=False, soft_wrap=True)
+
+
+@app.command("sweep")
+def sweep_cmd(
+    source: Path = typer.Argument(..., help="model.py, or a sweep YAML (then no CLUSTER)."),
+    cluster: Optional[Path] = typer.Argument(None, help="cluster.yaml (the base of the points)."),
+    over: list[str] = typer.Option([], "--over", help="NAME=V1,V2,... e.g. nodes=1,2,4 (repeat)."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence, if not swept."),
+    global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences per step, if not swept."),
+    mem_limit: Optional[str] = MEM_LIMIT, runtime: Optional[str] = typer.Option(None, "--runtime"),
+    precision: Optional[str] = typer.Option(None, "--precision"),
+    workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Processes (default: cores)."),
+    ray: Optional[str] = typer.Option(None, "--ray", help="Ray address (or local) to run the points on."),
+    price: Optional[float] = typer.Option(None, "--gpu-hour-price", help="$ per GPU-hour (default 2)."),
+    train_tokens: Optional[float] = typer.Option(None, "--train-tokens", help="Tokens of the run (default 1e12)."),
+    time_limit: float = typer.Option(api.DEFAULT_TIME_LIMIT_S, "--time-limit", min=0.1),
+    out: Optional[Path] = typer.Option(None, "--out", help="Folder for sweep.csv, sweep.json and plots."),
+    as_json: bool = JSON,
+) -> None:
+    """Solve a grid of inputs in parallel; print the best plan per point and the Pareto fronts."""
+    from rich.progress import Progress
+
+    from autoplan import sweep as sweeps
+
+    base = {k: v for k, v in {"seq_len": seq_len, "global_batch": global_batch,
+                              "mem_limit": mem_limit, "runtime": runtime,
+                              "precision": precision}.items() if v is not None}
+    with Progress(console=stderr, transient=True) as bar:
+        task = bar.add_task("solving points", total=None)
+        progress = lambda done, total: bar.update(task, completed=done, total=total)  # noqa: E731
+        if cluster is None:
+            doc = _run(lambda: api.sweep_file(source, workers=workers, ray_address=ray,
+                                              progress=progress))
+        else:
+            doc = _run(lambda: api.sweep(
+                source, cluster, over=_run(lambda: sweeps.parse_over(over)), base=base,
+                time_limit_s=time_limit, workers=workers, price_per_gpu_hour=price,
+                train_tokens=train_tokens, ray_address=ray, progress=progress))
+    if out is not None:
+        for path in api.write_sweep(doc, out):
+            stderr.print(f"wrote {path}")
+    if as_json:
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        sweeps.render(doc, stdout)
+
+
+@app.command("explain")
+def explain_cmd(
+    plan_json: Path = typer.Argument(..., help="What `autoplan solve --json` printed."),
+    model: Path = typer.Option(..., "--model", help="The model.py the plan was made for."),
+    plots: Optional[Path] = typer.Option(None, "--plots", help="Folder for memory and placement plots."),
+    as_json: bool = JSON,
+) -> None:
+    """Why this plan: binding constraint, runners-up per TP/PP shape, what-ifs and warnings."""
+    result = _run(lambda: api.load_result(plan_json))
+    _emit_explanation(_run(lambda: api.explain(result, model)), as_json)
+    if plots is not None:
+        for path in api.plot_plan(result, plots):
+            stderr.print(f"wrote {path}")
+
+
+def _emit_explanation(explanation, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(explanation.model_dump(mode="json"), indent=2) + "\n")
+    else:
+        from autoplan.explain import render
+        render(explanation, stdout)
 
 
 def main() -> None:

@@ -1,0 +1,362 @@
+"""Why this plan: the binding constraint, the runners-up, what-ifs and a practitioner's warnings.
+
+Everything here reads the solver's candidate space for the same problem (``candidate_plans``,
+each evaluated by the one ``estimate()``), so "the runner-up is 12% slower" is a statement about
+the same cost model that picked the plan. The space is evaluated in full, not pruned as the
+solver may, because an explanation needs every shape. What-ifs evaluate it again on a changed
+cluster and take the fastest fitting plan under the solver's order (step time in µs, then fewer
+GPUs, smaller tp*pp, less memory, candidate order).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, replace
+
+from pydantic import BaseModel, ConfigDict
+
+from autoplan.cluster.spec import Cluster
+from autoplan.cluster.topology import GroupLinks, group_links
+from autoplan.costmodels.step import MIB, Problem, estimate, limit_mib
+from autoplan.plan import Estimate, Offload, Plan, Result
+from autoplan.search.space import candidate_plans
+from autoplan.training import Pins
+
+logger = logging.getLogger(__name__)
+
+SLOW_NETWORK_BPS = 100e9 / 8
+"""Below 100 Gb/s per node-to-node path ZeRO-3's per-micro-batch gathers dominate (DESIGN.md:
+a 65B model over 10 Gb/s Ethernet spends minutes per step on communication)."""
+POOR_SCALING = 0.7
+"""Per-GPU throughput under 70% of one node's: a healthy run scales close to linearly."""
+LOW_HEADROOM = 0.05
+"""Memory counts as binding for the chosen plan when it is within 5% of the limit."""
+ZERO3_TRAFFIC = 3
+"""ZeRO-3 moves parameter bytes three times per step: all-gather forward, all-gather backward,
+reduce-scatter gradients (Rajbhandari et al. 2020, sec. 7.2.2)."""
+PARAM_BYTES = 2  # bf16/fp16 weights and gradients on the wire
+
+
+class RunnerUp(BaseModel):
+    """The best plan of one (TP, PP) shape other than the chosen one."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    tp: int
+    pp: int
+    plan: str
+    step_time_s: float
+    slower_by: float  # fraction of the chosen plan's step time
+    peak_memory_gib: float
+    fits: bool
+
+
+class WhatIf(BaseModel):
+    """The answer under a changed input."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    change: str
+    plan: str | None
+    step_time_s: float | None
+    speedup: float | None  # chosen step time / new step time - 1
+    plan_changes: bool
+
+
+class Explanation(BaseModel):
+    """``autoplan explain --json``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    plan: str
+    step_time_s: float
+    binding: str
+    bottleneck: str
+    runners_up: list[RunnerUp]
+    what_ifs: list[WhatIf]
+    warnings: list[str]
+
+
+US = 1e6
+
+
+@dataclass
+class Table:
+    """Every legal plan of a problem with its estimate, in candidate order."""
+
+    plans: list[Plan]
+    estimates: list[Estimate]
+
+    @classmethod
+    def build(cls, problem: Problem, pins: Pins) -> "Table":
+        plans = list(candidate_plans(problem.graph, world=problem.cluster.num_gpus,
+                                     gpus_per_node=problem.cluster.gpus_per_node,
+                                     training=problem.training, pins=pins))
+        return cls(plans, [estimate(problem, plan) for plan in plans])
+
+    def __len__(self) -> int:
+        return len(self.plans)
+
+    def times_us(self) -> list[int]:
+        return [round(e.step_time_s * US) for e in self.estimates]
+
+    def memories_mib(self) -> list[int]:
+        """Worst-GPU memory rounded up to whole MiB, as the solver compares it."""
+        return [math.ceil(e.peak_memory_gib * 1024) for e in self.estimates]
+
+    def tiebreak(self) -> list[tuple]:
+        """The solver's tie-break among equal step times: fewer GPUs, smaller tp*pp, less
+        memory, candidate order."""
+        return [(p.world_size, p.tp * p.pp, e.peak_memory_gib, r)
+                for r, (p, e) in enumerate(zip(self.plans, self.estimates))]
+
+
+def summary(plan: Plan) -> str:
+    """A one-line plan name, e.g. ``TP8 PP4 DP2 ZeRO-1 mbs1 selective recompute SP``."""
+    text = (f"TP{plan.tp} PP{plan.pp} DP{plan.dp} ZeRO-{plan.zero_stage} "
+            f"mbs{plan.micro_batch_size} {plan.recompute.value} recompute")
+    if plan.sequence_parallel:
+        text += " SP"
+    if plan.vpp > 1:
+        text += f" VPP{plan.vpp}"
+    if plan.offload is not Offload.NONE:
+        text += f" offload {plan.offload.value}"
+    return text
+
+
+def _key(plan: Plan) -> tuple:
+    return tuple(sorted(plan.model_dump(mode="json", exclude={"stages"}).items())) + (plan.stages,)
+
+
+def best_row(table: Table, limit: int, rows: list[int] | None = None) -> int | None:
+    """The solver's choice among ``rows``: fitting, fastest in µs, then the tie-break rank."""
+    rows = range(len(table)) if rows is None else rows
+    times, memories, ranks = table.times_us(), table.memories_mib(), table.tiebreak()
+    fitting = [r for r in rows if memories[r] <= limit]
+    return min(fitting, key=lambda r: (times[r], ranks[r])) if fitting else None
+
+
+def axis_links(cluster: Cluster, plan: Plan, axis: str) -> GroupLinks:
+    """The links of the plan's group along ``axis`` (ranks placed innermost axis first)."""
+    sizes = {"tp": plan.tp, "cp": plan.cp, "dp": plan.dp, "pp": plan.pp}
+    order = plan.placement.split("-")
+    stride = 1
+    for name in order[: order.index(axis)]:
+        stride *= sizes[name]
+    return group_links(cluster, sizes[axis], stride)
+
+
+def _describe_links(problem: Problem, links: GroupLinks) -> str:
+    cluster = problem.cluster
+    if links.crosses_nodes:
+        return (f"the inter-node {cluster.inter.name} network across {links.num_nodes} nodes "
+                f"({links.nic_bandwidth_per_gpu * 8 / 1e9:.0f} Gb/s per GPU)")
+    return f"the intra-node {cluster.intra.name} link ({links.intra_bandwidth / 1e9:.0f} GB/s per GPU)"
+
+
+def binding(table: Table, problem: Problem, row: int) -> str:
+    """Memory binds when a faster candidate (in the solver's µs) exists that does not fit;
+    say which stage of it overflows."""
+    est = table.estimates[row]
+    times, memories, ranks = table.times_us(), table.memories_mib(), table.tiebreak()
+    fastest = min(range(len(table)), key=lambda r: (times[r], ranks[r]))
+    worst = max(range(len(est.stage_memory_gib)), key=lambda s: est.stage_memory_gib[s])
+    own = (f"the plan's fullest GPU is on pipeline stage {worst} at {est.peak_memory_gib:.1f} "
+           f"of {est.memory_limit_gib:.1f} GiB")
+    if times[fastest] >= times[row]:
+        return f"nothing binds: the plan is the fastest candidate even ignoring memory; {own}."
+    limit = limit_mib(problem)
+    fest = table.estimates[fastest]
+    if memories[fastest] <= limit:
+        return (f"pins: the fastest candidate, {summary(table.plans[fastest])}, would take "
+                f"{fest.step_time_s:.3f} s and fits, but the pins exclude it; {own}.")
+    faster = [r for r in range(len(table)) if times[r] < times[row] and memories[r] > limit]
+    nearest = min(faster, key=lambda r: (memories[r], times[r]))
+    nest = table.estimates[nearest]
+    stage = max(range(len(nest.stage_memory_gib)), key=lambda s: nest.stage_memory_gib[s])
+    return (f"memory: {len(faster)} faster candidates do not fit (the fastest, "
+            f"{summary(table.plans[fastest])}, {1 - fest.step_time_s / est.step_time_s:.1%} "
+            f"faster, needs {fest.peak_memory_gib:.0f} GiB); the nearest miss, "
+            f"{summary(table.plans[nearest])}, would take {nest.step_time_s:.3f} s "
+            f"({1 - nest.step_time_s / est.step_time_s:.1%} faster) but needs "
+            f"{nest.peak_memory_gib:.1f} GiB on pipeline stage {stage} (limit "
+            f"{nest.memory_limit_gib:.1f} GiB); {own}.")
+
+
+def bottleneck(problem: Problem, result: Result) -> str:
+    """The largest part of the step besides compute, and the link it runs on."""
+    plan, est = result.plan, result.estimate
+    parts = dict(est.time_breakdown_s)
+    compute = parts.pop("compute", 0.0)
+    part, seconds = max(parts.items(), key=lambda kv: kv[1])
+    share = f"{seconds:.3f} s, {seconds / est.step_time_s:.0%} of the step"
+    head = (f"compute is {compute / est.step_time_s:.0%} of the step (MFU {est.mfu:.0%}); "
+            "the largest other part is ")
+    if part in ("tp_comm", "dp_comm", "pp_comm"):
+        axis = part[:2]
+        links = axis_links(problem.cluster, plan, axis)
+        return (head + f"{axis.upper()} communication ({share}) over "
+                f"{_describe_links(problem, links)}.")
+    if part == "bubble":
+        return head + (f"the pipeline bubble ({share}): {plan.pp} stages and "
+                       f"{plan.num_microbatches} micro-batches per step.")
+    return head + f"the optimizer step ({share})" + (
+        f" with {plan.offload.value} offloaded to the CPU." if plan.offload is not Offload.NONE
+        else ".")
+
+
+def runners_up(table: Table, problem: Problem, chosen: int, *, limit: int,
+               count: int = 8) -> list[RunnerUp]:
+    """The best fitting plan of each other (TP, PP) shape, fastest first; shapes where nothing
+    fits follow with their leanest plan."""
+    shapes: dict[tuple[int, int], list[int]] = {}
+    for r, plan in enumerate(table.plans):
+        shapes.setdefault((plan.tp, plan.pp), []).append(r)
+    mine = (table.plans[chosen].tp, table.plans[chosen].pp)
+    base = table.estimates[chosen].step_time_s
+    out = []
+    for shape, rows in shapes.items():
+        if shape == mine:
+            continue
+        row = best_row(table, limit, rows)
+        fits = row is not None
+        if not fits:
+            row = min(rows, key=lambda r: table.estimates[r].peak_memory_gib)
+        est = table.estimates[row]
+        out.append(RunnerUp(tp=shape[0], pp=shape[1], plan=summary(table.plans[row]),
+                            step_time_s=est.step_time_s, slower_by=est.step_time_s / base - 1,
+                            peak_memory_gib=est.peak_memory_gib, fits=fits))
+    out.sort(key=lambda u: (not u.fits, u.step_time_s))
+    return out[:count]
+
+
+def _with_cluster(problem: Problem, **changes) -> Problem:
+    return replace(problem, cluster=replace(problem.cluster, **changes), _cache={})
+
+
+def _what_if(change: str, table: Table, limit: int, chosen: Plan, base_s: float) -> WhatIf:
+    row = best_row(table, limit)
+    if row is None:
+        return WhatIf(change=change, plan=None, step_time_s=None, speedup=None, plan_changes=True)
+    plan, est = table.plans[row], table.estimates[row]
+    return WhatIf(change=change, plan=summary(plan), step_time_s=est.step_time_s,
+                  speedup=base_s / est.step_time_s - 1, plan_changes=_key(plan) != _key(chosen))
+
+
+def what_ifs(problem: Problem, table: Table, chosen: Plan, pins: Pins) -> list[WhatIf]:
+    """Re-solve (over the table) with 1.5x memory, 2x intra-node and 2x inter-node bandwidth."""
+    base = next(e.step_time_s for p, e in zip(table.plans, table.estimates) if p == chosen)
+    limit = limit_mib(problem)
+    out = [_what_if(f"1.5x GPU memory ({problem.mem_limit_bytes * 1.5 / 2**30:.0f} GiB)", table,
+                    int(problem.mem_limit_bytes * 1.5 // MIB), chosen, base)]
+    cluster = problem.cluster
+    faster_intra = _with_cluster(problem, intra=replace(
+        cluster.intra, bandwidth_Bps=2 * cluster.intra.bandwidth_Bps))
+    out.append(_what_if(
+        f"2x intra-node bandwidth ({2 * cluster.intra.bandwidth_Bps / 1e9:.0f} GB/s per GPU)",
+        Table.build(faster_intra, pins), limit, chosen, base))
+    if cluster.num_nodes > 1 and cluster.inter is not None:
+        faster_inter = _with_cluster(problem, inter=replace(
+            cluster.inter, bandwidth_Bps=2 * cluster.inter.bandwidth_Bps))
+        out.append(_what_if(
+            f"2x inter-node bandwidth ({2 * cluster.inter.bandwidth_Bps * 8 / 1e9:.0f} Gb/s per "
+            "NIC)", Table.build(faster_inter, pins), limit, chosen, base))
+    return out
+
+
+def _one_node(problem: Problem, pins: Pins) -> tuple[Plan, float] | None:
+    """The best plan and tokens/s on one node of the same cluster, if anything fits."""
+    one = _with_cluster(problem, num_nodes=1, hosts=())
+    free = Pins(**{k: v for k, v in pins.pinned().items() if k not in ("dp", "tp", "pp")})
+    table = Table.build(one, free)
+    row = best_row(table, limit_mib(one))
+    return None if row is None else (table.plans[row], table.estimates[row].tokens_per_s)
+
+
+def warnings(problem: Problem, result: Result, pins: Pins) -> list[str]:
+    """What a practitioner would point out about this plan on this cluster."""
+    plan, est, cluster = result.plan, result.estimate, problem.cluster
+    out = []
+    if plan.tp > cluster.gpus_per_node:
+        out.append(f"TP={plan.tp} spans nodes ({cluster.gpus_per_node} GPUs per node): TP's "
+                   "all-reduces sit on every layer's critical path; keep TP inside a node.")
+    dp = axis_links(problem.cluster, plan, "dp")
+    if plan.zero_stage == 3 and dp.crosses_nodes and (
+            cluster.inter.kind == "ethernet" or dp.nic_bandwidth_per_gpu < SLOW_NETWORK_BPS):
+        shard = problem.graph.num_params / (plan.tp * plan.pp)
+        moved = ZERO3_TRAFFIC * PARAM_BYTES * shard * plan.num_microbatches
+        out.append(
+            f"ZeRO-3 over a slow network: each GPU moves about {ZERO3_TRAFFIC}x its parameter "
+            f"bytes per micro-batch ({moved / 1e9:.0f} GB per step here) over "
+            f"{dp.nic_bandwidth_per_gpu * 8 / 1e9:.1f} Gb/s, at least "
+            f"{moved / dp.nic_bandwidth_per_gpu:.0f} s; prefer PP across nodes with ZeRO-1 at most.")
+    if plan.offload is not Offload.NONE:
+        out.append(f"{plan.offload.value} offloaded to the CPU: the step is bound by PCIe copies "
+                   "and CPU Adam; more GPUs or a smaller model avoid it.")
+    if cluster.num_nodes > 1:
+        out += _scaling_warnings(problem, result, pins)
+    return out
+
+
+def _scaling_warnings(problem: Problem, result: Result, pins: Pins) -> list[str]:
+    one = _one_node(problem, pins)
+    if one is None:
+        return []
+    _, one_tps = one
+    est, cluster = result.estimate, problem.cluster
+    if est.tokens_per_s <= one_tps:
+        return [f"bandwidth-bound: {cluster.num_nodes} nodes give {est.tokens_per_s:,.0f} "
+                f"tokens/s, no more than one node's {one_tps:,.0f}; a faster inter-node network "
+                "(or fewer nodes) is the fix."]
+    efficiency = est.tokens_per_s / (one_tps * cluster.num_nodes)
+    if efficiency < POOR_SCALING:
+        return [f"poor scaling: {efficiency:.0%} of linear from one node ({one_tps:,.0f} "
+                f"tokens/s) to {cluster.num_nodes} ({est.tokens_per_s:,.0f} tokens/s)."]
+    return []
+
+
+def explain_plan(problem: Problem, result: Result, pins: Pins = Pins()) -> Explanation:
+    """The explanation of ``result``, a plan for ``problem`` (found under ``pins``)."""
+    table = Table.build(problem, pins)
+    limit = limit_mib(problem)
+    keys = [_key(p) for p in table.plans]
+    mine = _key(result.plan)
+    chosen = keys.index(mine) if mine in keys else None
+    notes = []
+    if chosen is None:  # an estimated or pinned plan outside this table
+        table.plans.append(result.plan)
+        table.estimates.append(result.estimate)
+        chosen = len(table) - 1
+    best = best_row(table, limit)
+    if best is not None and table.estimates[best].step_time_s < result.estimate.step_time_s * (1 - 1e-6):
+        notes.append(f"not the fastest fitting plan: {summary(table.plans[best])} takes "
+                     f"{table.estimates[best].step_time_s:.3f} s; was the plan pinned?")
+    return Explanation(
+        plan=summary(result.plan), step_time_s=result.estimate.step_time_s,
+        binding=binding(table, problem, chosen), bottleneck=bottleneck(problem, result),
+        runners_up=runners_up(table, problem, chosen, limit=limit),
+        what_ifs=what_ifs(problem, table, result.plan, pins),
+        warnings=notes + warnings(problem, result, pins))
+
+
+def render(explanation: Explanation, console) -> None:
+    """Print the explanation (rich)."""
+    from rich.table import Table as RichTable
+
+    e = explanation
+    console.print(f"[bold]Why {e.plan}[/] ({e.step_time_s:.3f} s per step)")
+    console.print(f"[bold]binding:[/] {e.binding}", soft_wrap=True)
+    console.print(f"[bold]bottleneck:[/] {e.bottleneck}", soft_wrap=True)
+    table = RichTable(title="Runners-up (best plan of each other TP x PP shape)",
+                      title_justify="left")
+    for column in ("TP", "PP", "plan", "step s", "slower", "GiB"):
+        table.add_column(column, justify="left" if column == "plan" else "right")
+    for u in e.runners_up:
+        table.add_row(str(u.tp), str(u.pp), u.plan if u.fits else f"[red]nothing fits[/] ({u.plan})",
+                      f"{u.step_time_s:.3f}", f"{u.slower_by:+.0%}", f"{u.peak_memory_gib:.1f}")
+    console.print(table)
+    for w in e.what_ifs:
+        outcome = ("nothing fits" if w.plan is None else
+                   f"{w.step_time_s:.3f} s ({w.speedup:+.0%})"
+                   + (f", plan becomes {w.plan}" if w.plan_changes else ", same plan"))
+        console.print(f"[bold]what if[/] {w.change}: {outcome}", soft_wrap=True)
+    for warning in e.warnings:
+        console.print(f"[bold yellow]warning:[/] {warning}", soft_wrap=True)

@@ -1,0 +1,229 @@
+"""Pictures of sweeps and plans (matplotlib, Agg backend: no display needed).
+
+Sweep figures take the ``sweep --json`` document; plan figures take a :class:`Result`. Each
+function writes one file (the suffix picks PNG or SVG) and returns its path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.ticker  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+from matplotlib.patches import Rectangle  # noqa: E402
+
+from autoplan.plan import Result  # noqa: E402
+from autoplan.sweep import FRONTS  # noqa: E402
+
+TIME_PARTS = ("compute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer")
+MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "other")
+FRONT_TITLES = {
+    "time_vs_gpus": ("GPUs", "step time (s)"),
+    "cost_vs_time": ("time to train (days)", "cost ($ per million tokens)"),
+    "headroom_vs_speed": ("tokens/s", "memory headroom (GiB)"),
+}
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+def _series(doc: dict, x: str) -> dict[tuple, list[dict]]:
+    """Feasible points grouped by every input except ``x`` (one line per group)."""
+    groups: dict[tuple, list[dict]] = {}
+    for point in doc["points"]:
+        if point["plan"] is None:
+            continue
+        key = tuple(sorted((k, v) for k, v in point["inputs"].items() if k != x))
+        groups.setdefault(key, []).append(point)
+    return groups
+
+
+def _label(key: tuple, swept: set[str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in key if k in swept) or "all points"
+
+
+def _swept(doc: dict) -> set[str]:
+    values: dict[str, set] = {}
+    for point in doc["points"]:
+        for k, v in point["inputs"].items():
+            values.setdefault(k, set()).add(v)
+    return {k for k, v in values.items() if len(v) > 1}
+
+
+def scaling_curve(doc: dict, path: str | Path) -> Path:
+    """Left: tokens/s against GPUs per series, dotted linear scaling from each series' smallest
+    point. Right: scaling efficiency (achieved / linear) against GPUs."""
+    fig, (ax, eff) = plt.subplots(1, 2, figsize=(10, 4.2))
+    swept = _swept(doc) - {"nodes"}
+    for key, pts in _series(doc, "nodes").items():
+        pts = sorted(pts, key=lambda p: p["metrics"]["gpus"])
+        gpus = [p["metrics"]["gpus"] for p in pts]
+        tps = [p["estimate"]["tokens_per_s"] for p in pts]
+        line, = ax.plot(gpus, tps, "o-", ms=3, label=_label(key, swept))
+        per_gpu = tps[0] / gpus[0]
+        ax.plot(gpus, [per_gpu * g for g in gpus], ":", color=line.get_color(), alpha=0.6)
+        eff.plot(gpus, [t / (per_gpu * g) for g, t in zip(gpus, tps)], "o-", ms=3,
+                 color=line.get_color())
+    for axis in (ax, eff):
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("GPUs")
+    ax.set_yscale("log")
+    ax.set_ylabel("tokens/s")
+    ax.set_title(f"{doc['model']}: throughput (dotted: linear scaling)", fontsize=10)
+    eff.set_ylabel("scaling efficiency")
+    eff.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+    eff.set_title("efficiency vs the series' smallest point", fontsize=10)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=6)
+    return _save(fig, path)
+
+
+def _point_label(point: dict, swept: set[str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in point["inputs"].items() if k in swept) or "point"
+
+
+def step_breakdown(doc: dict, path: str | Path) -> Path:
+    """Stacked bars of each feasible point's step time by part (share of the step)."""
+    points = [p for p in doc["points"] if p["plan"] is not None]
+    swept = _swept(doc)
+    fig, ax = plt.subplots(figsize=(max(6.4, 0.22 * len(points) + 2), 4.2))
+    bottoms = [0.0] * len(points)
+    for part in TIME_PARTS:
+        shares = [p["estimate"]["time_breakdown_s"].get(part, 0.0) / p["estimate"]["step_time_s"]
+                  for p in points]
+        ax.bar(range(len(points)), shares, bottom=bottoms, label=part.replace("_", " "))
+        bottoms = [b + s for b, s in zip(bottoms, shares)]
+    ax.set_xticks(range(len(points)))
+    ax.set_xticklabels([_point_label(p, swept) for p in points], rotation=90, fontsize=6)
+    ax.set_ylabel("share of step time")
+    ax.set_title(f"{doc['model']}: where the step goes", fontsize=10)
+    ax.legend(fontsize=7, ncol=3)
+    return _save(fig, path)
+
+
+def pareto(doc: dict, path: str | Path) -> Path:
+    """The three fronts side by side; front points joined and circled."""
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    points = [p for p in doc["points"] if p["plan"] is not None]
+    for ax, front in zip(axes, FRONTS):
+        xs, ys = _front_xy(front, points)
+        on = [p["fronts"][front] for p in points]
+        ax.scatter(xs, ys, c=["tab:red" if o else "tab:gray" for o in on], s=18)
+        front_xy = sorted((x, y) for x, y, o in zip(xs, ys, on) if o)
+        if front_xy:
+            ax.plot(*zip(*front_xy), "-", color="tab:red", alpha=0.6)
+        xlabel, ylabel = FRONT_TITLES[front]
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(front.replace("_", " "), fontsize=10)
+        if front == "time_vs_gpus":
+            ax.set_xscale("log", base=2)
+    fig.suptitle(f"{doc['model']}: Pareto fronts (red)", fontsize=10)
+    return _save(fig, path)
+
+
+def _front_xy(front: str, points: list[dict]) -> tuple[list[float], list[float]]:
+    if front == "time_vs_gpus":
+        return ([p["metrics"]["gpus"] for p in points],
+                [p["estimate"]["step_time_s"] for p in points])
+    if front == "cost_vs_time":
+        return ([p["metrics"]["time_to_train_days"] for p in points],
+                [p["metrics"]["cost_per_million_tokens"] for p in points])
+    return ([p["estimate"]["tokens_per_s"] for p in points],
+            [p["metrics"]["headroom_gib"] for p in points])
+
+
+def sweep_figures(doc: dict, folder: str | Path, *, suffix: str = "png") -> list[Path]:
+    """All sweep figures into ``folder``."""
+    folder = Path(folder)
+    return [scaling_curve(doc, folder / f"scaling.{suffix}"),
+            step_breakdown(doc, folder / f"step_breakdown.{suffix}"),
+            pareto(doc, folder / f"pareto.{suffix}")]
+
+
+def memory_per_stage(result: Result, path: str | Path) -> Path:
+    """Memory of each pipeline stage against the limit; the worst stage split by part (the
+    estimate breaks down only the worst GPU's memory)."""
+    est = result.estimate
+    stages = est.stage_memory_gib
+    worst = max(range(len(stages)), key=lambda s: stages[s])
+    fig, ax = plt.subplots(figsize=(max(5.5, 0.35 * len(stages) + 3), 3.8))
+    ax.bar(range(len(stages)), stages, color="tab:gray", label="stage total")
+    bottom = 0.0
+    for part in MEMORY_PARTS:
+        value = est.memory_breakdown_gib.get(part, 0.0)
+        ax.bar([worst], [value], bottom=bottom, label=part)
+        bottom += value
+    ax.axhline(est.memory_limit_gib, color="tab:red", linestyle="--", label="limit")
+    ax.set_xlabel("pipeline stage")
+    ax.set_ylabel("GiB per GPU")
+    ax.set_title(_plan_title(result), fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _save(fig, path)
+
+
+def _plan_title(result: Result) -> str:
+    p = result.plan
+    name = result.model.name if result.model else "model"
+    return f"{name}: TP{p.tp} PP{p.pp} DP{p.dp} ZeRO-{p.zero_stage}, {p.recompute.value} recompute"
+
+
+def rank_coordinates(result: Result, rank: int) -> dict[str, int]:
+    """The (tp, cp, dp, pp) coordinates of a global rank under the plan's placement (innermost
+    axis first: with tp-cp-dp-pp, consecutive ranks form a TP group)."""
+    p = result.plan
+    sizes = {"tp": p.tp, "cp": p.cp, "dp": p.dp, "pp": p.pp}
+    coords = {}
+    for axis in p.placement.split("-"):
+        coords[axis] = rank % sizes[axis]
+        rank //= sizes[axis]
+    return coords
+
+
+def plan_on_cluster(result: Result, path: str | Path, *, gpus_per_node: int | None = None,
+                    max_nodes: int = 16) -> Path:
+    """One row per node, one box per GPU: colour = pipeline stage, text = TP group and DP rank.
+    Clusters larger than ``max_nodes`` show their first nodes only."""
+    p = result.plan
+    per_node = gpus_per_node or (result.cluster or {}).get("gpus_per_node") or min(8, p.world_size)
+    nodes = -(-p.world_size // per_node)
+    shown = min(nodes, max_nodes)
+    fig, ax = plt.subplots(figsize=(0.8 * per_node + 1.5, 0.5 * shown + 1.2))
+    colours = plt.get_cmap("tab20" if p.pp > 10 else "tab10")
+    for rank in range(min(p.world_size, shown * per_node)):
+        node, gpu = divmod(rank, per_node)
+        c = rank_coordinates(result, rank)
+        ax.add_patch(Rectangle((gpu, -node), 0.92, 0.85, color=colours(c["pp"] % colours.N)))
+        ax.text(gpu + 0.46, -node + 0.42, f"S{c['pp']}\nT{c['tp']} D{c['dp']}", ha="center",
+                va="center", fontsize=6)
+        if c["tp"] == 0 and p.tp > 1 and p.placement.startswith("tp") and gpu + p.tp <= per_node:
+            ax.add_patch(Rectangle((gpu - 0.04, -node - 0.04), p.tp - 0.04, 0.93, fill=False,
+                                   edgecolor="black", linewidth=1.5))
+    ax.set_xlim(-0.1, per_node)
+    ax.set_ylim(-shown + 0.9, 1)
+    ax.set_yticks([-n + 0.42 for n in range(shown)])
+    ax.set_yticklabels([f"node {n}" for n in range(shown)], fontsize=7)
+    ax.set_xticks([g + 0.46 for g in range(per_node)])
+    ax.set_xticklabels([f"GPU {g}" for g in range(per_node)], fontsize=7)
+    more = f" (first {shown} of {nodes} nodes)" if shown < nodes else ""
+    ax.set_title(_plan_title(result) + "\nS = pipeline stage, T = TP rank (a black box per TP "
+                 f"group), D = DP rank{more}",
+                 fontsize=8)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    return _save(fig, path)
+
+
+def plan_figures(result: Result, folder: str | Path, *, suffix: str = "png") -> list[Path]:
+    folder = Path(folder)
+    return [memory_per_stage(result, folder / f"memory_per_stage.{suffix}"),
+            plan_on_cluster(result, folder / f"plan_on_cluster.{suffix}")]

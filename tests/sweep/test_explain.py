@@ -1,0 +1,116 @@
+"""explain: runners-up agree with pinned solves, binding constraints, what-ifs and warnings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from autoplan import api
+from autoplan.cli import app
+from autoplan.explain import summary
+
+from .conftest import DGX16, ETHERNET, TINY
+
+FOUR_GPU_NODES = {"gpu": "a100-sxm4-80gb", "nodes": 2, "gpus_per_node": 2,
+                  "intra_node": {"link": "nvswitch"},
+                  "inter_node": {"link": "infiniband", "bandwidth": "200Gbps"}}
+
+
+@pytest.fixture(scope="module")
+def solved(tiny):
+    return api.solve(tiny, FOUR_GPU_NODES, seq_len=256, global_batch=16)
+
+
+@pytest.fixture(scope="module")
+def explained(solved, tiny):
+    return api.explain(solved, tiny)
+
+
+def test_runners_up_match_pinned_solves(explained, solved, tiny):
+    assert explained.runners_up
+    for runner in explained.runners_up:
+        assert (runner.tp, runner.pp) != (solved.plan.tp, solved.plan.pp)
+        assert runner.fits
+        alone = api.solve(tiny, FOUR_GPU_NODES, seq_len=256, global_batch=16,
+                          pins={"tp": runner.tp, "pp": runner.pp})
+        assert runner.step_time_s == pytest.approx(alone.estimate.step_time_s, rel=1e-9)
+        assert runner.plan == summary(alone.plan)
+        assert runner.slower_by >= 0  # the chosen plan is the optimum
+    times = [r.step_time_s for r in explained.runners_up]
+    assert times == sorted(times)
+
+
+def test_memory_binds_under_a_tight_limit(tiny):
+    loose = api.solve(tiny, FOUR_GPU_NODES, seq_len=256, global_batch=16)
+    peak = loose.estimate.peak_memory_gib
+    tight = api.solve(tiny, FOUR_GPU_NODES, seq_len=256, global_batch=16,
+                      mem_limit=f"{peak - 0.01:.3f}GiB")
+    text = api.explain(tight, tiny).binding
+    assert text.startswith("memory:") and "pipeline stage" in text
+    more = api.explain(tight, tiny).what_ifs[0]
+    assert more.change.startswith("1.5x GPU memory")
+    assert more.step_time_s <= tight.estimate.step_time_s
+
+
+def test_nothing_binds_for_the_unconstrained_optimum(explained):
+    assert explained.binding.startswith("nothing binds")
+
+
+def test_pinned_plan_is_flagged(tiny):
+    pinned = api.solve(tiny, FOUR_GPU_NODES, seq_len=256, global_batch=16, pins={"tp": 4})
+    unpinned = api.explain(pinned, tiny)
+    assert unpinned.binding.startswith(("pins:", "nothing binds"))
+    assert any("was the plan pinned" in w for w in unpinned.warnings) or \
+        unpinned.binding.startswith("nothing binds")
+    kept = api.explain(pinned, tiny, pins={"tp": 4})
+    assert not any("was the plan pinned" in w for w in kept.warnings)
+
+
+def test_warns_tp_across_nodes(tiny):
+    result = api.solve(tiny, FOUR_GPU_NODES, seq_len=256, global_batch=16, pins={"tp": 4})
+    assert any(w.startswith("TP=4 spans nodes") for w in api.explain(result, tiny, pins={"tp": 4}).warnings)
+
+
+def test_warns_zero3_over_ethernet(tiny):
+    pins = {"zero": 3, "tp": 1, "pp": 1, "dp": 16}  # both nodes: the DP group crosses Ethernet
+    result = api.solve(tiny, ETHERNET, seq_len=256, global_batch=16, runtime="deepspeed", pins=pins)
+    warnings = api.explain(result, tiny, pins=pins).warnings
+    assert any(w.startswith("ZeRO-3 over a slow network") for w in warnings)
+
+
+def test_warns_multi_node_no_faster_than_one(tiny):
+    """The tiny GPT over 10 Gb/s Ethernet: a second node cannot help."""
+    result = api.solve(tiny, ETHERNET, seq_len=256, global_batch=16)
+    warnings = api.explain(result, tiny).warnings
+    assert any(w.startswith(("bandwidth-bound", "poor scaling")) for w in warnings)
+
+
+def test_cli_explain_and_plots(solved, tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(solved.model_dump(mode="json")))
+    result = CliRunner().invoke(app, ["explain", str(path), "--model", str(TINY), "--json",
+                                      "--plots", str(tmp_path / "plots")])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert set(doc) == {"plan", "step_time_s", "binding", "bottleneck", "runners_up", "what_ifs",
+                        "warnings"}
+    for name in ("memory_per_stage.png", "plan_on_cluster.png"):
+        assert (tmp_path / "plots" / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_solve_explain_json():
+    result = CliRunner().invoke(app, ["solve", str(TINY), str(DGX16), "--seq-len", "128",
+                                      "--global-batch", "16", "--explain", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["plan"]["world_size"] <= 128 and doc["explanation"]["runners_up"]
+
+
+def test_rank_coordinates_follow_the_placement(solved):
+    from autoplan.plots import rank_coordinates
+    p = solved.plan
+    seen = {tuple(rank_coordinates(solved, r).values()) for r in range(p.world_size)}
+    assert len(seen) == p.world_size  # every rank has its own coordinates
+    assert rank_coordinates(solved, 1)["tp"] == (1 if p.tp > 1 else 0)
