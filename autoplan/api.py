@@ -4,11 +4,14 @@ model.py -> LayerGraph, cluster.yaml -> Cluster, then Problem -> CP-SAT -> Plan 
 
 from __future__ import annotations
 
+import functools
 import time
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+
+import torch
 
 from autoplan.cluster.spec import Cluster, load_cluster_spec, require_homogeneous, resolve
 from autoplan.costmodels.profiles import compute_profile, runtime_profile
@@ -30,6 +33,16 @@ from autoplan.training import AttentionKernel, Constraints, Pins, Precision, Run
 from autoplan.units import parse_quantity
 
 DEFAULT_TIME_LIMIT_S = 60.0
+
+
+@functools.cache
+def _warm_up() -> None:
+    """Trace a one-Linear model here once, so torch's lazy imports (about 1.5 s) happen before
+    the sandbox forks and every child inherits them."""
+    module = types.ModuleType("autoplan_warm_up")
+    module.build_model = lambda: torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    module.example_inputs = lambda batch, seq_len: torch.zeros(batch, seq_len, 8)
+    trace_model(load_model_source(module), seq_len=4)
 
 
 def _trace_origin(origin: Path | types.ModuleType, seq_len: int, precision: str) -> LayerGraph:
@@ -63,6 +76,7 @@ class Model:
     def trace(self, seq_len: int, precision: str = "bf16") -> LayerGraph:
         key = (seq_len, precision)
         if key not in self._traces:
+            _warm_up()
             self._traces[key] = run_guarded(
                 _trace_origin, self.origin, seq_len, precision, what=f"tracing {self.name}",
                 time_limit_s=self.trace_time_limit_s)
