@@ -304,7 +304,23 @@ def trace_document(graph: LayerGraph, batch: int = 1) -> dict:
     } for l in graph.layers]
     return {"model": graph.name, "seq_len": graph.seq_len, "batch": batch,
             "num_params": graph.num_params, "fwd_flops": graph.fwd_flops * batch,
-            "bwd_flops": graph.bwd_flops * batch, "layers": layers}
+            "bwd_flops": graph.bwd_flops * batch, "layers": layers,
+            "tp_constraints": tp_constraints(graph)}
+
+
+VOCAB_PAD_MULTIPLE = 128
+"""Megatron-LM pads the vocabulary to a multiple of 128 x TP (--make-vocab-size-divisible-by)."""
+
+
+def tp_constraints(graph: LayerGraph) -> dict:
+    """What a TP degree must respect: it divides the attention heads and KV heads; the
+    vocabulary is padded to a multiple of 128 x tp (the padded size per TP degree is listed)."""
+    vocab = graph.dims.vocab_size if graph.dims else 0
+    multiple = VOCAB_PAD_MULTIPLE
+    return {"divides": list(graph.tp_divisors),
+            "vocab_size": vocab,
+            "padded_vocab": {tp: -(-vocab // (multiple * tp)) * multiple * tp
+                             for tp in (1, 2, 4, 8) if vocab}}
 
 
 def place_for_inference(model, cluster, *, context_len: int, batch: int = 1,
