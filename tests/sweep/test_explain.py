@@ -95,7 +95,7 @@ def test_cli_explain_and_plots(solved, tmp_path):
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert set(doc) == {"plan", "step_time_s", "binding", "bottleneck", "runners_up", "what_ifs",
-                        "warnings"}
+                        "warnings", "tp_modes"}
     for name in ("memory_per_stage.png", "plan_on_cluster.png"):
         assert (tmp_path / "plots" / name).read_bytes()[:4] == b"\x89PNG"
 
