@@ -324,6 +324,38 @@ def _emit_explanation(explanation, as_json: bool) -> None:
         render(explanation, stdout)
 
 
+@app.command("infer")
+def infer_cmd(
+    model: Path = MODEL, cluster: Path = CLUSTER,
+    context_len: int = typer.Option(..., "--context-len", min=1,
+                                    help="Tokens of context (prompt plus generated) to hold in the KV cache."),
+    batch: int = typer.Option(1, "--batch", min=1, help="Sequences generated together."),
+    mem_limit: Optional[str] = MEM_LIMIT, as_json: bool = JSON,
+) -> None:
+    """Inference placement: a Hugging Face device_map and the predicted time per generated token."""
+    placement = _run(lambda: api.place_for_inference(model, cluster, context_len=context_len,
+                                                     batch=batch, mem_limit=mem_limit))
+    if as_json:
+        sys.stdout.write(json.dumps(placement.model_dump(mode="json"), indent=2) + "\n")
+        return
+    from rich.table import Table
+
+    modules: dict[int, list[str]] = {}
+    for name, gpu in placement.device_map.items():
+        modules.setdefault(gpu, []).append(name)
+    table = Table(title=f"device_map over {placement.gpus_used} GPU(s), {context_len} tokens of "
+                  f"context x batch {batch}", title_justify="left")
+    for column in ("GPU", "modules", "first", "last", "GiB", "limit GiB"):
+        table.add_column(column, justify="left" if column in ("first", "last") else "right")
+    for gpu, names in sorted(modules.items()):
+        table.add_row(str(gpu), str(len(names)), names[0], names[-1],
+                      f"{placement.memory_per_gpu_gib[gpu]:.1f}",
+                      f"{placement.memory_limit_gib:.1f}")
+    stdout.print(table)
+    stdout.print(f"time per generated token: {placement.time_per_token_s * 1e3:.1f} ms; "
+                 f"{placement.tokens_per_s:,.1f} tokens/s (batch {batch})")
+
+
 def main() -> None:
     """Console entry point."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s",

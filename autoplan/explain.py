@@ -20,6 +20,7 @@ from autoplan.cluster.spec import Cluster
 from autoplan.cluster.topology import GroupLinks, group_links
 from autoplan.costmodels.step import MIB, Problem, estimate, limit_mib
 from autoplan.plan import Estimate, Offload, Plan, Result
+from autoplan.plugins.colossalai_tp import compare_tp_modes
 from autoplan.search.space import candidate_plans
 from autoplan.training import Pins
 
@@ -62,6 +63,17 @@ class WhatIf(BaseModel):
     plan_changes: bool
 
 
+class TpMode(BaseModel):
+    """TP traffic of one Colossal-AI mode next to 1D (see :mod:`autoplan.plugins.colossalai_tp`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    mode: str
+    gpus: int
+    shape: str
+    bytes_per_layer_per_gpu: float
+    vs_1d: float
+
+
 class Explanation(BaseModel):
     """``autoplan explain --json``."""
 
@@ -73,6 +85,7 @@ class Explanation(BaseModel):
     runners_up: list[RunnerUp]
     what_ifs: list[WhatIf]
     warnings: list[str]
+    tp_modes: list[TpMode] = []  # 1D vs 2D/2.5D/3D TP near the plan's TP size
 
 
 US = 1e6
@@ -313,6 +326,21 @@ def _scaling_warnings(problem: Problem, result: Result, pins: Pins) -> list[str]
     return []
 
 
+def tp_modes(result: Result) -> list[TpMode]:
+    """Bytes per transformer layer per micro-batch per GPU of 1D, 2D, 2.5D and 3D TP at the
+    plan's TP size (the nearest valid size for each mode), for the plan's model and
+    micro-batch; empty when the model's shape is unknown or the plan has no TP."""
+    model, plan = result.model, result.plan
+    if model is None or not model.hidden_size or plan.tp == 1:
+        return []
+    seq = result.training.seq_len if result.training else model.seq_len
+    rows = compare_tp_modes(tp=plan.tp, hidden=model.hidden_size,
+                            tokens=plan.micro_batch_size * seq,
+                            ffn=model.ffn_hidden_size, gated=model.gated_mlp)
+    return [TpMode(mode=r.mode, gpus=r.gpus, shape=r.shape, bytes_per_layer_per_gpu=r.bytes_per_gpu,
+                   vs_1d=r.vs_1d) for r in rows]
+
+
 def explain_plan(problem: Problem, result: Result, pins: Pins = Pins()) -> Explanation:
     """The explanation of ``result``, a plan for ``problem`` (found under ``pins``)."""
     table = Table.build(problem, pins)
@@ -334,7 +362,7 @@ def explain_plan(problem: Problem, result: Result, pins: Pins = Pins()) -> Expla
         binding=binding(table, problem, chosen), bottleneck=bottleneck(problem, result),
         runners_up=runners_up(table, problem, chosen, limit=limit),
         what_ifs=what_ifs(problem, table, result.plan, pins),
-        warnings=notes + warnings(problem, result, pins))
+        warnings=notes + warnings(problem, result, pins), tp_modes=tp_modes(result))
 
 
 def render(explanation: Explanation, console) -> None:
@@ -360,3 +388,19 @@ def render(explanation: Explanation, console) -> None:
         console.print(f"[bold]what if[/] {w.change}: {outcome}", soft_wrap=True)
     for warning in e.warnings:
         console.print(f"[bold yellow]warning:[/] {warning}", soft_wrap=True)
+    _render_tp_modes(e.tp_modes, console)
+
+
+def _render_tp_modes(rows: list[TpMode], console) -> None:
+    if not rows:
+        return
+    from rich.table import Table as RichTable
+
+    table = RichTable(title="TP traffic per transformer layer per micro-batch (Colossal-AI "
+                      "2D/2.5D/3D vs Megatron 1D; vs 1D on as many GPUs)", title_justify="left")
+    for column in ("TP mode", "GPUs", "bytes per layer per GPU", "vs 1D"):
+        table.add_column(column, justify="left" if column == "TP mode" else "right")
+    for r in rows:
+        table.add_row(f"{r.mode} ({r.shape})", str(r.gpus),
+                      f"{r.bytes_per_layer_per_gpu / 2**20:,.1f} MiB", f"{r.vs_1d:.2f}x")
+    console.print(table)

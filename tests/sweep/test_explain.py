@@ -95,7 +95,7 @@ def test_cli_explain_and_plots(solved, tmp_path):
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert set(doc) == {"plan", "step_time_s", "binding", "bottleneck", "runners_up", "what_ifs",
-                        "warnings"}
+                        "warnings", "tp_modes"}
     for name in ("memory_per_stage.png", "plan_on_cluster.png"):
         assert (tmp_path / "plots" / name).read_bytes()[:4] == b"\x89PNG"
 
@@ -114,3 +114,25 @@ def test_rank_coordinates_follow_the_placement(solved):
     seen = {tuple(rank_coordinates(solved, r).values()) for r in range(p.world_size)}
     assert len(seen) == p.world_size  # every rank has its own coordinates
     assert rank_coordinates(solved, 1)["tp"] == (1 if p.tp > 1 else 0)
+
+
+def test_tp_modes_table_for_the_plans_tp(tiny):
+    """explain lists 1D/2D/2.5D/3D TP traffic for the plan's TP size and model."""
+    from autoplan.plugins.colossalai_tp import compare_tp_modes
+
+    result = api.solve(tiny, FOUR_GPU_NODES, seq_len=256, global_batch=16, pins={"tp": 4})
+    rows = api.explain(result, tiny, pins={"tp": 4}).tp_modes
+    assert [r.mode for r in rows] == ["1D", "2D", "2.5D", "3D"]
+    expected = compare_tp_modes(tp=4, hidden=128, tokens=result.plan.micro_batch_size * 256)
+    assert [r.bytes_per_layer_per_gpu for r in rows] == [e.bytes_per_gpu for e in expected]
+    assert rows[0].gpus == 4 and rows[0].vs_1d == 1
+
+
+def test_tp_modes_table_printed(tmp_path, tiny):
+    result = api.solve(tiny, FOUR_GPU_NODES, seq_len=256, global_batch=16, pins={"tp": 2})
+    path = tmp_path / "plan.json"
+    path.write_text(result.model_dump_json())
+    out = CliRunner().invoke(app, ["explain", str(path), "--model", str(TINY)],
+                             terminal_width=200)
+    assert out.exit_code == 0, out.output
+    assert "TP mode" in out.output and "2.5D" in out.output and "vs 1D" in out.output
