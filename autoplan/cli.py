@@ -101,6 +101,8 @@ OFFLOAD = typer.Option(None, "--offload", help="CPU offload.")
 MEM_LIMIT = typer.Option(None, "--mem-limit", help="Per-GPU memory cap, e.g. 72GiB (default: the GPU's).")
 RUNTIME = typer.Option(None, "--runtime", help="megatron (default), deepspeed or fsdp.")
 PRECISION = typer.Option(None, "--precision", help="bf16 (default) or fp16.")
+PROFILE = typer.Option(None, "--profile", help="A profile YAML from `autoplan calibrate`: "
+                       "replaces the catalog's compute efficiencies.")
 JSON = typer.Option(False, "--json", help="Print one JSON document and nothing else.")
 
 
@@ -113,7 +115,7 @@ def solve(
     zero: Optional[ZeroChoice] = ZERO, recompute: Optional[Recompute] = RECOMPUTE,
     sp: Optional[bool] = SP, vpp: Optional[int] = VPP, offload: Optional[Offload] = OFFLOAD,
     mem_limit: Optional[str] = MEM_LIMIT, runtime: Optional[str] = RUNTIME,
-    precision: Optional[str] = PRECISION,
+    precision: Optional[str] = PRECISION, profile: Optional[Path] = PROFILE,
     as_json: bool = JSON,
     time_limit: float = typer.Option(api.DEFAULT_TIME_LIMIT_S, "--time-limit", min=0.1,
                                      help="Solver time limit in seconds; the best plan so far is returned."),
@@ -129,13 +131,14 @@ def solve(
     if from_file is not None:
         current = _run(lambda: api.estimate(
             model, cluster, api.read_run(from_file), seq_len=seq_len, global_batch=global_batch,
-            mem_limit=mem_limit, runtime=runtime, precision=precision))
+            mem_limit=mem_limit, runtime=runtime, precision=precision, profile=profile))
         training = current.training
         seq_len, global_batch = training.seq_len, training.global_batch
         runtime, precision = training.runtime, training.precision
     result = _run(lambda: api.solve(
         model, cluster, seq_len=seq_len, global_batch=global_batch, pins=pins,
-        mem_limit=mem_limit, time_limit_s=time_limit, runtime=runtime, precision=precision))
+        mem_limit=mem_limit, time_limit_s=time_limit, runtime=runtime, precision=precision,
+        profile=profile))
     if explain:
         explanation = _run(lambda: api.explain(result, model, pins=pins))
     if explain and as_json:
@@ -160,7 +163,7 @@ def estimate(
     zero: Optional[ZeroChoice] = ZERO, recompute: Optional[Recompute] = RECOMPUTE,
     sp: Optional[bool] = SP, vpp: Optional[int] = VPP, offload: Optional[Offload] = OFFLOAD,
     mem_limit: Optional[str] = MEM_LIMIT, runtime: Optional[str] = RUNTIME,
-    precision: Optional[str] = PRECISION,
+    precision: Optional[str] = PRECISION, profile: Optional[Path] = PROFILE,
     as_json: bool = JSON,
 ) -> None:
     """Evaluate one plan. Unset dimensions default to tp=pp=cp=1, dp = the most GPUs left that
@@ -175,7 +178,7 @@ def estimate(
 
     result = _run(lambda: api.estimate(
         model, cluster, plan(), seq_len=seq_len, global_batch=global_batch, mem_limit=mem_limit,
-        runtime=runtime, precision=precision))
+        runtime=runtime, precision=precision, profile=profile))
     _emit(result, as_json)
 
 
@@ -322,6 +325,35 @@ def _emit_explanation(explanation, as_json: bool) -> None:
     else:
         from autoplan.explain import render
         render(explanation, stdout)
+
+
+@app.command("calibrate")
+def calibrate_cmd(
+    out: Path = typer.Option(Path("profile.yaml"), "--out", help="Profile YAML to write."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: cuda "
+                                         "when a GPU is visible, else cpu)."),
+    quick: bool = typer.Option(False, "--quick", help="Tiny shapes: seconds, not minutes."),
+    as_json: bool = JSON,
+) -> None:
+    """Measure GEMM throughput, memory bandwidth and (several GPUs) all-reduce bandwidth here
+    and write a profile for `solve`/`estimate --profile`."""
+    from autoplan.calibrate import bus_bandwidth_Bps
+    measured, fitted = _run(lambda: api.calibrate(out, device=device, quick=quick))
+    numbers = {"gemm_efficiency": fitted.gemm_efficiency, "gemm_half_flops": fitted.gemm_half_flops,
+               "memory_efficiency": fitted.memory_efficiency}
+    if as_json:
+        sys.stdout.write(json.dumps({"profile": str(out), "device": measured.device,
+                                     "dtype": measured.dtype, "fitted": numbers}, indent=2) + "\n")
+        return
+    stdout.print(f"{measured.device_name} ({measured.dtype}), reference peak "
+                 f"{measured.peak_flops / 1e12:.3g} TFLOP/s: gemm_efficiency "
+                 f"{fitted.gemm_efficiency:.3f}, gemm_half_flops {fitted.gemm_half_flops:.3g}, "
+                 f"memory_efficiency {fitted.memory_efficiency:.3f} "
+                 f"({measured.memory.bytes / measured.memory.seconds / 1e9:.3g} GB/s)")
+    if measured.all_reduce is not None:
+        stdout.print(f"all-reduce over {measured.all_reduce.num_gpus} GPUs: bus bandwidth "
+                     f"{bus_bandwidth_Bps(measured.all_reduce) / 1e9:.3g} GB/s")
+    stdout.print(f"wrote {out}")
 
 
 def main() -> None:
