@@ -221,7 +221,8 @@ def plan_from_pins(problem: Problem, pins: Pins, *, first: int | None = None,
     return Plan(
         tp=tp, pp=pp, dp=dp, cp=cp, zero_stage=pins.zero or 0, micro_batch_size=mbs,
         global_batch_size=batch, num_microbatches=batch // (dp * mbs),
-        recompute=pins.recompute or "none", sequence_parallel=bool(pins.sp), vpp=vpp,
+        recompute=pins.recompute or ("full" if pins.recompute_num_layers else "none"),
+        recompute_num_layers=pins.recompute_num_layers, sequence_parallel=bool(pins.sp), vpp=vpp,
         offload=pins.offload or "none", world_size=tp * pp * dp * cp,
         stages=balanced_stages(problem.graph, pp, vpp, first=first, last=last),
     )

@@ -51,10 +51,12 @@ FROM = typer.Option(None, "--from", help="A Megatron-LM argument list or launch 
                     "DeepSpeed ds_config.json, or torchtitan overrides: the setup you run now.")
 
 
-def _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload) -> dict:
+def _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload,
+          recompute_num_layers=None) -> dict:
     values = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "mbs": mbs,
               "zero": int(zero.value) if zero else None,
-              "recompute": recompute.value if recompute else None, "sp": sp, "vpp": vpp,
+              "recompute": recompute.value if recompute else None,
+              "recompute_num_layers": recompute_num_layers, "sp": sp, "vpp": vpp,
               "offload": offload.value if offload else None}
     return {k: v for k, v in values.items() if v is not None}
 
@@ -95,6 +97,9 @@ CP = typer.Option(None, "--cp", min=1, help="Context-parallel degree.")
 MBS = typer.Option(None, "--mbs", min=1, help="Micro-batch size.")
 ZERO = typer.Option(None, "--zero", help="ZeRO stage.")
 RECOMPUTE = typer.Option(None, "--recompute", help="Activation recomputation.")
+RECOMPUTE_LAYERS = typer.Option(None, "--recompute-num-layers", min=1,
+                                help="With full recompute: only the first N blocks of each "
+                                "model chunk (Megatron's --recompute-method block).")
 SP = typer.Option(None, "--sp/--no-sp", help="Sequence parallelism.")
 VPP = typer.Option(None, "--vpp", min=1, help="Model chunks per pipeline rank (1: no interleaving).")
 OFFLOAD = typer.Option(None, "--offload", help="CPU offload.")
@@ -113,7 +118,7 @@ def solve(
     tp: Optional[int] = TP, pp: Optional[int] = PP,
     dp: Optional[int] = DP, cp: Optional[int] = CP, mbs: Optional[int] = MBS,
     zero: Optional[ZeroChoice] = ZERO, recompute: Optional[Recompute] = RECOMPUTE,
-    sp: Optional[bool] = SP, vpp: Optional[int] = VPP, offload: Optional[Offload] = OFFLOAD,
+    recompute_num_layers: Optional[int] = RECOMPUTE_LAYERS, sp: Optional[bool] = SP, vpp: Optional[int] = VPP, offload: Optional[Offload] = OFFLOAD,
     mem_limit: Optional[str] = MEM_LIMIT, runtime: Optional[str] = RUNTIME,
     precision: Optional[str] = PRECISION, profile: Optional[Path] = PROFILE,
     as_json: bool = JSON,
@@ -126,7 +131,7 @@ def solve(
 ) -> None:
     """Find the fastest plan that fits in memory; given options pin those dimensions. With
     --from, also price the setup you run now and say what to change."""
-    pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload)
+    pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload, recompute_num_layers)
     current = None
     if from_file is not None:
         current = _run(lambda: api.estimate(
@@ -161,14 +166,14 @@ def estimate(
     tp: Optional[int] = TP, pp: Optional[int] = PP,
     dp: Optional[int] = DP, cp: Optional[int] = CP, mbs: Optional[int] = MBS,
     zero: Optional[ZeroChoice] = ZERO, recompute: Optional[Recompute] = RECOMPUTE,
-    sp: Optional[bool] = SP, vpp: Optional[int] = VPP, offload: Optional[Offload] = OFFLOAD,
+    recompute_num_layers: Optional[int] = RECOMPUTE_LAYERS, sp: Optional[bool] = SP, vpp: Optional[int] = VPP, offload: Optional[Offload] = OFFLOAD,
     mem_limit: Optional[str] = MEM_LIMIT, runtime: Optional[str] = RUNTIME,
     precision: Optional[str] = PRECISION, profile: Optional[Path] = PROFILE,
     as_json: bool = JSON,
 ) -> None:
     """Evaluate one plan. Unset dimensions default to tp=pp=cp=1, dp = the most GPUs left that
     divide the global batch, mbs=1, ZeRO-0, no recompute, no SP, no interleaving, no offload."""
-    pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload)
+    pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload, recompute_num_layers)
 
     def plan():
         if from_file is None:
