@@ -95,9 +95,6 @@ def check(result: Result) -> None:
         problems.append("context parallelism (cp > 1) is not built by train.py")
     if plan.offload is not Offload.NONE:
         problems.append("CPU offload is not built by train.py")
-    if plan.recompute_num_layers is not None:
-        problems.append("train.py checkpoints every block, not the first N of each stage "
-                        "(recompute_num_layers)")
     if plan.vpp > 1 and plan.pp == 1:
         problems.append(f"vpp={plan.vpp} needs pipeline parallelism (pp > 1)")
     if problems:

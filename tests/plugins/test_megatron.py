@@ -102,7 +102,7 @@ def test_partial_recompute_is_megatrons_block_method():
     assert (config.recompute_method, config.recompute_num_layers) == ("block", 2)
 
 
-@pytest.mark.parametrize("target", ["deepspeed", "torchtitan", "colossalai", "torchrun"])
+@pytest.mark.parametrize("target", ["deepspeed", "torchtitan", "colossalai"])
 def test_partial_recompute_is_refused_where_it_cannot_be_said(target, tmp_path):
     from autoplan.plugins import export_plan
     result = changed(load_plan("llama8b_3d_vpp_sp"),
