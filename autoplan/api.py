@@ -14,7 +14,8 @@ from typing import Any, Mapping
 import torch
 
 from autoplan.cluster.spec import Cluster, load_cluster_spec, require_homogeneous, resolve
-from autoplan.costmodels.profiles import compute_profile, runtime_profile
+from autoplan.calibrate import MeasuredProfile, fitted_profile, load_profile, measure, write_profile
+from autoplan.costmodels.profiles import ComputeProfile, compute_profile, runtime_profile
 from autoplan.costmodels.step import Problem
 from autoplan.costmodels.step import estimate as estimate_plan
 from autoplan.errors import ConstraintError, ModelFileError, PlanFileError
@@ -122,15 +123,26 @@ def _mem_limit_bytes(mem_limit: str | float | None, cluster: Cluster) -> float:
     return parse_quantity(mem_limit, "memory", field="--mem-limit")
 
 
+def _compute(cluster: Cluster, profile: str | Path | ComputeProfile | None) -> ComputeProfile:
+    if profile is None:
+        return compute_profile(cluster.gpu.name)
+    if isinstance(profile, ComputeProfile):
+        return profile
+    return load_profile(profile)
+
+
 def make_problem(model: Model, cluster: LoadedCluster, training: TrainingSpec,
-                 mem_limit: str | float | None = None) -> Problem:
-    """Trace the model and gather the cost-model inputs for one question."""
+                 mem_limit: str | float | None = None, *,
+                 profile: str | Path | ComputeProfile | None = None) -> Problem:
+    """Trace the model and gather the cost-model inputs for one question. ``profile`` (a
+    profile YAML from ``autoplan calibrate`` or a ComputeProfile) replaces the catalog's
+    compute profile of the cluster's GPU."""
     require_homogeneous(cluster.cluster)
     graph = model.trace(training.seq_len, training.precision.value)
     return Problem(
         graph=graph, cluster=cluster.cluster, training=training,
         runtime=runtime_profile(training.runtime.value, training.precision.value),
-        compute=compute_profile(cluster.cluster.gpu.name),
+        compute=_compute(cluster.cluster, profile),
         mem_limit_bytes=_mem_limit_bytes(mem_limit, cluster.cluster),
     )
 
@@ -175,7 +187,7 @@ def _result(problem: Problem, model: Model, cluster: LoadedCluster, plan: Plan, 
 
 def solve(model, cluster, *, seq_len: int, global_batch: int, pins=None, mem_limit=None,
           time_limit_s: float | None = None, precision: str | None = None,
-          runtime: str | None = None, attention: str = "flash") -> Result:
+          runtime: str | None = None, attention: str = "flash", profile=None) -> Result:
     """The fastest plan that fits, with its estimate and the solver's status.
 
     Args:
@@ -186,6 +198,8 @@ def solve(model, cluster, *, seq_len: int, global_batch: int, pins=None, mem_lim
         pins: dimensions to fix, by the CLI's names (``{"tp": 8, "zero": 1}``).
         mem_limit: per-GPU cap (``"72GiB"`` or bytes); default: the GPU's memory.
         time_limit_s: solver time limit; the best plan so far is returned with its gap.
+        profile: a profile YAML written by ``autoplan calibrate`` (or a ComputeProfile) that
+            replaces the catalog's compute profile.
 
     Raises:
         InfeasibleError: nothing fits; the message says what conflicts and by how much.
@@ -195,7 +209,7 @@ def solve(model, cluster, *, seq_len: int, global_batch: int, pins=None, mem_lim
                                                          runtime)
     training = _training(seq_len, global_batch, precision, runtime, attention)
     constraints = Constraints(pins=_pins(pins), time_limit_s=time_limit_s or DEFAULT_TIME_LIMIT_S)
-    problem = make_problem(model, cluster, training, mem_limit)
+    problem = make_problem(model, cluster, training, mem_limit, profile=profile)
     check_pins(problem.graph, world=cluster.cluster.num_gpus, training=training,
                pins=constraints.pins)
     plan, est, info = solve_table(problem, constraints.pins, time_limit_s=constraints.time_limit_s)
@@ -221,7 +235,8 @@ def plan_from_pins(problem: Problem, pins: Pins, *, first: int | None = None,
     return Plan(
         tp=tp, pp=pp, dp=dp, cp=cp, zero_stage=pins.zero or 0, micro_batch_size=mbs,
         global_batch_size=batch, num_microbatches=batch // (dp * mbs),
-        recompute=pins.recompute or "none", sequence_parallel=bool(pins.sp), vpp=vpp,
+        recompute=pins.recompute or ("full" if pins.recompute_num_layers else "none"),
+        recompute_num_layers=pins.recompute_num_layers, sequence_parallel=bool(pins.sp), vpp=vpp,
         offload=pins.offload or "none", world_size=tp * pp * dp * cp,
         stages=balanced_stages(problem.graph, pp, vpp, first=first, last=last),
     )
@@ -261,17 +276,18 @@ def _settings(run: ImportedRun | None, seq_len, global_batch, precision, runtime
 
 def estimate(model, cluster, plan_or_pins, *, seq_len: int | None = None,
              global_batch: int | None = None, mem_limit=None, precision: str | None = None,
-             runtime: str | None = None, attention: str = "flash") -> Result:
+             runtime: str | None = None, attention: str = "flash", profile=None) -> Result:
     """Evaluate one plan: a Plan, pins completed with documented defaults, or an
     :class:`ImportedRun` read from a Megatron-LM, DeepSpeed or torchtitan configuration
-    (``read_run(path)``), which may also supply the sequence length and global batch."""
+    (``read_run(path)``), which may also supply the sequence length and global batch.
+    ``profile`` replaces the compute profile as in :func:`solve`."""
     start = time.perf_counter()
     model, cluster = load_model(model), load_cluster(cluster)
     run = plan_or_pins if isinstance(plan_or_pins, ImportedRun) else None
     seq_len, global_batch, precision, runtime = _settings(run, seq_len, global_batch, precision,
                                                          runtime)
     training = _training(seq_len, global_batch, precision, runtime, attention)
-    problem = make_problem(model, cluster, training, mem_limit)
+    problem = make_problem(model, cluster, training, mem_limit, profile=profile)
     plan = _plan_for(problem, cluster, model, plan_or_pins)
     est = estimate_plan(problem, plan)
     info = SolverInfo(status="ESTIMATE", objective=est.step_time_s, bound=est.step_time_s, gap=0.0,
@@ -483,3 +499,18 @@ def plot_plan(result: Result, folder: str | Path) -> list[Path]:
     from autoplan import plots
 
     return plots.plan_figures(result, folder)
+
+
+def calibrate(out: str | Path, *, device: str | None = None, quick: bool = False
+              ) -> tuple[MeasuredProfile, ComputeProfile]:
+    """Measure this machine (GEMMs, memory copy, all-reduce with several GPUs), write the
+    profile YAML to ``out`` and return it with the compute profile fitted from it.
+    ``device`` None: cuda when a GPU is visible, else cpu."""
+    if device is None:
+        import torch
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ConstraintError(f"--device {device!r}: use cpu or cuda.")
+    measured = measure(device, quick=quick)
+    write_profile(measured, out)
+    return measured, fitted_profile(measured)

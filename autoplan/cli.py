@@ -51,10 +51,12 @@ FROM = typer.Option(None, "--from", help="A Megatron-LM argument list or launch 
                     "DeepSpeed ds_config.json, or torchtitan overrides: the setup you run now.")
 
 
-def _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload) -> dict:
+def _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload,
+          recompute_num_layers=None) -> dict:
     values = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "mbs": mbs,
               "zero": int(zero.value) if zero else None,
-              "recompute": recompute.value if recompute else None, "sp": sp, "vpp": vpp,
+              "recompute": recompute.value if recompute else None,
+              "recompute_num_layers": recompute_num_layers, "sp": sp, "vpp": vpp,
               "offload": offload.value if offload else None}
     return {k: v for k, v in values.items() if v is not None}
 
@@ -95,12 +97,17 @@ CP = typer.Option(None, "--cp", min=1, help="Context-parallel degree.")
 MBS = typer.Option(None, "--mbs", min=1, help="Micro-batch size.")
 ZERO = typer.Option(None, "--zero", help="ZeRO stage.")
 RECOMPUTE = typer.Option(None, "--recompute", help="Activation recomputation.")
+RECOMPUTE_LAYERS = typer.Option(None, "--recompute-num-layers", min=1,
+                                help="With full recompute: only the first N blocks of each "
+                                "model chunk (Megatron's --recompute-method block).")
 SP = typer.Option(None, "--sp/--no-sp", help="Sequence parallelism.")
 VPP = typer.Option(None, "--vpp", min=1, help="Model chunks per pipeline rank (1: no interleaving).")
 OFFLOAD = typer.Option(None, "--offload", help="CPU offload.")
 MEM_LIMIT = typer.Option(None, "--mem-limit", help="Per-GPU memory cap, e.g. 72GiB (default: the GPU's).")
 RUNTIME = typer.Option(None, "--runtime", help="megatron (default), deepspeed or fsdp.")
 PRECISION = typer.Option(None, "--precision", help="bf16 (default) or fp16.")
+PROFILE = typer.Option(None, "--profile", help="A profile YAML from `autoplan calibrate`: "
+                       "replaces the catalog's compute efficiencies.")
 JSON = typer.Option(False, "--json", help="Print one JSON document and nothing else.")
 
 
@@ -111,9 +118,9 @@ def solve(
     tp: Optional[int] = TP, pp: Optional[int] = PP,
     dp: Optional[int] = DP, cp: Optional[int] = CP, mbs: Optional[int] = MBS,
     zero: Optional[ZeroChoice] = ZERO, recompute: Optional[Recompute] = RECOMPUTE,
-    sp: Optional[bool] = SP, vpp: Optional[int] = VPP, offload: Optional[Offload] = OFFLOAD,
+    recompute_num_layers: Optional[int] = RECOMPUTE_LAYERS, sp: Optional[bool] = SP, vpp: Optional[int] = VPP, offload: Optional[Offload] = OFFLOAD,
     mem_limit: Optional[str] = MEM_LIMIT, runtime: Optional[str] = RUNTIME,
-    precision: Optional[str] = PRECISION,
+    precision: Optional[str] = PRECISION, profile: Optional[Path] = PROFILE,
     as_json: bool = JSON,
     time_limit: float = typer.Option(api.DEFAULT_TIME_LIMIT_S, "--time-limit", min=0.1,
                                      help="Solver time limit in seconds; the best plan so far is returned."),
@@ -124,18 +131,19 @@ def solve(
 ) -> None:
     """Find the fastest plan that fits in memory; given options pin those dimensions. With
     --from, also price the setup you run now and say what to change."""
-    pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload)
+    pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload, recompute_num_layers)
     current = None
     if from_file is not None:
         current = _run(lambda: api.estimate(
             model, cluster, api.read_run(from_file), seq_len=seq_len, global_batch=global_batch,
-            mem_limit=mem_limit, runtime=runtime, precision=precision))
+            mem_limit=mem_limit, runtime=runtime, precision=precision, profile=profile))
         training = current.training
         seq_len, global_batch = training.seq_len, training.global_batch
         runtime, precision = training.runtime, training.precision
     result = _run(lambda: api.solve(
         model, cluster, seq_len=seq_len, global_batch=global_batch, pins=pins,
-        mem_limit=mem_limit, time_limit_s=time_limit, runtime=runtime, precision=precision))
+        mem_limit=mem_limit, time_limit_s=time_limit, runtime=runtime, precision=precision,
+        profile=profile))
     if explain:
         explanation = _run(lambda: api.explain(result, model, pins=pins))
     if explain and as_json:
@@ -158,14 +166,14 @@ def estimate(
     tp: Optional[int] = TP, pp: Optional[int] = PP,
     dp: Optional[int] = DP, cp: Optional[int] = CP, mbs: Optional[int] = MBS,
     zero: Optional[ZeroChoice] = ZERO, recompute: Optional[Recompute] = RECOMPUTE,
-    sp: Optional[bool] = SP, vpp: Optional[int] = VPP, offload: Optional[Offload] = OFFLOAD,
+    recompute_num_layers: Optional[int] = RECOMPUTE_LAYERS, sp: Optional[bool] = SP, vpp: Optional[int] = VPP, offload: Optional[Offload] = OFFLOAD,
     mem_limit: Optional[str] = MEM_LIMIT, runtime: Optional[str] = RUNTIME,
-    precision: Optional[str] = PRECISION,
+    precision: Optional[str] = PRECISION, profile: Optional[Path] = PROFILE,
     as_json: bool = JSON,
 ) -> None:
     """Evaluate one plan. Unset dimensions default to tp=pp=cp=1, dp = the most GPUs left that
     divide the global batch, mbs=1, ZeRO-0, no recompute, no SP, no interleaving, no offload."""
-    pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload)
+    pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload, recompute_num_layers)
 
     def plan():
         if from_file is None:
@@ -175,7 +183,7 @@ def estimate(
 
     result = _run(lambda: api.estimate(
         model, cluster, plan(), seq_len=seq_len, global_batch=global_batch, mem_limit=mem_limit,
-        runtime=runtime, precision=precision))
+        runtime=runtime, precision=precision, profile=profile))
     _emit(result, as_json)
 
 
@@ -354,6 +362,35 @@ def infer_cmd(
     stdout.print(table)
     stdout.print(f"time per generated token: {placement.time_per_token_s * 1e3:.1f} ms; "
                  f"{placement.tokens_per_s:,.1f} tokens/s (batch {batch})")
+
+
+@app.command("calibrate")
+def calibrate_cmd(
+    out: Path = typer.Option(Path("profile.yaml"), "--out", help="Profile YAML to write."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: cuda "
+                                         "when a GPU is visible, else cpu)."),
+    quick: bool = typer.Option(False, "--quick", help="Tiny shapes: seconds, not minutes."),
+    as_json: bool = JSON,
+) -> None:
+    """Measure GEMM throughput, memory bandwidth and (several GPUs) all-reduce bandwidth here
+    and write a profile for `solve`/`estimate --profile`."""
+    from autoplan.calibrate import bus_bandwidth_Bps
+    measured, fitted = _run(lambda: api.calibrate(out, device=device, quick=quick))
+    numbers = {"gemm_efficiency": fitted.gemm_efficiency, "gemm_half_flops": fitted.gemm_half_flops,
+               "memory_efficiency": fitted.memory_efficiency}
+    if as_json:
+        sys.stdout.write(json.dumps({"profile": str(out), "device": measured.device,
+                                     "dtype": measured.dtype, "fitted": numbers}, indent=2) + "\n")
+        return
+    stdout.print(f"{measured.device_name} ({measured.dtype}), reference peak "
+                 f"{measured.peak_flops / 1e12:.3g} TFLOP/s: gemm_efficiency "
+                 f"{fitted.gemm_efficiency:.3f}, gemm_half_flops {fitted.gemm_half_flops:.3g}, "
+                 f"memory_efficiency {fitted.memory_efficiency:.3f} "
+                 f"({measured.memory.bytes / measured.memory.seconds / 1e9:.3g} GB/s)")
+    if measured.all_reduce is not None:
+        stdout.print(f"all-reduce over {measured.all_reduce.num_gpus} GPUs: bus bandwidth "
+                     f"{bus_bandwidth_Bps(measured.all_reduce) / 1e9:.3g} GB/s")
+    stdout.print(f"wrote {out}")
 
 
 def main() -> None:

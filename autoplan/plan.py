@@ -56,6 +56,9 @@ class Plan(BaseModel):
     global_batch_size: int = Field(ge=1)
     num_microbatches: int = Field(ge=1)
     recompute: Recompute = Recompute.NONE
+    recompute_num_layers: int | None = Field(default=None, ge=1)
+    """With full recompute: only the first N blocks of each model chunk are recomputed, the
+    rest keep their activations (Megatron's ``--recompute-method block``); None: every block."""
     sequence_parallel: bool = False
     vpp: int = Field(default=1, ge=1)
     offload: Offload = Offload.NONE
@@ -84,6 +87,9 @@ class Plan(BaseModel):
                 raise ValueError(f"stages must be contiguous from layer 0: a stage starts at "
                                  f"{stage.first_layer}, expected {position}")
             position += stage.num_layers
+        if self.recompute_num_layers is not None and self.recompute is not Recompute.FULL:
+            raise ValueError(f"recompute_num_layers = {self.recompute_num_layers} needs "
+                             f"recompute = full, not {self.recompute.value}")
         if sorted(self.placement.split("-")) != sorted(PLACEMENT_AXES):
             raise ValueError(f"placement {self.placement!r} must order the axes "
                              f"{'-'.join(PLACEMENT_AXES)}, innermost first")

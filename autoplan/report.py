@@ -47,7 +47,8 @@ def plan_table(result: Result) -> Table:
         ("micro-batch", f"{p.micro_batch_size} x {p.num_microbatches} micro-batches "
          f"(global batch {p.global_batch_size})"),
         ("ZeRO stage", str(p.zero_stage)),
-        ("recompute", p.recompute.value),
+        ("recompute", p.recompute.value if p.recompute_num_layers is None else
+         f"full, first {p.recompute_num_layers} blocks of each chunk"),
         ("sequence parallel", "yes" if p.sequence_parallel else "no"),
         ("interleaved stages", f"{p.vpp} chunks per rank" if p.vpp > 1 else "no (1F1B)"),
         ("offload", p.offload.value),

@@ -56,6 +56,7 @@ class Pins(BaseModel):
     mbs: int | None = Field(default=None, ge=1)
     zero: int | None = Field(default=None, ge=0, le=3)
     recompute: Recompute | None = None
+    recompute_num_layers: int | None = Field(default=None, ge=1)
     sp: bool | None = None
     vpp: int | None = Field(default=None, ge=1)
     offload: Offload | None = None

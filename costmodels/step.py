@@ -211,15 +211,45 @@ class _ChunkSums:
     largest: float
 
 
-def _chunk_sums(problem: Problem, compositions: tuple, split: Split, recompute: Recompute,
+def _chunk_compositions(problem: Problem, plan: Plan,
+                        stages: tuple[tuple[int, int], ...]) -> tuple:
+    """Each chunk as ``((class id, how many, recompute), ...)``.
+
+    With ``recompute_num_layers = N`` a chunk's layers up to its N-th block are fully
+    recomputed and the rest keep their activations (Megatron's ``--recompute-method block``:
+    the first N transformer layers of every model chunk); layers that are not blocks cost the
+    same either way.
+    """
+    n = plan.recompute_num_layers if plan.recompute is Recompute.FULL else None
+    chunks = []
+    for first, num in stages:
+        cut = num if n is None else _recomputed_prefix(problem, first, num, n)
+        rest = Recompute.NONE if n is not None else plan.recompute
+        chunks.append(tuple((c, k, plan.recompute) for c, k in problem.layer_counts(first, cut))
+                      + tuple((c, k, rest) for c, k in problem.layer_counts(first + cut, num - cut)))
+    return tuple(chunks)
+
+
+def _recomputed_prefix(problem: Problem, first: int, num: int, n: int) -> int:
+    """Layers of the chunk ``layers[first:first+num]`` up to and including its n-th block."""
+    key = ("prefix", first, num, n)
+    cut = problem._cache.get(key)
+    if cut is None:
+        blocks = [i for i in range(first, first + num)
+                  if problem.graph.layers[i].kind is LayerKind.BLOCK]
+        cut = problem._cache[key] = num if len(blocks) <= n else blocks[n - 1] + 1 - first
+    return cut
+
+
+def _chunk_sums(problem: Problem, compositions: tuple, split: Split,
                 tp_links: GroupLinks) -> _ChunkSums:
-    key = ("sums", compositions, split, recompute, tp_links)
+    key = ("sums", compositions, split, tp_links)
     cached = problem._cache.get(key)
     if cached is not None:
         return cached
     compute_s = backward_s = tp_comm_s = params = acts = working = largest = 0.0
     for composition in compositions:
-        for class_id, count in composition:
+        for class_id, count, recompute in composition:
             layer = problem.layer_class(class_id)
             cost = _layer_cost(problem, layer, class_id, split, recompute, tp_links)
             compute_s += count * cost.compute_s
@@ -238,13 +268,13 @@ def _rank_base(problem: Problem, plan: Plan, rank: int, split: Split,
                links: dict[str, GroupLinks]) -> tuple[_ChunkSums, float, float]:
     """(layer sums, pipeline-send time, parameters) of a rank; shared by equal ranks."""
     stages = _rank_stages(plan, rank)
-    compositions = tuple(problem.layer_counts(first, num) for first, num in stages)
+    compositions = _chunk_compositions(problem, plan, stages)
     last = rank == plan.pp - 1 and plan.pp > 1
     key = ("rank", stages if plan.pp > 1 else compositions, last, split, plan.recompute,
-           links["tp"], links["pp"])
+           plan.recompute_num_layers, links["tp"], links["pp"])
     cached = problem._cache.get(key)
     if cached is None:
-        sums = _chunk_sums(problem, compositions, split, plan.recompute, links["tp"])
+        sums = _chunk_sums(problem, compositions, split, links["tp"])
         pp_comm_s = _pp_comm(problem, plan, stages, links["pp"]) if plan.pp > 1 else 0.0
         params = sums.params + (_tied_params(problem) / plan.tp if last else 0.0)
         cached = problem._cache[key] = (sums, pp_comm_s, params)
@@ -353,29 +383,39 @@ def model_flops_per_sample(graph: LayerGraph) -> float:
     return total
 
 
-def hardware_flops_per_sample(graph: LayerGraph, recompute: Recompute) -> float:
-    """FLOPs actually executed: model FLOPs plus the recomputed forward."""
+def hardware_flops_per_sample(graph: LayerGraph, recompute: Recompute,
+                              recomputed: frozenset[int] | None = None) -> float:
+    """FLOPs actually executed: model FLOPs plus the recomputed forward; ``recomputed`` lists
+    the fully recomputed layers when not every block is (``recompute_num_layers``)."""
     extra = 0.0
-    for layer in graph.layers:
-        if recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK:
+    for index, layer in enumerate(graph.layers):
+        if (recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK
+                and (recomputed is None or index in recomputed)):
             extra += layer.fwd_flops
         elif recompute is Recompute.SELECTIVE:
             extra += sum(a.fwd_flops for a in layer.attention)
     return model_flops_per_sample(graph) + extra
 
 
+def _recomputed_layers(problem: Problem, plan: Plan) -> frozenset[int] | None:
+    """Indices of the fully recomputed layers under ``recompute_num_layers`` (None: all)."""
+    if plan.recompute_num_layers is None:
+        return None
+    return frozenset(i for first, num in plan.layout for i in range(
+        first, first + _recomputed_prefix(problem, first, num, plan.recompute_num_layers)))
+
+
 def _rank_groups(problem: Problem, plan: Plan) -> list[list[int]]:
     """Pipeline ranks grouped by what they run (same layers, same boundaries): a balanced
     pipeline has a handful of groups however deep it is, and equal ranks cost the same."""
-    key = ("groups", plan.layout, plan.pp, plan.vpp)
+    key = ("groups", plan.layout, plan.pp, plan.vpp, plan.recompute, plan.recompute_num_layers)
     groups = problem._cache.get(key)
     if groups is None:
         by_signature: dict[tuple, list[int]] = {}
         end = len(problem.graph.layers)
         for rank in range(plan.pp):
             stages = _rank_stages(plan, rank)
-            signature = (rank == plan.pp - 1,) + tuple(
-                problem.layer_counts(first, num) for first, num in stages) + tuple(
+            signature = (rank == plan.pp - 1,) + _chunk_compositions(problem, plan, stages) + tuple(
                 (first == 0, first + num == end) for first, num in stages)
             by_signature.setdefault(signature, []).append(rank)
         groups = problem._cache[key] = list(by_signature.values())
@@ -468,10 +508,12 @@ def _summarize(problem: Problem, plan: Plan, *, step: float, worst: _RankCost,
                memories: list[float], breakdown: dict[str, float]) -> Estimate:
     samples = plan.global_batch_size
     peak = problem.cluster.gpu.peak_flops(problem.precision)
-    flops_key = ("flops", plan.recompute)
+    flops_key = ("flops", plan.recompute, plan.recompute_num_layers,
+                 plan.layout if plan.recompute_num_layers else None)
     if flops_key not in problem._cache:
         problem._cache[flops_key] = (model_flops_per_sample(problem.graph),
-                                     hardware_flops_per_sample(problem.graph, plan.recompute))
+                                     hardware_flops_per_sample(problem.graph, plan.recompute,
+                                                               _recomputed_layers(problem, plan)))
     model_flops, hardware_flops = problem._cache[flops_key]
     model_tflops = model_flops * samples / (plan.world_size * step) / 1e12
     hw = hardware_flops * samples

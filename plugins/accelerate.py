@@ -27,6 +27,10 @@ from autoplan.plugins.summary import comment_header, precision
 CONFIG_FILE = "accelerate_config.yaml"
 
 
+NO_PARTIAL_RECOMPUTE = ("fsdp_activation_checkpointing wraps every block, not the first N of a "
+                        "stage (recompute_num_layers); re-plan without --recompute-num-layers")
+
+
 def _refuse(backend: str, problems: list[str]) -> None:
     if problems:
         raise ExportError(f"accelerate with {backend} cannot run this plan: "
@@ -60,8 +64,9 @@ def _megatron_section(result: Result) -> dict:
         "megatron_lm_overlap_cpu_optimizer_d2h_h2d": offload,
         "megatron_lm_recompute_activations": False,  # the granularity below decides
         "megatron_lm_recompute_granularity": "full",
-        "megatron_lm_recompute_method": "uniform",
-        "megatron_lm_recompute_num_layers": 1,
+        # Megatron's own: uniform units of one block, or the first N blocks of each chunk.
+        "megatron_lm_recompute_method": "uniform" if plan.recompute_num_layers is None else "block",
+        "megatron_lm_recompute_num_layers": plan.recompute_num_layers or 1,
         "megatron_lm_gradient_clipping": 1.0,
     }
     if plan.pp > 1 and counts[-1] != counts[0]:
@@ -94,7 +99,10 @@ def _fsdp_section(result: Result) -> dict:
     """``fsdp_config`` (FSDP2) and ``parallelism_config``: ZeRO 1-2 keeps parameters after
     forward, ZeRO-3 reshards them; offload is FSDP2's, covering parameters too."""
     plan = result.plan
-    _refuse("FSDP", [problem for problem, bad in (("no pipeline parallelism", plan.pp > 1),) if bad])
+    _refuse("FSDP", [problem for problem, bad in (
+        ("no pipeline parallelism", plan.pp > 1),
+        (NO_PARTIAL_RECOMPUTE, plan.recompute_num_layers is not None),
+    ) if bad])
     replicate, shard = (plan.dp, 1) if plan.zero_stage == 0 else (1, plan.dp)
     return {
         "fsdp_config": {

@@ -43,6 +43,9 @@ def check(result: Result) -> None:
         ("sequence parallelism with TP and context parallelism are separate modes; pick one",
          plan.sequence_parallel and plan.cp > 1),
         ("sequence parallelism (split_gather) needs tp > 1", plan.sequence_parallel and plan.tp == 1),
+        ("recomputing only the first N blocks of each stage (recompute_num_layers) is not "
+         "expressed by this exporter; re-plan without --recompute-num-layers",
+         plan.recompute_num_layers is not None),
         ("uneven interleaved stages cannot be given (num_layers_per_stage is per rank)",
          plan.vpp > 1 and len(set(counts)) > 1),
     ) if bad]

@@ -40,6 +40,10 @@ def check(result: Result) -> None:
     require_target_placement(result, "DeepSpeed")
     plan = result.plan
     problems = []
+    if plan.recompute_num_layers is not None:
+        problems.append("its activation checkpointing covers every layer (or every k-th in a "
+                        "pipeline), not the first N of each stage: re-plan without "
+                        "--recompute-num-layers (recompute_num_layers)")
     if plan.pp > 1 and plan.zero_stage >= 2:
         problems.append(f"its pipeline engine does not run ZeRO-{plan.zero_stage} (pp={plan.pp}); "
                         "re-plan with --zero 1 or --pp 1")

@@ -61,6 +61,15 @@ def _int(flags: dict, name: str) -> int | None:
         raise PlanFileError(f"--{name} {value!r} is not a whole number.") from None
 
 
+def _recompute_num_layers(flags: dict) -> int | None:
+    """``--recompute-method block --recompute-num-layers N`` recomputes the first N blocks of
+    each chunk; ``uniform`` recomputes all of them (in units of N, which the model does not
+    distinguish from units of one)."""
+    if flags.get("recompute-granularity") != "full" or flags.get("recompute-method") != "block":
+        return None
+    return _int(flags, "recompute-num-layers")
+
+
 def _megatron(flags: dict) -> ImportedRun:
     pins = {"tp": _int(flags, "tensor-model-parallel-size"),
             "pp": _int(flags, "pipeline-model-parallel-size"),
@@ -69,6 +78,7 @@ def _megatron(flags: dict) -> ImportedRun:
             "sp": True if flags.get("sequence-parallel") else None,
             "zero": 1 if flags.get("use-distributed-optimizer") else 0,
             "recompute": flags.get("recompute-granularity") or "none",
+            "recompute_num_layers": _recompute_num_layers(flags),
             "offload": "optimizer" if flags.get("optimizer-cpu-offload") else None}
     precision = "bf16" if flags.get("bf16") else "fp16" if flags.get("fp16") else None
     return ImportedRun("megatron", {k: v for k, v in pins.items() if v is not None},

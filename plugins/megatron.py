@@ -116,6 +116,10 @@ def _recompute_args(result: Result) -> list[str]:
     recompute = result.plan.recompute
     if recompute == Recompute.SELECTIVE:
         return ["--recompute-granularity", "selective"]
+    if recompute == Recompute.FULL and result.plan.recompute_num_layers is not None:
+        # The first N blocks of each model chunk keep only their input, the rest everything.
+        return ["--recompute-granularity", "full", "--recompute-method", "block",
+                "--recompute-num-layers", str(result.plan.recompute_num_layers)]
     if recompute == Recompute.FULL:
         # Every block keeps only its input: uniform units of one layer.
         return ["--recompute-granularity", "full", "--recompute-method", "uniform",

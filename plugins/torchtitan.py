@@ -36,6 +36,10 @@ def check(result: Result) -> None:
     require_target_placement(result, "torchtitan")
     plan = result.plan
     problems = []
+    if plan.recompute_num_layers is not None:
+        problems.append("activation_checkpoint full covers every block (selective_ac_option "
+                        "picks every k-th, not the first N of a stage): re-plan without "
+                        "--recompute-num-layers (recompute_num_layers)")
     if precision(result) != "bf16":
         problems.append("its mixed precision is bf16 only (training.mixed_precision_param)")
     if plan.vpp > 1 and plan.pp == 1:

@@ -47,7 +47,7 @@ from autoplan.costmodels.step import (
 )
 from autoplan.errors import InfeasibleError, NoPlanInTimeError
 from autoplan.plan import Estimate, Offload, Plan, Recompute, SolverInfo
-from autoplan.search.space import make_plan, shapes, stage_variants, switches
+from autoplan.search.space import make_plan, max_chunk_blocks, shapes, stage_variants, switches
 from autoplan.training import Pins
 
 logger = logging.getLogger(__name__)
@@ -123,8 +123,9 @@ class Table:
             if time.perf_counter() > deadline:  # shapes never looked at: only physics bounds them
                 self.open_bound_s = lower_bound_s(problem)
                 break
-            options = switches(shape, runtime=problem.training.runtime, pins=pins)
             for stages in stage_variants(problem.graph, shape.pp, shape.vpp):
+                options = switches(shape, runtime=problem.training.runtime, pins=pins,
+                                   blocks_per_chunk=max_chunk_blocks(problem.graph, stages))
                 fast = [sw for sw in options if _cannot_be_slower(sw)] or options
                 bound = min(self.add(make_plan(shape, sw, stages, problem.training))
                             for sw in fast)

@@ -174,10 +174,30 @@ class Switches:
     recompute: Recompute
     sp: bool
     offload: Offload
+    recompute_num_layers: int | None = None  # full recompute of the first N blocks per chunk
 
 
-def switches(shape: Shape, *, runtime: Runtime, pins: Pins) -> list[Switches]:
-    """ZeRO stage, recompute, SP and offload combinations the runtime can run on ``shape``."""
+def max_chunk_blocks(graph: LayerGraph, stages: tuple[Stage, ...]) -> int:
+    """Blocks in the largest model chunk."""
+    blocks = set(graph.block_indices())
+    return max(sum(i in blocks for i in range(s.first_layer, s.first_layer + s.num_layers))
+               for s in stages)
+
+
+def recompute_layer_options(runtime: Runtime, blocks_per_chunk: int, pins: Pins) -> list[int | None]:
+    """Full recompute of every block (None) or of the first N blocks of each chunk, N in
+    1..blocks-1 (Megatron's ``--recompute-method block``; the other runtimes cannot say it)."""
+    if pins.recompute_num_layers is not None:
+        return [pins.recompute_num_layers]
+    if runtime is not Runtime.MEGATRON:
+        return [None]
+    return [None] + list(range(1, blocks_per_chunk))
+
+
+def switches(shape: Shape, *, runtime: Runtime, pins: Pins,
+             blocks_per_chunk: int = 1) -> list[Switches]:
+    """ZeRO stage, recompute, SP and offload combinations the runtime can run on ``shape``
+    whose largest model chunk has ``blocks_per_chunk`` blocks."""
     zeros = ZERO_STAGES[runtime]
     if shape.pp > 1 and runtime is Runtime.DEEPSPEED:
         zeros = tuple(z for z in zeros if z <= 1)  # the pipeline engine refuses ZeRO-2/3
@@ -186,9 +206,12 @@ def switches(shape: Shape, *, runtime: Runtime, pins: Pins) -> list[Switches]:
     for zero, rc, sp, off in product(zeros, Recompute, sps, Offload):
         if off is Offload.OPTIMIZER and zero == 0 or off is Offload.PARAMS and zero < 3:
             continue
-        if _pinned_out(pins, zero=zero, recompute=rc, sp=sp, offload=off):
-            continue
-        options.append(Switches(zero, rc, sp, off))
+        layers = recompute_layer_options(runtime, blocks_per_chunk, pins) if rc is Recompute.FULL else [None]
+        for n in layers:
+            if _pinned_out(pins, zero=zero, recompute=rc, sp=sp, offload=off,
+                           recompute_num_layers=n):
+                continue
+            options.append(Switches(zero, rc, sp, off, n))
     return options
 
 
@@ -201,7 +224,7 @@ def make_plan(shape: Shape, sw: Switches, stages: tuple[Stage, ...], training: T
         tp=shape.tp, pp=shape.pp, dp=shape.dp, cp=shape.cp, zero_stage=sw.zero,
         micro_batch_size=shape.mbs, global_batch_size=training.global_batch,
         num_microbatches=shape.num_microbatches(training.global_batch), recompute=sw.recompute,
-        sequence_parallel=sw.sp, vpp=shape.vpp, offload=sw.offload,
+        recompute_num_layers=sw.recompute_num_layers, sequence_parallel=sw.sp, vpp=shape.vpp, offload=sw.offload,
         world_size=shape.tp * shape.pp * shape.dp * shape.cp, stages=stages,
     )
 
@@ -212,7 +235,8 @@ def candidate_plans(graph: LayerGraph, *, world: int, gpus_per_node: int, traini
     for shape in shapes(graph, world=world, gpus_per_node=gpus_per_node, training=training,
                         pins=pins):
         for stages in stage_variants(graph, shape.pp, shape.vpp):
-            for sw in switches(shape, runtime=training.runtime, pins=pins):
+            for sw in switches(shape, runtime=training.runtime, pins=pins,
+                               blocks_per_chunk=max_chunk_blocks(graph, stages)):
                 yield make_plan(shape, sw, stages, training)
 
 
@@ -243,5 +267,10 @@ def check_pins(graph: LayerGraph, *, world: int, training: TrainingSpec, pins: P
         raise ConstraintError(
             f"--global-batch {training.global_batch} is not divisible by dp*mbs = "
             f"{pins.dp * pins.mbs}; change --mbs or --global-batch.")
+    if pins.recompute_num_layers is not None and pins.recompute not in (None, Recompute.FULL):
+        raise ConstraintError(
+            f"--recompute-num-layers {pins.recompute_num_layers} needs --recompute full (it "
+            f"recomputes the first N blocks of each chunk), not --recompute "
+            f"{pins.recompute.value}.")
     if graph.layers and not any(l.kind is LayerKind.BLOCK for l in graph.layers) and pins.vpp not in (None, 1):
         raise ConstraintError("--vpp > 1 needs a model with repeated blocks to interleave.")

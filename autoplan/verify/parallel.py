@@ -226,12 +226,15 @@ def _parallelize_stage(stage: StageModule, graph: LayerGraph, plan: Plan, mesh) 
     named = dict(stage.model.named_modules())
     block_names = {stage.chain.names[i] for i in stage.chain.blocks}
     owned_blocks = [n for n in stage.owned if n in block_names]
-    for name in owned_blocks:
+    # With recompute_num_layers only the chunk's first N blocks are checkpointed (Megatron's
+    # --recompute-method block).
+    recomputed = plan.recompute_num_layers or len(owned_blocks)
+    for position, name in enumerate(owned_blocks):
         block = named[name]
         if plan.tp > 1:
             parallelize_module(block, mesh["tp"], tp_styles(
                 graph, stage.chain, block, sequence_parallel=plan.sequence_parallel))
-        if plan.recompute is not Recompute.NONE:
+        if plan.recompute is not Recompute.NONE and position < recomputed:
             parent, _, child = name.rpartition(".")
             setattr(named[parent] if parent else stage.model, child,
                     _checkpointed(block, plan.recompute))

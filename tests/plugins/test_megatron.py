@@ -93,6 +93,24 @@ def test_transformer_config_accepts_and_builds_the_planned_stages(name):
     assert built_partition(config) == planned_blocks(result)
 
 
+def test_partial_recompute_is_megatrons_block_method():
+    result = changed(load_plan("llama8b_3d_vpp_sp"),
+                     plan={"recompute": "full", "recompute_num_layers": 2})
+    args = megatron_args(result)
+    assert " ".join(args).count("--recompute-method block --recompute-num-layers 2") == 1
+    config = transformer_config(args)  # megatron-core's checks of granularity/method/num_layers
+    assert (config.recompute_method, config.recompute_num_layers) == ("block", 2)
+
+
+@pytest.mark.parametrize("target", ["deepspeed", "torchtitan", "colossalai"])
+def test_partial_recompute_is_refused_where_it_cannot_be_said(target, tmp_path):
+    from autoplan.plugins import export_plan
+    result = changed(load_plan("llama8b_3d_vpp_sp"),
+                     plan={"recompute": "full", "recompute_num_layers": 2})
+    with pytest.raises(ExportError, match="recompute_num_layers"):
+        export_plan(result, target, tmp_path)
+
+
 def test_even_interleaved_plan_uses_virtual_stages_flag():
     args = megatron_args(load_plan("llama8b_3d_vpp_sp"))
     assert args[args.index("--num-virtual-stages-per-pipeline-rank") + 1] == "2"

@@ -41,8 +41,12 @@ CASES = {
     "dp2_pp2_uneven": (dict(tp=1, pp=2, dp=2, micro_batch_size=1, global_batch_size=8,
                             num_microbatches=4, world_size=4, recompute="selective",
                             stages=stages(2, 6)), True),
+    "dp2_partial_recompute": (dict(tp=1, pp=1, dp=2, micro_batch_size=1, global_batch_size=4,
+                                   num_microbatches=2, world_size=2, recompute="full",
+                                   recompute_num_layers=2, stages=stages(8)), True),
 }
-FAST = {("tiny_llama_gqa", "tp2_sp"), ("tiny_gpt", "zero3_dp4")}
+FAST = {("tiny_llama_gqa", "tp2_sp"), ("tiny_gpt", "zero3_dp4"),
+        ("tiny_gpt", "dp2_partial_recompute")}
 
 
 def _params():
