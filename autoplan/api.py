@@ -15,6 +15,7 @@ from autoplan.costmodels.profiles import compute_profile, runtime_profile
 from autoplan.costmodels.step import Problem
 from autoplan.costmodels.step import estimate as estimate_plan
 from autoplan.errors import ConstraintError, ModelFileError, PlanFileError
+from autoplan.files import refuse_existing
 from autoplan.graph.layer_graph import LayerGraph
 from autoplan.graph.loader import ModelSource, load_model_source
 from autoplan.graph.sandbox import DEFAULT_TIME_LIMIT_S as DEFAULT_TRACE_TIME_LIMIT_S
@@ -435,21 +436,49 @@ def explain(result: Result | str | Path, model, *, pins=None):
     return explain_plan(problem, result, _pins(pins))
 
 
-def write_sweep(doc: dict, folder: str | Path) -> list[Path]:
-    """sweep.csv, sweep.json and the sweep figures (PNG) into ``folder``."""
+def write_sweep(doc: dict, folder: str | Path, *, force: bool = False) -> list[Path]:
+    """sweep.csv, sweep.json and the sweep figures (PNG) into ``folder``, each written
+    atomically.
+
+    Raises:
+        OutputExistsError: one of them exists and ``force`` is false (nothing is written).
+    """
     from autoplan import plots
     from autoplan import sweep as sweeps
 
     folder = Path(folder)
+    figures = any(p["plan"] for p in doc["points"])
+    names = ["sweep.csv", "sweep.json"] + ([f"{n}.png" for n in plots.SWEEP_FIGURES] if figures else [])
+    if not force:
+        refuse_existing([folder / name for name in names])
     folder.mkdir(parents=True, exist_ok=True)
     written = [sweeps.write_csv(doc, folder / "sweep.csv"), sweeps.write_json(doc, folder / "sweep.json")]
-    if any(p["plan"] for p in doc["points"]):
+    if figures:
         written += plots.sweep_figures(doc, folder)
     return written
 
 
-def plot_plan(result: Result, folder: str | Path) -> list[Path]:
-    """Memory per stage against the limit, and the plan laid out on the cluster (PNG)."""
+def plot_plan(result: Result, folder: str | Path, *, force: bool = False) -> list[Path]:
+    """Memory per stage against the limit, and the plan laid out on the cluster (PNG).
+
+    Raises:
+        OutputExistsError: a figure exists and ``force`` is false (nothing is written).
+    """
     from autoplan import plots
 
+    if not force:
+        refuse_existing([Path(folder) / f"{name}.png" for name in plots.PLAN_FIGURES])
     return plots.plan_figures(result, folder)
+
+
+def draw_topology(cluster: LoadedCluster, path: str | Path, *, force: bool = False) -> Path:
+    """A PNG of the cluster's topology at ``path``, written atomically.
+
+    Raises:
+        OutputExistsError: ``path`` exists and ``force`` is false.
+    """
+    from autoplan.cluster.render import draw_png
+
+    if not force:
+        refuse_existing([Path(path)])
+    return draw_png(cluster.cluster, path)

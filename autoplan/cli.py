@@ -223,13 +223,14 @@ def export_cmd(
 def topo(
     cluster: Path = CLUSTER,
     png: Optional[Path] = typer.Option(None, "--png", help="Also draw the topology to this PNG."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing --png file."),
 ) -> None:
     """Check a cluster.yaml and show its topology: hardware, fabric, group bandwidths."""
-    from autoplan.cluster.render import draw_png, render_summary
+    from autoplan.cluster.render import render_summary
     loaded = _run(lambda: api.load_cluster(cluster))
     render_summary(loaded.cluster, stdout)
     if png is not None:
-        stdout.print(f"wrote {draw_png(loaded.cluster, png)}")
+        stdout.print(f"wrote {_run(lambda: api.draw_topology(loaded, png, force=force))}")
 
 
 @app.command("verify")
@@ -271,6 +272,7 @@ def sweep_cmd(
     train_tokens: Optional[float] = typer.Option(None, "--train-tokens", help="Tokens of the run (default 1e12)."),
     time_limit: float = typer.Option(api.DEFAULT_TIME_LIMIT_S, "--time-limit", min=0.1),
     out: Optional[Path] = typer.Option(None, "--out", help="Folder for sweep.csv, sweep.json and plots."),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing files in --out."),
     as_json: bool = JSON,
 ) -> None:
     """Solve a grid of inputs in parallel; print the best plan per point and the Pareto fronts."""
@@ -293,7 +295,7 @@ def sweep_cmd(
                 time_limit_s=time_limit, workers=workers, price_per_gpu_hour=price,
                 train_tokens=train_tokens, ray_address=ray, progress=progress))
     if out is not None:
-        for path in api.write_sweep(doc, out):
+        for path in _run(lambda: api.write_sweep(doc, out, force=force)):
             stderr.print(f"wrote {path}")
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
@@ -306,13 +308,14 @@ def explain_cmd(
     plan_json: Path = typer.Argument(..., help="What `autoplan solve --json` printed."),
     model: Path = typer.Option(..., "--model", help="The model.py the plan was made for."),
     plots: Optional[Path] = typer.Option(None, "--plots", help="Folder for memory and placement plots."),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing plots in --plots."),
     as_json: bool = JSON,
 ) -> None:
     """Why this plan: binding constraint, runners-up per TP/PP shape, what-ifs and warnings."""
     result = _run(lambda: api.load_result(plan_json))
     _emit_explanation(_run(lambda: api.explain(result, model)), as_json)
     if plots is not None:
-        for path in api.plot_plan(result, plots):
+        for path in _run(lambda: api.plot_plan(result, plots, force=force)):
             stderr.print(f"wrote {path}")
 
 
