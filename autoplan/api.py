@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from pydantic import ValidationError
+
 from autoplan.cluster.spec import Cluster, load_cluster_spec, require_homogeneous, resolve
 from autoplan.costmodels.profiles import compute_profile, runtime_profile
 from autoplan.costmodels.step import Problem
@@ -269,14 +271,26 @@ def estimate(model, cluster, plan_or_pins, *, seq_len: int | None = None,
 def load_result(path: str | Path) -> Result:
     """Read back what ``autoplan solve --json`` printed."""
     path = Path(path)
+    if not path.is_file():
+        what = "is a folder, not a file" if path.is_dir() else "no such file"
+        raise PlanFileError(f"{path}: {what}; save `autoplan solve --json` output there.")
     try:
-        return Result.model_validate_json(path.read_text())
-    except FileNotFoundError:
-        raise PlanFileError(f"{path}: no such file; save `autoplan solve --json` output there.") from None
-    except ValueError as err:
-        first = str(err).splitlines()[0]
+        return Result.model_validate_json(path.read_bytes())
+    except OSError as err:
+        raise PlanFileError(f"{path}: cannot be read ({err.strerror}).") from None
+    except ValidationError as err:
         raise PlanFileError(
-            f"{path}: not a plan document from `autoplan solve --json` ({first}).") from None
+            f"{path}: not a plan document from `autoplan solve --json` "
+            f"({_first_problem(err)}).") from None
+
+
+def _first_problem(err: ValidationError) -> str:
+    """The first validation problem with where it is, e.g. ``plan.tp: Field required``, or the
+    JSON parser's complaint with its line and column."""
+    item = err.errors()[0]
+    where = ".".join(str(p) for p in item["loc"])
+    problems = f"; {err.error_count() - 1} more" if err.error_count() > 1 else ""
+    return f"{where + ': ' if where else ''}{item['msg']}{problems}"
 
 
 def trace_document(graph: LayerGraph, batch: int = 1) -> dict:
