@@ -164,7 +164,7 @@ def _result(problem: Problem, model: Model, cluster: LoadedCluster, plan: Plan, 
 
 def solve(model, cluster, *, seq_len: int, global_batch: int, pins=None, mem_limit=None,
           time_limit_s: float | None = None, precision: str | None = None,
-          runtime: str | None = None, attention: str = "flash") -> Result:
+          runtime: str | None = None, attention: str = "flash", num_workers: int = 1) -> Result:
     """The fastest plan that fits, with its estimate and the solver's status.
 
     Args:
@@ -175,6 +175,8 @@ def solve(model, cluster, *, seq_len: int, global_batch: int, pins=None, mem_lim
         pins: dimensions to fix, by the CLI's names (``{"tp": 8, "zero": 1}``).
         mem_limit: per-GPU cap (``"72GiB"`` or bytes); default: the GPU's memory.
         time_limit_s: solver time limit; the best plan so far is returned with its gap.
+        num_workers: CP-SAT search workers. The plan does not depend on it (nor on the run)
+            when the solve finishes within the time limit: see README, "Determinism".
 
     Raises:
         InfeasibleError: nothing fits; the message says what conflicts and by how much.
@@ -187,7 +189,8 @@ def solve(model, cluster, *, seq_len: int, global_batch: int, pins=None, mem_lim
     problem = make_problem(model, cluster, training, mem_limit)
     check_pins(problem.graph, world=cluster.cluster.num_gpus, training=training,
                pins=constraints.pins)
-    plan, est, info = solve_table(problem, constraints.pins, time_limit_s=constraints.time_limit_s)
+    plan, est, info = solve_table(problem, constraints.pins, time_limit_s=constraints.time_limit_s,
+                                  num_workers=num_workers)
     return _result(problem, model, cluster, plan, est, info)
 
 
