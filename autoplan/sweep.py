@@ -176,7 +176,11 @@ def points(base: PointInputs, axes: Axes) -> list[PointInputs]:
                 raise ConstraintError(
                     f"{needed} is neither given nor swept; pass --{needed.replace('_', '-')} or "
                     f"sweep it (--over {needed}=...).")
-        out.append(PointInputs(**values))
+        try:
+            out.append(PointInputs(**values))
+        except ValidationError as err:
+            point = ", ".join(f"{n}={v}" for n, v in zip(names, combo))
+            raise ConstraintError(_explain_validation(err, f"sweep point {point}")) from None
     return out
 
 
