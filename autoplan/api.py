@@ -128,10 +128,19 @@ def _training(seq_len: int, global_batch: int, precision: str, runtime: str,
               attention: str) -> TrainingSpec:
     try:
         return TrainingSpec(seq_len=seq_len, global_batch=global_batch,
-                            precision=Precision(precision), runtime=Runtime(runtime),
-                            attention=AttentionKernel(attention))
+                            precision=_choice(Precision, precision, "--precision"),
+                            runtime=_choice(Runtime, runtime, "--runtime"),
+                            attention=_choice(AttentionKernel, attention, "attention"))
     except ValueError as err:
         raise ConstraintError(f"training settings: {err}".replace("\n", " ")) from None
+
+
+def _choice(enum, value: str, name: str):
+    try:
+        return enum(value)
+    except ValueError:
+        raise ConstraintError(f"{name} {value!r} is not known; choose one of "
+                              f"{', '.join(e.value for e in enum)}.") from None
 
 
 def _pins(pins: Mapping[str, Any] | Pins | None) -> Pins:
