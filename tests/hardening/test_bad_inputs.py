@@ -124,6 +124,11 @@ CASES = {
     "estimate_pins_exceed_world": (lambda f: ["estimate", TINY, DGX1, *TRAIN, "--tp", "4", "--dp", "4"], 2,
                                    ["multiply to 16 GPUs", "cluster has 8"]),
     "missing_seq_len": (lambda f: ["solve", TINY, DGX1], 2, ["--seq-len", "--global-batch"]),
+    "pin_negative": (solve("--tp", "-1"), 2, ["Invalid value for '--tp'", "greater than or equal to 1"]),
+    "global_batch_zero": (lambda f: ["solve", TINY, DGX1, "--seq-len", "64", "--global-batch", "0"], 2,
+                          ["Invalid value for '--global-batch'"]),
+    "runtime_typo": (solve("--runtime", "megatorn"), 2, ["--runtime 'megatorn'", "megatron, deepspeed, fsdp"]),
+    "precision_typo": (solve("--precision", "fp8x"), 2, ["--precision 'fp8x'", "bf16, fp16"]),
     # memory
     "nothing_fits_memory_cap": (solve("--mem-limit", "1GiB"), 3,
                                 ["nothing fits in 1.0 GiB per GPU", "GiB over"]),
@@ -169,6 +174,10 @@ CASES = {
     # sweep grids
     "sweep_over_malformed": (lambda f: ["sweep", TINY, DGX1, "--over", "nodes", *TRAIN], 2,
                              ["--over 'nodes'", "NAME=V1,V2"]),
+    "sweep_over_zero_nodes": (lambda f: ["sweep", TINY, DGX1, "--over", "nodes=0,1", *TRAIN], 2,
+                              ["sweep point nodes=0", "nodes", "greater than or equal to 1", "got 0"]),
+    "sweep_over_unknown_gpu": (lambda f: ["sweep", TINY, DGX1, "--over", "gpu=a100", *TRAIN], 2,
+                               ["unknown GPU 'a100'", "a100-sxm4-80gb"]),
     "sweep_over_unknown": (lambda f: ["sweep", TINY, DGX1, "--over", "nodez=1,2", *TRAIN], 2,
                            ["nodez", "unknown key", "nodes"]),
 }
