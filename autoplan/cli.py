@@ -125,6 +125,8 @@ def solve(
     """Find the fastest plan that fits in memory; given options pin those dimensions. With
     --from, also price the setup you run now and say what to change."""
     pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload)
+    if export is not None and out is None:  # before the solve, which may take minutes
+        _fail(_NO_OUT)
     current = None
     if from_file is not None:
         current = _run(lambda: api.estimate(
@@ -138,6 +140,8 @@ def solve(
         mem_limit=mem_limit, time_limit_s=time_limit, runtime=runtime, precision=precision))
     if explain:
         explanation = _run(lambda: api.explain(result, model, pins=pins))
+    # Written (or refused) before anything is printed: a refusal leaves stdout empty.
+    written = _export(result, export, out, force) if export is not None else []
     if explain and as_json:
         document = {**result.model_dump(mode="json"), "explanation": explanation.model_dump(mode="json")}
         if current is not None:
@@ -147,8 +151,8 @@ def solve(
         _emit(result, as_json, current=current)
         if explain:
             _emit_explanation(explanation, False)
-    if export is not None:
-        _export(result, export, out, force, quiet=as_json)
+    if not as_json:
+        _print_written(written)
 
 
 @app.command()
@@ -196,15 +200,19 @@ def trace(
     render_trace(document, stdout)
 
 
-def _export(result: Result, target: ExportTarget, out: Optional[Path], force: bool, *,
-            quiet: bool) -> None:
+_NO_OUT = PlanFileError("--export needs --out DIR: the folder to write the launch files to.")
+
+
+def _export(result: Result, target: ExportTarget, out: Optional[Path], force: bool) -> list[Path]:
     if out is None:
-        _fail(PlanFileError("--export needs --out DIR: the folder to write the launch files to."))
+        _fail(_NO_OUT)
     from autoplan.plugins import export_plan
-    written = _run(lambda: export_plan(result, target.value, out, force=force))
-    if not quiet:
-        for path in written:
-            stdout.print(f"wrote {path}")
+    return _run(lambda: export_plan(result, target.value, out, force=force))
+
+
+def _print_written(paths: list[Path]) -> None:
+    for path in paths:
+        stdout.print(f"wrote {path}")
 
 
 @app.command("export")
@@ -216,7 +224,7 @@ def export_cmd(
 ) -> None:
     """Write launch files for a plan saved from `solve --json`."""
     result = _run(lambda: api.load_result(plan_json))
-    _export(result, to, out, force, quiet=False)
+    _print_written(_export(result, to, out, force))
 
 
 @app.command()
