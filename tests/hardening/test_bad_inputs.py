@@ -162,6 +162,9 @@ CASES = {
     "export_existing_files": (lambda f: ["export", f.plan(), "--to", "megatron",
                                          "--out", str(Path(f.write("out/megatron_args.txt", "x")).parent)], 2,
                               ["{tmp}/out/megatron_args.txt", "already exist", "--force"]),
+    "solve_export_existing_files": (lambda f: ["solve", TINY, DGX1, *TRAIN, "--export", "megatron", "--out",
+                                               str(Path(f.write("out/launch_megatron.sh", "x")).parent)], 2,
+                                    ["{tmp}/out/launch_megatron.sh", "already exist", "--force"]),
     "solve_export_without_out": (solve("--export", "megatron"), 2, ["--export needs --out"]),
     "topo_png_exists": (lambda f: ["topo", DGX1, "--png", f.write("topo.png", "x")], 2,
                         ["{tmp}/topo.png", "already exists", "--force"]),
@@ -221,7 +224,8 @@ def test_bad_input_exits_with_its_code_and_names_the_culprit(case, tmp_path, pla
 
 
 @pytest.mark.parametrize("case", ["yaml_missing_unit", "model_no_build_model",
-                                  "nothing_fits_memory_cap", "time_limit_no_plan"])
+                                  "nothing_fits_memory_cap", "time_limit_no_plan",
+                                  "solve_export_existing_files"])
 def test_errors_under_json_leave_stdout_empty(case, tmp_path, plan_json):
     """--json promises one JSON document on stdout; an error prints none (stderr only)."""
     build, code, _ = CASES[case]
