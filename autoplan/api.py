@@ -474,14 +474,26 @@ def write_sweep(doc: dict, folder: str | Path, *, force: bool = False) -> list[P
 
     folder = Path(folder)
     figures = any(p["plan"] for p in doc["points"])
-    names = ["sweep.csv", "sweep.json"] + ([f"{n}.png" for n in plots.SWEEP_FIGURES] if figures else [])
     if not force:
-        refuse_existing([folder / name for name in names])
+        check_sweep_out(folder)
     folder.mkdir(parents=True, exist_ok=True)
     written = [sweeps.write_csv(doc, folder / "sweep.csv"), sweeps.write_json(doc, folder / "sweep.json")]
     if figures:
         written += plots.sweep_figures(doc, folder)
     return written
+
+
+def check_sweep_out(folder: str | Path) -> None:
+    """Refuse a ``folder`` holding any file :func:`write_sweep` may write (called before the
+    sweep runs, so a refusal costs nothing).
+
+    Raises:
+        OutputExistsError: naming the files.
+    """
+    from autoplan import plots
+
+    names = ["sweep.csv", "sweep.json", *(f"{n}.png" for n in plots.SWEEP_FIGURES)]
+    refuse_existing([Path(folder) / name for name in names])
 
 
 def plot_plan(result: Result, folder: str | Path, *, force: bool = False) -> list[Path]:

@@ -288,6 +288,8 @@ def sweep_cmd(
 
     from autoplan import sweep as sweeps
 
+    if out is not None and not force:  # before the sweep, which may take minutes
+        _run(lambda: api.check_sweep_out(out))
     base = {k: v for k, v in {"seq_len": seq_len, "global_batch": global_batch,
                               "mem_limit": mem_limit, "runtime": runtime,
                               "precision": precision}.items() if v is not None}
