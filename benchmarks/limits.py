@@ -5,7 +5,7 @@ hang.
     .venv/bin/python benchmarks/limits.py [--time-limit S]      (default 60)
 
 Cases: a cluster of 100,000 GPUs (12,500 nodes x 8 H100) for Llama-2 70B; a GPT of 1,000
-blocks (hidden 256) on 16 DGX A100; a heterogeneous cluster of 10 groups (refused for now:
+blocks (hidden 256) on 16 DGX A100; the topology drawing of the 100,000 GPUs; a heterogeneous cluster of 10 groups (refused for now:
 the solver plans one kind of node).
 """
 
@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import autoplan
+from autoplan.api import draw_topology
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 THOUSAND_BLOCKS = """from autoplan.zoo import GPT, GPTConfig
@@ -73,6 +74,11 @@ def main() -> None:
         path.write_text(THOUSAND_BLOCKS)
         case("GPT of 1,000 blocks on 128 A100", lambda: autoplan.solve(
             path, dgx("a100-sxm4-80gb", 16), seq_len=256, global_batch=512, time_limit_s=limit))
+    with tempfile.TemporaryDirectory() as folder:
+        start = time.perf_counter()
+        cluster = autoplan.load_cluster(dgx("h100-sxm5-80gb", 12_500))
+        draw_topology(cluster, Path(folder, "topo.png"))
+        print(f"{'topo --png of 100,000 GPUs':34} {time.perf_counter() - start:7.2f} s")
     case("10 heterogeneous groups", lambda: autoplan.solve(
         EXAMPLES / "models" / "tiny_gpt.py", ten_groups(), seq_len=64, global_batch=8,
         time_limit_s=limit))
