@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
+from pydantic import ValidationError
 
 from autoplan.cluster.spec import Cluster, load_cluster_spec, require_homogeneous, resolve
 from autoplan.calibrate import MeasuredProfile, fitted_profile, load_profile, measure, write_profile
@@ -19,6 +20,7 @@ from autoplan.costmodels.profiles import ComputeProfile, compute_profile, runtim
 from autoplan.costmodels.step import Problem
 from autoplan.costmodels.step import estimate as estimate_plan
 from autoplan.errors import ConstraintError, ModelFileError, PlanFileError
+from autoplan.files import refuse_existing
 from autoplan.graph.layer_graph import LayerGraph
 from autoplan.graph.loader import ModelSource, load_model_source
 from autoplan.graph.sandbox import DEFAULT_TIME_LIMIT_S as DEFAULT_TRACE_TIME_LIMIT_S
@@ -151,10 +153,19 @@ def _training(seq_len: int, global_batch: int, precision: str, runtime: str,
               attention: str) -> TrainingSpec:
     try:
         return TrainingSpec(seq_len=seq_len, global_batch=global_batch,
-                            precision=Precision(precision), runtime=Runtime(runtime),
-                            attention=AttentionKernel(attention))
+                            precision=_choice(Precision, precision, "--precision"),
+                            runtime=_choice(Runtime, runtime, "--runtime"),
+                            attention=_choice(AttentionKernel, attention, "attention"))
     except ValueError as err:
         raise ConstraintError(f"training settings: {err}".replace("\n", " ")) from None
+
+
+def _choice(enum, value: str, name: str):
+    try:
+        return enum(value)
+    except ValueError:
+        raise ConstraintError(f"{name} {value!r} is not known; choose one of "
+                              f"{', '.join(e.value for e in enum)}.") from None
 
 
 def _pins(pins: Mapping[str, Any] | Pins | None) -> Pins:
@@ -187,7 +198,8 @@ def _result(problem: Problem, model: Model, cluster: LoadedCluster, plan: Plan, 
 
 def solve(model, cluster, *, seq_len: int, global_batch: int, pins=None, mem_limit=None,
           time_limit_s: float | None = None, precision: str | None = None,
-          runtime: str | None = None, attention: str = "flash", profile=None) -> Result:
+          runtime: str | None = None, attention: str = "flash", profile=None,
+          num_workers: int = 1) -> Result:
     """The fastest plan that fits, with its estimate and the solver's status.
 
     Args:
@@ -200,6 +212,8 @@ def solve(model, cluster, *, seq_len: int, global_batch: int, pins=None, mem_lim
         time_limit_s: solver time limit; the best plan so far is returned with its gap.
         profile: a profile YAML written by ``autoplan calibrate`` (or a ComputeProfile) that
             replaces the catalog's compute profile.
+        num_workers: CP-SAT search workers. The plan does not depend on it (nor on the run)
+            when the solve finishes within the time limit: see README, "Determinism".
 
     Raises:
         InfeasibleError: nothing fits; the message says what conflicts and by how much.
@@ -212,7 +226,8 @@ def solve(model, cluster, *, seq_len: int, global_batch: int, pins=None, mem_lim
     problem = make_problem(model, cluster, training, mem_limit, profile=profile)
     check_pins(problem.graph, world=cluster.cluster.num_gpus, training=training,
                pins=constraints.pins)
-    plan, est, info = solve_table(problem, constraints.pins, time_limit_s=constraints.time_limit_s)
+    plan, est, info = solve_table(problem, constraints.pins, time_limit_s=constraints.time_limit_s,
+                                  num_workers=num_workers)
     return _result(problem, model, cluster, plan, est, info)
 
 
@@ -298,14 +313,26 @@ def estimate(model, cluster, plan_or_pins, *, seq_len: int | None = None,
 def load_result(path: str | Path) -> Result:
     """Read back what ``autoplan solve --json`` printed."""
     path = Path(path)
+    if not path.is_file():
+        what = "is a folder, not a file" if path.is_dir() else "no such file"
+        raise PlanFileError(f"{path}: {what}; save `autoplan solve --json` output there.")
     try:
-        return Result.model_validate_json(path.read_text())
-    except FileNotFoundError:
-        raise PlanFileError(f"{path}: no such file; save `autoplan solve --json` output there.") from None
-    except ValueError as err:
-        first = str(err).splitlines()[0]
+        return Result.model_validate_json(path.read_bytes())
+    except OSError as err:
+        raise PlanFileError(f"{path}: cannot be read ({err.strerror}).") from None
+    except ValidationError as err:
         raise PlanFileError(
-            f"{path}: not a plan document from `autoplan solve --json` ({first}).") from None
+            f"{path}: not a plan document from `autoplan solve --json` "
+            f"({_first_problem(err)}).") from None
+
+
+def _first_problem(err: ValidationError) -> str:
+    """The first validation problem with where it is, e.g. ``plan.tp: Field required``, or the
+    JSON parser's complaint with its line and column."""
+    item = err.errors()[0]
+    where = ".".join(str(p) for p in item["loc"])
+    problems = f"; {err.error_count() - 1} more" if err.error_count() > 1 else ""
+    return f"{where + ': ' if where else ''}{item['msg']}{problems}"
 
 
 def trace_document(graph: LayerGraph, batch: int = 1) -> dict:
@@ -481,23 +508,50 @@ def explain(result: Result | str | Path, model, *, pins=None):
     return explain_plan(problem, result, _pins(pins))
 
 
-def write_sweep(doc: dict, folder: str | Path) -> list[Path]:
-    """sweep.csv, sweep.json and the sweep figures (PNG) into ``folder``."""
+def write_sweep(doc: dict, folder: str | Path, *, force: bool = False) -> list[Path]:
+    """sweep.csv, sweep.json and the sweep figures (PNG) into ``folder``, each written
+    atomically.
+
+    Raises:
+        OutputExistsError: one of them exists and ``force`` is false (nothing is written).
+    """
     from autoplan import plots
     from autoplan import sweep as sweeps
 
     folder = Path(folder)
+    figures = any(p["plan"] for p in doc["points"])
+    if not force:
+        check_sweep_out(folder)
     folder.mkdir(parents=True, exist_ok=True)
     written = [sweeps.write_csv(doc, folder / "sweep.csv"), sweeps.write_json(doc, folder / "sweep.json")]
-    if any(p["plan"] for p in doc["points"]):
+    if figures:
         written += plots.sweep_figures(doc, folder)
     return written
 
 
-def plot_plan(result: Result, folder: str | Path) -> list[Path]:
-    """Memory per stage against the limit, and the plan laid out on the cluster (PNG)."""
+def check_sweep_out(folder: str | Path) -> None:
+    """Refuse a ``folder`` holding any file :func:`write_sweep` may write (called before the
+    sweep runs, so a refusal costs nothing).
+
+    Raises:
+        OutputExistsError: naming the files.
+    """
     from autoplan import plots
 
+    names = ["sweep.csv", "sweep.json", *(f"{n}.png" for n in plots.SWEEP_FIGURES)]
+    refuse_existing([Path(folder) / name for name in names])
+
+
+def plot_plan(result: Result, folder: str | Path, *, force: bool = False) -> list[Path]:
+    """Memory per stage against the limit, and the plan laid out on the cluster (PNG).
+
+    Raises:
+        OutputExistsError: a figure exists and ``force`` is false (nothing is written).
+    """
+    from autoplan import plots
+
+    if not force:
+        refuse_existing([Path(folder) / f"{name}.png" for name in plots.PLAN_FIGURES])
     return plots.plan_figures(result, folder)
 
 
@@ -514,3 +568,16 @@ def calibrate(out: str | Path, *, device: str | None = None, quick: bool = False
     measured = measure(device, quick=quick)
     write_profile(measured, out)
     return measured, fitted_profile(measured)
+
+
+def draw_topology(cluster: LoadedCluster, path: str | Path, *, force: bool = False) -> Path:
+    """A PNG of the cluster's topology at ``path``, written atomically.
+
+    Raises:
+        OutputExistsError: ``path`` exists and ``force`` is false.
+    """
+    from autoplan.cluster.render import draw_png
+
+    if not force:
+        refuse_existing([Path(path)])
+    return draw_png(cluster.cluster, path)

@@ -132,6 +132,8 @@ def solve(
     """Find the fastest plan that fits in memory; given options pin those dimensions. With
     --from, also price the setup you run now and say what to change."""
     pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload, recompute_num_layers)
+    if export is not None and out is None:  # before the solve, which may take minutes
+        _fail(_NO_OUT)
     current = None
     if from_file is not None:
         current = _run(lambda: api.estimate(
@@ -146,6 +148,8 @@ def solve(
         profile=profile))
     if explain:
         explanation = _run(lambda: api.explain(result, model, pins=pins))
+    # Written (or refused) before anything is printed: a refusal leaves stdout empty.
+    written = _export(result, export, out, force) if export is not None else []
     if explain and as_json:
         document = {**result.model_dump(mode="json"), "explanation": explanation.model_dump(mode="json")}
         if current is not None:
@@ -155,8 +159,8 @@ def solve(
         _emit(result, as_json, current=current)
         if explain:
             _emit_explanation(explanation, False)
-    if export is not None:
-        _export(result, export, out, force, quiet=as_json)
+    if not as_json:
+        _print_written(written)
 
 
 @app.command()
@@ -204,15 +208,19 @@ def trace(
     render_trace(document, stdout)
 
 
-def _export(result: Result, target: ExportTarget, out: Optional[Path], force: bool, *,
-            quiet: bool) -> None:
+_NO_OUT = PlanFileError("--export needs --out DIR: the folder to write the launch files to.")
+
+
+def _export(result: Result, target: ExportTarget, out: Optional[Path], force: bool) -> list[Path]:
     if out is None:
-        _fail(PlanFileError("--export needs --out DIR: the folder to write the launch files to."))
+        _fail(_NO_OUT)
     from autoplan.plugins import export_plan
-    written = _run(lambda: export_plan(result, target.value, out, force=force))
-    if not quiet:
-        for path in written:
-            stdout.print(f"wrote {path}")
+    return _run(lambda: export_plan(result, target.value, out, force=force))
+
+
+def _print_written(paths: list[Path]) -> None:
+    for path in paths:
+        stdout.print(f"wrote {path}")
 
 
 @app.command("export")
@@ -224,20 +232,21 @@ def export_cmd(
 ) -> None:
     """Write launch files for a plan saved from `solve --json`."""
     result = _run(lambda: api.load_result(plan_json))
-    _export(result, to, out, force, quiet=False)
+    _print_written(_export(result, to, out, force))
 
 
 @app.command()
 def topo(
     cluster: Path = CLUSTER,
     png: Optional[Path] = typer.Option(None, "--png", help="Also draw the topology to this PNG."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing --png file."),
 ) -> None:
     """Check a cluster.yaml and show its topology: hardware, fabric, group bandwidths."""
-    from autoplan.cluster.render import draw_png, render_summary
+    from autoplan.cluster.render import render_summary
     loaded = _run(lambda: api.load_cluster(cluster))
     render_summary(loaded.cluster, stdout)
     if png is not None:
-        stdout.print(f"wrote {draw_png(loaded.cluster, png)}")
+        stdout.print(f"wrote {_run(lambda: api.draw_topology(loaded, png, force=force))}")
 
 
 @app.command("verify")
@@ -279,6 +288,7 @@ def sweep_cmd(
     train_tokens: Optional[float] = typer.Option(None, "--train-tokens", help="Tokens of the run (default 1e12)."),
     time_limit: float = typer.Option(api.DEFAULT_TIME_LIMIT_S, "--time-limit", min=0.1),
     out: Optional[Path] = typer.Option(None, "--out", help="Folder for sweep.csv, sweep.json and plots."),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing files in --out."),
     as_json: bool = JSON,
 ) -> None:
     """Solve a grid of inputs in parallel; print the best plan per point and the Pareto fronts."""
@@ -286,6 +296,8 @@ def sweep_cmd(
 
     from autoplan import sweep as sweeps
 
+    if out is not None and not force:  # before the sweep, which may take minutes
+        _run(lambda: api.check_sweep_out(out))
     base = {k: v for k, v in {"seq_len": seq_len, "global_batch": global_batch,
                               "mem_limit": mem_limit, "runtime": runtime,
                               "precision": precision}.items() if v is not None}
@@ -301,7 +313,7 @@ def sweep_cmd(
                 time_limit_s=time_limit, workers=workers, price_per_gpu_hour=price,
                 train_tokens=train_tokens, ray_address=ray, progress=progress))
     if out is not None:
-        for path in api.write_sweep(doc, out):
+        for path in _run(lambda: api.write_sweep(doc, out, force=force)):
             stderr.print(f"wrote {path}")
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
@@ -314,13 +326,14 @@ def explain_cmd(
     plan_json: Path = typer.Argument(..., help="What `autoplan solve --json` printed."),
     model: Path = typer.Option(..., "--model", help="The model.py the plan was made for."),
     plots: Optional[Path] = typer.Option(None, "--plots", help="Folder for memory and placement plots."),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing plots in --plots."),
     as_json: bool = JSON,
 ) -> None:
     """Why this plan: binding constraint, runners-up per TP/PP shape, what-ifs and warnings."""
     result = _run(lambda: api.load_result(plan_json))
     _emit_explanation(_run(lambda: api.explain(result, model)), as_json)
     if plots is not None:
-        for path in api.plot_plan(result, plots):
+        for path in _run(lambda: api.plot_plan(result, plots, force=force)):
             stderr.print(f"wrote {path}")
 
 

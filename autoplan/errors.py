@@ -46,6 +46,11 @@ class ExportError(AutoplanError):
     the plan JSON lacks what the target needs (model dimensions, hosts)."""
 
 
+class OutputExistsError(AutoplanError):
+    """A file autoplan would write (sweep results, plots, a PNG) exists and --force was not
+    given."""
+
+
 class VerifyError(AutoplanError):
     """A plan did not run as planned under ``autoplan verify`` (exit 5)."""
 

@@ -15,6 +15,7 @@ import matplotlib.ticker  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 from matplotlib.patches import Rectangle  # noqa: E402
 
+from autoplan.files import replacing  # noqa: E402
 from autoplan.plan import Result  # noqa: E402
 from autoplan.sweep import FRONTS  # noqa: E402
 
@@ -29,9 +30,9 @@ FRONT_TITLES = {
 
 def _save(fig, path: str | Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    with replacing(path) as tmp:
+        fig.savefig(tmp, dpi=80)
     plt.close(fig)
     return path
 
@@ -142,12 +143,15 @@ def _front_xy(front: str, points: list[dict]) -> tuple[list[float], list[float]]
             [p["metrics"]["headroom_gib"] for p in points])
 
 
+SWEEP_FIGURES = ("scaling", "step_breakdown", "pareto")
+PLAN_FIGURES = ("memory_per_stage", "plan_on_cluster")
+
+
 def sweep_figures(doc: dict, folder: str | Path, *, suffix: str = "png") -> list[Path]:
-    """All sweep figures into ``folder``."""
+    """All sweep figures (:data:`SWEEP_FIGURES`) into ``folder``."""
     folder = Path(folder)
-    return [scaling_curve(doc, folder / f"scaling.{suffix}"),
-            step_breakdown(doc, folder / f"step_breakdown.{suffix}"),
-            pareto(doc, folder / f"pareto.{suffix}")]
+    return [draw(doc, folder / f"{name}.{suffix}") for name, draw in
+            zip(SWEEP_FIGURES, (scaling_curve, step_breakdown, pareto))]
 
 
 def memory_per_stage(result: Result, path: str | Path) -> Path:
@@ -224,6 +228,7 @@ def plan_on_cluster(result: Result, path: str | Path, *, gpus_per_node: int | No
 
 
 def plan_figures(result: Result, folder: str | Path, *, suffix: str = "png") -> list[Path]:
+    """All plan figures (:data:`PLAN_FIGURES`) into ``folder``."""
     folder = Path(folder)
-    return [memory_per_stage(result, folder / f"memory_per_stage.{suffix}"),
-            plan_on_cluster(result, folder / f"plan_on_cluster.{suffix}")]
+    return [draw(result, folder / f"{name}.{suffix}") for name, draw in
+            zip(PLAN_FIGURES, (memory_per_stage, plan_on_cluster))]

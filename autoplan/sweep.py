@@ -34,6 +34,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autoplan.errors import AutoplanError, ConstraintError
+from autoplan.files import replacing, write_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +176,11 @@ def points(base: PointInputs, axes: Axes) -> list[PointInputs]:
                 raise ConstraintError(
                     f"{needed} is neither given nor swept; pass --{needed.replace('_', '-')} or "
                     f"sweep it (--over {needed}=...).")
-        out.append(PointInputs(**values))
+        try:
+            out.append(PointInputs(**values))
+        except ValidationError as err:
+            point = ", ".join(f"{n}={v}" for n, v in zip(names, combo))
+            raise ConstraintError(_explain_validation(err, f"sweep point {point}")) from None
     return out
 
 
@@ -437,7 +442,7 @@ def flat_rows(doc: dict) -> list[dict]:
 def write_csv(doc: dict, path: str | Path) -> Path:
     rows = flat_rows(doc)
     path = Path(path)
-    with path.open("w", newline="") as handle:
+    with replacing(path) as tmp, tmp.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else ["error"])
         writer.writeheader()
         writer.writerows(rows)
@@ -445,9 +450,7 @@ def write_csv(doc: dict, path: str | Path) -> Path:
 
 
 def write_json(doc: dict, path: str | Path) -> Path:
-    path = Path(path)
-    path.write_text(json.dumps(doc, indent=2) + "\n")
-    return path
+    return write_atomically(Path(path), json.dumps(doc, indent=2) + "\n")
 
 
 def render(doc: dict, console) -> None:

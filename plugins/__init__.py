@@ -23,7 +23,7 @@ from autoplan.plugins.accelerate import accelerate_config
 from autoplan.plugins.colossalai import colossalai_plugin_kwargs
 from autoplan.plugins.deepspeed import deepspeed_config
 from autoplan.plugins.exporter import Exporter
-from autoplan.plugins.files import refuse_existing, write_files
+from autoplan.files import refuse_existing, write_files
 from autoplan.plugins.megatron import megatron_args
 from autoplan.plugins.torchtitan import torchtitan_overrides
 
@@ -90,7 +90,7 @@ def export_plan(result: Result, target: str, out_dir: Path, *, force: bool = Fal
     out_dir = Path(out_dir)
     files = render_all(result, target)
     if not force:
-        refuse_existing(list(files), out_dir)
+        refuse_existing([out_dir / name for name in files], error=ExportError)
     return write_files(files, out_dir)
 
 

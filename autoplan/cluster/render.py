@@ -15,6 +15,7 @@ from rich.table import Table
 
 from autoplan.cluster.spec import Cluster
 from autoplan.cluster.topology import build_topology, group_links, summary
+from autoplan.files import replacing
 
 FULL_DRAWING_MAX_GPUS = 64
 SUMMARY_MAX_NODES = 32
@@ -161,6 +162,7 @@ def draw_png(cluster: Cluster, path: str | Path) -> Path:
                  + ("" if full else " (summarised)"))
     ax.axis("off")
     path = Path(path)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    with replacing(path) as tmp:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path

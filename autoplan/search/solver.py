@@ -237,9 +237,10 @@ class PlanModel:
         return [by_index[i] for i in core if i in by_index]
 
 
-def solve_table(problem: Problem, pins: Pins, *, time_limit_s: float
+def solve_table(problem: Problem, pins: Pins, *, time_limit_s: float, num_workers: int = 1
                 ) -> tuple[Plan, Estimate, SolverInfo]:
-    """Tabulate the candidates, solve, and return the plan with its estimate."""
+    """Tabulate the candidates, solve with ``num_workers`` CP-SAT workers, and return the plan
+    with its estimate (the same plan for any ``num_workers``: see the tie-break above)."""
     start = time.perf_counter()
     table = Table.build(problem, pins, deadline=start + time_limit_s)
     if not table.fitting() and table.open_bound_s < math.inf:
@@ -257,7 +258,7 @@ def solve_table(problem: Problem, pins: Pins, *, time_limit_s: float
     fastest = min(rows, key=lambda r: (round(table.step_times_s[r] * US), table.tiebreak_key(r)))
     model.add_hint(fastest)
     remaining = max(0.1, time_limit_s - (time.perf_counter() - start))
-    solver, status = model.solve(remaining)
+    solver, status = model.solve(remaining, num_workers=num_workers)
     wall = time.perf_counter() - start
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         row, name = model.chosen(solver), solver.status_name(status)

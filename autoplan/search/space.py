@@ -263,6 +263,10 @@ def check_pins(graph: LayerGraph, *, world: int, training: TrainingSpec, pins: P
             "data-parallel rank needs a whole number of sequences.")
     if pins.sp and pins.tp == 1:
         raise ConstraintError("--sp needs --tp > 1: sequence parallelism splits along TP.")
+    if pins.mbs is not None and training.global_batch % pins.mbs:
+        raise ConstraintError(
+            f"--global-batch {training.global_batch} is not divisible by --mbs {pins.mbs}; "
+            "a micro-batch must split the batch evenly. Change --mbs or --global-batch.")
     if pins.mbs is not None and pins.dp is not None and training.global_batch % (pins.dp * pins.mbs):
         raise ConstraintError(
             f"--global-batch {training.global_batch} is not divisible by dp*mbs = "
