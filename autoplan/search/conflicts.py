@@ -17,7 +17,9 @@ from ortools.sat.python import cp_model
 
 from autoplan.costmodels.step import Problem
 from autoplan.search.objective import meets_throughput
-from autoplan.search.solver import PlanModel, Table, _dims_of, explain_infeasible, pin_values
+from autoplan.search.solver import (
+    NO_LEGAL_PLAN, PlanModel, Table, _dims_of, explain_infeasible, pin_values,
+)
 from autoplan.search.space import divisors
 from autoplan.training import Bounds, Objective, Pins
 
@@ -69,7 +71,7 @@ def requirements(table: Table, pins: Pins, bounds: Bounds | None,
             f"at least {table.objective.min_tokens_per_s:,.0f} tokens/s",
             lambda r: not meets_throughput(table.objective, table.step_times_s[r], table.tokens(r))))
     limit_gib = table.problem.mem_limit_bytes / GIB
-    out.append(Requirement(f"{limit_gib:.0f} GiB per GPU", lambda r: not table.fits(r),
+    out.append(Requirement(f"{_gib(limit_gib)} GiB per GPU", lambda r: not table.fits(r),
                            memory=True))
     return out
 
@@ -108,9 +110,13 @@ def explain_conflict(problems: list[Problem], pins: Pins, *, objective: Objectiv
                      bounds: Bounds | None, max_gpus: int | None) -> str:
     """Name the requirements that together admit no plan, with the numbers."""
     table = relaxed_table(problems, pins, objective)
+    if not len(table):
+        return NO_LEGAL_PLAN
     reqs = requirements(table, pins, bounds, max_gpus)
     found = core(table, reqs)
-    if not found or [q.memory for q in found] == [True]:
+    if not found:  # outside the relaxed space too (e.g. a --dp the batch cannot hold)
+        return NO_LEGAL_PLAN
+    if [q.memory for q in found] == [True]:
         return explain_infeasible(table, table.problem)
     others = [q for q in found if not q.memory]
     names = " and ".join(q.label for q in others)
@@ -118,8 +124,8 @@ def explain_conflict(problems: list[Problem], pins: Pins, *, objective: Objectiv
         lean = min(_meeting(table, others), key=lambda r: table.peak_bytes[r])
         est = table.estimate(lean)
         stage = max(range(len(est.stage_memory_gib)), key=lambda s: est.stage_memory_gib[s])
-        text = (f"{names} together with {est.memory_limit_gib:.0f} GiB per GPU: the leanest "
-                f"such plan ({_summary(table, lean)}) needs {est.peak_memory_gib:.1f} GiB on "
+        text = (f"{names} together with {_gib(est.memory_limit_gib)} GiB per GPU: the leanest "
+                f"such plan ({_summary(table, lean)}) needs {_gib(est.peak_memory_gib)} GiB on "
                 f"stage {stage}")
     else:
         text = f"{names} cannot all hold: no candidate plan meets them together"
@@ -129,7 +135,7 @@ def explain_conflict(problems: list[Problem], pins: Pins, *, objective: Objectiv
         best = min(rows, key=table.order)
         est = table.estimate(best)
         text += (f"; without {drop.label} the best plan ({_summary(table, best)}) fits at "
-                 f"{est.peak_memory_gib:.1f} GiB and takes {est.step_time_s:.3f} s")
+                 f"{_gib(est.peak_memory_gib)} GiB and takes {est.step_time_s:.3f} s")
     return text + ". Relax one of these."
 
 
@@ -137,3 +143,8 @@ def _summary(table: Table, row: int) -> str:
     p = table.plans[row]
     return (f"TP={p.tp}, PP={p.pp}, DP={p.dp}, ZeRO-{p.zero_stage}, "
             f"{p.recompute.value} recompute, mbs {p.micro_batch_size}, offload {p.offload.value}")
+
+
+def _gib(value: float) -> str:
+    """GiB with enough digits to tell small models' figures apart."""
+    return f"{value:.1f}" if value >= 10 else f"{value:.3f}"

@@ -1,16 +1,25 @@
-"""CP-SAT search for the fastest plan that fits.
+"""CP-SAT search for the best plan that fits: fastest by default, or fewest GPUs, or cheapest.
 
 Tabulation (exact pruning, before the model is built)
-    Candidates come from ``space`` grouped by shape (tp, pp, dp, mbs, vpp) and stage layout.
-    For each group the switches that cannot be slower than the others (no recomputation, no
-    offload, ZeRO below 3) are estimated first: the fastest of them is a lower bound on the
-    whole group, since recomputation and offload only add time and ZeRO-3 only adds
-    communication. Groups are expanded best bound first; a group whose bound is slower than the
-    best fitting plan so far cannot hold the optimum and is not expanded. Rows over the memory
-    limit stay in the table (for explanations) but not in the model.
+    Candidates come from ``space`` grouped by shape (tp, pp, dp, mbs, vpp) and stage layout,
+    for each allowed global batch (one problem each), within the user's bounds and GPU budget
+    (``max_gpus`` caps the world the shapes are drawn from). For each group the switches that
+    cannot be slower than the others (no recomputation, no offload, ZeRO below 3) are estimated
+    first: the fastest of them is a lower bound on the group's step time, since recomputation
+    and offload only add time and ZeRO-3 only adds communication. Every objective key
+    (``objective.py``) is nondecreasing in step time within a group (its GPUs and tokens per
+    step are fixed), so the bound's key bounds the group's keys, for every objective: groups
+    are expanded best bound first, and a group whose bound key is worse than the best eligible
+    row so far cannot hold the optimum and is not expanded. A group whose bound already misses
+    ``min_tokens_per_s`` has no eligible row either. Under GPUS and COST the time-only
+    dominance of the DP degrees (``space.dp_options``) is lifted: fewer GPUs can win. Rows over
+    the memory limit or under the throughput stay in the table (for explanations) but not in
+    the model.
 
 Data
-    R fitting rows, each with its estimated step time ``time[r]`` (µs) and its degrees
+    R eligible rows (fit in memory, reach the throughput), each with its objective keys
+    ``key[t][r]`` (TIME: µs of step time, or ps per token when the global batch varies; GPUS:
+    GPUs; COST: GPU-ps per token) and its degrees
     ``tp[r], pp[r], dp[r], mbs[r], zero[r], recompute[r], sp[r], vpp[r], offload[r]``.
 
 Decision variables
@@ -22,15 +31,20 @@ Constraints (one ``add_<family>`` each, every constraint named)
     1. choice: exactly one pick                                        → add_choice()
     2. table link: ``dim == sum(dim_table[r] pick[r])`` per dimension   → add_table_link()
     3. pins: ``dim == pinned`` (assumption literals)                    → add_pins()
+    4. lexicographic: ``sum(key[t][r] pick[r]) <= optimum[t]`` for each earlier term
+       (``objective_<term>``)                                            → solve_lexicographic()
 
 Objective
-    minimize ``sum((time[r] * R + tiebreak[r]) pick[r])``: step time first; among plans within the
-    same microsecond, the stated tie-break order (fewer GPUs, then fewer GPUs per model replica
-    (tp*pp), then less memory, then the candidate order) so the same input gives the same plan
-    whatever the number of workers.
+    Terms are minimized in order, each solve fixing the earlier terms at their optimum; the
+    last minimizes ``sum((key[last][r] * R + tiebreak[r]) pick[r])``: among plans with equal
+    keys, the stated tie-break order (fewer GPUs, then fewer GPUs per model replica (tp*pp),
+    then less memory, then the candidate order) so the same input gives the same plan
+    whatever the number of workers. ``SolverInfo.objective`` is the first term in its unit
+    (seconds of step time for time), ``objective_unit`` names it.
 
-The fastest fitting row is the hint. Status is OPTIMAL only when CP-SAT proves it; with a time
-limit it may be FEASIBLE, reported with the bound.
+The best eligible row is the hint. Status is OPTIMAL only when CP-SAT proves every term; with a
+time limit it may be FEASIBLE, reported with the bound. When no row is eligible,
+``conflicts.explain_conflict`` names the requirements that conflict.
 """
 
 from __future__ import annotations
@@ -389,11 +403,6 @@ def solve_search(problems: Problem | list[Problem], pins: Pins, *, time_limit_s:
         raise NoPlanInTimeError(
             f"no plan that fits was found within --time-limit {time_limit_s:g}s; raise the "
             "limit or pin more dimensions.")
-    if not len(table):
-        raise InfeasibleError(
-            "no legal plan exists for these pins and bounds on this cluster and batch: the "
-            "pinned degrees must fit the GPU count (and max_gpus), and the global batch must "
-            "divide by dp*mbs.")
     rows = table.eligible()
     if not rows:
         from autoplan.search.conflicts import explain_conflict
@@ -435,6 +444,11 @@ def _info(table: Table, row: int, name: str, bound_key: float, wall: float) -> S
                       gap=max(0.0, (value - bound) / value) if value else 0.0, wall_time_s=wall,
                       objective_terms=tuple(t.value for t in objective.terms),
                       objective_unit=unit)
+
+
+NO_LEGAL_PLAN = (
+    "no legal plan exists for these pins and bounds on this cluster and batch: the pinned "
+    "degrees must fit the GPU count (and max_gpus), and the global batch must divide by dp*mbs.")
 
 
 def explain_infeasible(table: Table, problem: Problem) -> str:
