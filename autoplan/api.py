@@ -26,7 +26,12 @@ from autoplan.plan import ModelInfo, Plan, Result, SolverInfo, TrainingInfo
 from autoplan.plugins.importers import ImportedRun, read_run  # noqa: F401 (API)
 from autoplan.search.solver import solve_table
 from autoplan.search.space import balanced_stages, check_pins, dp_options
-from autoplan.training import AttentionKernel, Constraints, Pins, Precision, Runtime, TrainingSpec
+from autoplan.options import SolveOptions, global_batches, load_options, with_node_limit
+from autoplan.plan import Offload
+from autoplan.training import (
+    AttentionKernel, Bounds, Constraints, Objective, ObjectiveTerm, Pins, Precision, Runtime,
+    TrainingSpec,
+)
 from autoplan.units import parse_quantity
 
 DEFAULT_TIME_LIMIT_S = 60.0
@@ -159,33 +164,126 @@ def _result(problem: Problem, model: Model, cluster: LoadedCluster, plan: Plan, 
                   training=training)
 
 
-def solve(model, cluster, *, seq_len: int, global_batch: int, pins=None, mem_limit=None,
+def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_limit=None,
           time_limit_s: float | None = None, precision: str | None = None,
-          runtime: str | None = None, attention: str = "flash") -> Result:
-    """The fastest plan that fits, with its estimate and the solver's status.
+          runtime: str | None = None, attention: str = "flash", objective=None,
+          min_tokens_per_s: float | None = None, price_per_gpu_hour: float | None = None,
+          bounds=None, max_gpus: int | None = None, tp_within_node: bool | None = None,
+          forbid_offload: bool | None = None, options=None) -> Result:
+    """The best plan that fits (fastest by default), with its estimate, the solver's status
+    and the best plan of each other (TP, PP) shape.
 
     Args:
         model: a path to model.py, an imported module, or a loaded :class:`Model`.
         cluster: a path to cluster.yaml, a mapping, or a loaded cluster.
         seq_len: tokens per sequence.
-        global_batch: sequences per optimizer step.
+        global_batch: sequences per optimizer step; a list, or ``{"min": a, "max": b}``, lets
+            the solver choose (time then compares per token).
         pins: dimensions to fix, by the CLI's names (``{"tp": 8, "zero": 1}``).
         mem_limit: per-GPU cap (``"72GiB"`` or bytes); default: the GPU's memory.
         time_limit_s: solver time limit; the best plan so far is returned with its gap.
+        objective: ``"time"`` (default), ``"gpus"``, ``"cost"`` or a lexicographic list
+            (``["gpus", "time"]``).
+        min_tokens_per_s: a throughput every plan must reach (the target of ``"gpus"``).
+        price_per_gpu_hour: $ per GPU-hour for the ``"cost"`` report (default 2).
+        bounds: ``{"tp": {"max": 4}, "pp": {"min": 2}}`` on tp, pp, dp, mbs, vpp.
+        max_gpus: a GPU budget: plans use at most this many GPUs.
+        tp_within_node: TP at most a node's GPUs, even when pinned.
+        forbid_offload: no CPU offload.
+        options: a :class:`SolveOptions` or the path of an options YAML; keywords given here
+            win over it.
 
     Raises:
-        InfeasibleError: nothing fits; the message says what conflicts and by how much.
+        InfeasibleError: nothing qualifies; the message names the conflicting requirements.
     """
+    from autoplan.search.solver import solve_search
+    opts = _options(options)
     model, cluster = load_model(model), load_cluster(cluster)
-    seq_len, global_batch, precision, runtime = _settings(None, seq_len, global_batch, precision,
-                                                         runtime)
-    training = _training(seq_len, global_batch, precision, runtime, attention)
-    constraints = Constraints(pins=_pins(pins), time_limit_s=time_limit_s or DEFAULT_TIME_LIMIT_S)
-    problem = make_problem(model, cluster, training, mem_limit)
-    check_pins(problem.graph, world=cluster.cluster.num_gpus, training=training,
-               pins=constraints.pins)
-    plan, est, info = solve_table(problem, constraints.pins, time_limit_s=constraints.time_limit_s)
-    return _result(problem, model, cluster, plan, est, info)
+    batches = global_batches(global_batch if global_batch is not None else opts.global_batch)
+    seq_len, _, precision, runtime = _settings(None, seq_len, (batches or [0])[0], precision,
+                                               runtime)
+    constraints = _constraints(opts, cluster.cluster, pins=pins, bounds=bounds,
+                               max_gpus=max_gpus, objective=objective,
+                               min_tokens_per_s=min_tokens_per_s,
+                               price_per_gpu_hour=price_per_gpu_hour,
+                               tp_within_node=tp_within_node, forbid_offload=forbid_offload,
+                               time_limit_s=time_limit_s)
+    mem_limit = mem_limit if mem_limit is not None else _options_mem_limit(opts, cluster.cluster)
+    problems = _batch_problems(model, cluster, batches, constraints.pins, seq_len=seq_len,
+                               precision=precision, runtime=runtime, attention=attention,
+                               mem_limit=mem_limit)
+    solution = solve_search(problems, constraints.pins, time_limit_s=constraints.time_limit_s,
+                            objective=constraints.objective, bounds=constraints.bounds,
+                            max_gpus=constraints.max_gpus)
+    result = _result(solution.problem, model, cluster, solution.plan, solution.estimate,
+                     solution.info)
+    return result.model_copy(update={"runners_up": solution.table.runners_up(solution.row)})
+
+
+def _options(options) -> SolveOptions:
+    if options is None:
+        return SolveOptions()
+    if isinstance(options, SolveOptions):
+        return options
+    if isinstance(options, Mapping):
+        return _validated(SolveOptions, options, "options")
+    return load_options(options)
+
+
+def _options_mem_limit(opts: SolveOptions, cluster: Cluster) -> float | None:
+    """The file's ``mem_limit``, which may only lower the GPU's memory."""
+    if opts.mem_limit is None:
+        return None
+    limit = parse_quantity(opts.mem_limit, "memory", field="mem_limit")
+    if limit > cluster.gpu.memory_bytes:
+        raise ConstraintError(
+            f"mem_limit {opts.mem_limit} exceeds the {cluster.gpu.name}'s "
+            f"{cluster.gpu.memory_bytes / 2**30:.0f} GiB; it can only lower the limit.")
+    return limit
+
+
+def _constraints(opts: SolveOptions, cluster: Cluster, *, pins, bounds, max_gpus, objective,
+                 min_tokens_per_s, price_per_gpu_hour, tp_within_node, forbid_offload,
+                 time_limit_s) -> Constraints:
+    """The options file with the caller's keywords over it."""
+    merged = {**opts.pins.pinned(), **_pins(pins).pinned()}
+    if forbid_offload if forbid_offload is not None else opts.forbid_offload:
+        if merged.get("offload", Offload.NONE) != Offload.NONE:
+            raise ConstraintError(f"forbid_offload contradicts --offload {merged['offload']}.")
+        merged["offload"] = Offload.NONE
+    bounds = opts.bounds if bounds is None else _validated(Bounds, bounds, "bounds") \
+        if not isinstance(bounds, Bounds) else bounds
+    if tp_within_node if tp_within_node is not None else opts.tp_within_node:
+        bounds = with_node_limit(bounds, cluster.gpus_per_node)
+    terms = objective if objective is not None else opts.objective or "time"
+    terms = [terms] if isinstance(terms, (str, ObjectiveTerm)) else list(terms)
+    goal = _validated(Objective, {
+        "terms": [t.strip() if isinstance(t, str) else t for t in terms],
+        "min_tokens_per_s": min_tokens_per_s or opts.min_tokens_per_s,
+        "price_per_gpu_hour": price_per_gpu_hour or opts.price_per_gpu_hour or 2.0}, "objective")
+    return Constraints(pins=_pins(merged), bounds=bounds, max_gpus=max_gpus or opts.max_gpus,
+                       objective=goal, time_limit_s=time_limit_s or DEFAULT_TIME_LIMIT_S)
+
+
+def _batch_problems(model: Model, cluster: LoadedCluster, batches: list[int] | None, pins: Pins,
+                    *, seq_len: int, precision: str, runtime: str, attention: str,
+                    mem_limit) -> list[Problem]:
+    """One problem per allowed global batch whose pins are legal (all checked if none is)."""
+    if not batches:
+        raise ConstraintError("give --global-batch (or global_batch in --options).")
+    problems, errors = [], []
+    for batch in batches:
+        training = _training(seq_len, batch, precision, runtime, attention)
+        problem = make_problem(model, cluster, training, mem_limit)
+        try:
+            check_pins(problem.graph, world=cluster.cluster.num_gpus, training=training, pins=pins)
+        except ConstraintError as err:
+            errors.append(err)
+            continue
+        problems.append(problem)
+    if not problems:
+        raise errors[0]
+    return problems
 
 
 def plan_from_pins(problem: Problem, pins: Pins, *, first: int | None = None,

@@ -34,11 +34,11 @@ class Requirement:
 
 
 def relaxed_table(problems: list[Problem], pins: Pins, objective: Objective) -> Table:
-    table = Table.build(problems, Pins(), objective=Objective(terms=objective.terms), prune=False)
-    table.objective = objective
+    table = Table.build(problems, Pins(), objective=objective, prune=False, every_dp=True)
     gpus_per_node = problems[0].cluster.gpus_per_node
     if pins.tp is not None and pins.tp not in divisors(gpus_per_node):
-        extra = Table.build(problems, Pins(tp=pins.tp), objective=table.objective, prune=False)
+        extra = Table.build(problems, Pins(tp=pins.tp), objective=objective, prune=False,
+                            every_dp=True)
         for plan, source in zip(extra.plans, extra.sources):
             table.add(plan, source)
     return table
@@ -114,7 +114,12 @@ def explain_conflict(problems: list[Problem], pins: Pins, *, objective: Objectiv
         return NO_LEGAL_PLAN
     reqs = requirements(table, pins, bounds, max_gpus)
     found = core(table, reqs)
-    if not found:  # outside the relaxed space too (e.g. a --dp the batch cannot hold)
+    if found is None:  # all hold together, but on a plan the time search's space leaves out
+        row = min(_meeting(table, reqs), key=table.order)
+        return (f"no plan in the searched space meets these requirements (for speed it keeps "
+                f"the two largest DP degrees that fit), but {_summary(table, row)} does; pin "
+                f"--dp {table.plans[row].dp} to get it.")
+    if not found:
         return NO_LEGAL_PLAN
     if [q.memory for q in found] == [True]:
         return explain_infeasible(table, table.problem)

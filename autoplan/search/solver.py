@@ -115,6 +115,7 @@ class Table:
     pruned: int = 0  # candidates never evaluated: their group's bound was already beaten
     open_bound_s: float = math.inf  # lower bound of candidates left unevaluated at the deadline
     unexpanded: list[tuple] = field(default_factory=list)  # pruned groups (for runners-up)
+    every_dp: bool = False  # lift the DP dominance even for time (relaxed tables)
 
     @property
     def problem(self) -> Problem:
@@ -128,11 +129,12 @@ class Table:
     @classmethod
     def build(cls, problems: Problem | list[Problem], pins: Pins, *, deadline: float = math.inf,
               objective: Objective | None = None, bounds: Bounds | None = None,
-              max_gpus: int | None = None, prune: bool = True) -> "Table":
+              max_gpus: int | None = None, prune: bool = True,
+              every_dp: bool = False) -> "Table":
         """Evaluate the candidates best bound first until the rest cannot win or the
         ``deadline`` (a ``time.perf_counter()`` value) passes; ``prune=False`` evaluates all."""
         problems = [problems] if isinstance(problems, Problem) else list(problems)
-        table = cls(problems, objective or Objective())
+        table = cls(problems, objective or Objective(), every_dp=every_dp)
         groups = []
         for source in range(len(problems)):
             groups += table._bound_groups(source, pins, deadline, bounds, max_gpus)
@@ -162,7 +164,7 @@ class Table:
         for shape in shapes(problem.graph, world=world,
                             gpus_per_node=problem.cluster.gpus_per_node,
                             training=problem.training, pins=pins, bounds=bounds,
-                            every_dp=self.objective.needs_every_dp):
+                            every_dp=self.every_dp or self.objective.needs_every_dp):
             if time.perf_counter() > deadline:  # shapes never looked at: only physics bounds them
                 self.open_bound_s = lower_bound_s(problem)
                 break
