@@ -7,6 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 import autoplan
+import autoplan.api
 from autoplan.cli import app
 from autoplan.errors import ConstraintError, InfeasibleError
 from autoplan.options import BatchRange, global_batches, load_options
@@ -147,3 +148,12 @@ def test_old_json_without_runners_up_still_validates():
     for key in ("objective_terms", "objective_unit"):
         document["solver"].pop(key)
     assert autoplan.Result.model_validate(document).runners_up is None
+
+
+def test_solve_and_explain_agree_on_runners_up():
+    result = _solve(mem_limit="1.6GiB")
+    explanation = autoplan.api.explain(result, TINY)
+    from_explain = [(u.tp, u.pp, round(u.step_time_s * 1e6)) for u in explanation.runners_up
+                    if u.fits]
+    from_solve = [(u.tp, u.pp, round(u.step_time_s * 1e6)) for u in result.runners_up]
+    assert from_solve[:len(from_explain)] == from_explain
