@@ -145,7 +145,7 @@ class ShapeRunnerUp(BaseModel):
     pp: int
     dp: int
     step_time_s: float
-    slower_by: float  # its step time / the chosen plan's - 1
+    slower_by: float  # its time per token / the chosen plan's - 1 (step time for one batch)
 
 
 class ModelInfo(BaseModel):

@@ -250,16 +250,17 @@ class Table:
             self._expand(group)
 
     def runners_up(self, chosen: int) -> list[ShapeRunnerUp]:
-        """The best eligible plan of each other (TP, PP) shape, best first."""
+        """The best eligible plan of each other (TP, PP) shape under the objective, best
+        first; ``slower_by`` compares time per token (step time when the batch is fixed)."""
         for tp, pp in {(g[3].tp, g[3].pp) for g in self.unexpanded}:
             self.complete_shape(tp, pp)
         best = best_by_shape(self.eligible(), self.plans, self.order)
         mine = (self.plans[chosen].tp, self.plans[chosen].pp)
-        base = self.step_times_s[chosen]
+        per_token = lambda r: self.step_times_s[r] / self.tokens(r)  # noqa: E731
         rows = sorted((r for shape, r in best.items() if shape != mine), key=self.order)
         return [ShapeRunnerUp(tp=self.plans[r].tp, pp=self.plans[r].pp, dp=self.plans[r].dp,
                               step_time_s=self.step_times_s[r],
-                              slower_by=self.step_times_s[r] / base - 1) for r in rows]
+                              slower_by=per_token(r) / per_token(chosen) - 1) for r in rows]
 
 
 def _cannot_be_slower(sw) -> bool:
