@@ -24,14 +24,10 @@ from autoplan.inference import InferencePlacement
 from autoplan.inference import place_for_inference as inference_placement
 from autoplan.plan import ModelInfo, Plan, Result, SolverInfo, TrainingInfo
 from autoplan.plugins.importers import ImportedRun, read_run  # noqa: F401 (API)
-from autoplan.search.solver import solve_table
+from autoplan.search.solver import solve_search
 from autoplan.search.space import balanced_stages, check_pins, dp_options
-from autoplan.options import SolveOptions, global_batches, load_options, with_node_limit
-from autoplan.plan import Offload
-from autoplan.training import (
-    AttentionKernel, Bounds, Constraints, Objective, ObjectiveTerm, Pins, Precision, Runtime,
-    TrainingSpec,
-)
+from autoplan.options import as_options, global_batches, merge_options, options_mem_limit
+from autoplan.training import AttentionKernel, Constraints, Pins, Precision, Runtime, TrainingSpec
 from autoplan.units import parse_quantity
 
 DEFAULT_TIME_LIMIT_S = 60.0
@@ -196,19 +192,18 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
     Raises:
         InfeasibleError: nothing qualifies; the message names the conflicting requirements.
     """
-    from autoplan.search.solver import solve_search
-    opts = _options(options)
+    opts = as_options(options)
     model, cluster = load_model(model), load_cluster(cluster)
     batches = global_batches(global_batch if global_batch is not None else opts.global_batch)
     seq_len, _, precision, runtime = _settings(None, seq_len, (batches or [0])[0], precision,
                                                runtime)
-    constraints = _constraints(opts, cluster.cluster, pins=pins, bounds=bounds,
+    constraints = merge_options(opts, cluster.cluster, pins=_pins(pins), bounds=bounds,
                                max_gpus=max_gpus, objective=objective,
                                min_tokens_per_s=min_tokens_per_s,
                                price_per_gpu_hour=price_per_gpu_hour,
                                tp_within_node=tp_within_node, forbid_offload=forbid_offload,
-                               time_limit_s=time_limit_s)
-    mem_limit = mem_limit if mem_limit is not None else _options_mem_limit(opts, cluster.cluster)
+                               time_limit_s=time_limit_s or DEFAULT_TIME_LIMIT_S)
+    mem_limit = mem_limit if mem_limit is not None else options_mem_limit(opts, cluster.cluster)
     problems = _batch_problems(model, cluster, batches, constraints.pins, seq_len=seq_len,
                                precision=precision, runtime=runtime, attention=attention,
                                mem_limit=mem_limit)
@@ -218,51 +213,6 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
     result = _result(solution.problem, model, cluster, solution.plan, solution.estimate,
                      solution.info)
     return result.model_copy(update={"runners_up": solution.table.runners_up(solution.row)})
-
-
-def _options(options) -> SolveOptions:
-    if options is None:
-        return SolveOptions()
-    if isinstance(options, SolveOptions):
-        return options
-    if isinstance(options, Mapping):
-        return _validated(SolveOptions, options, "options")
-    return load_options(options)
-
-
-def _options_mem_limit(opts: SolveOptions, cluster: Cluster) -> float | None:
-    """The file's ``mem_limit``, which may only lower the GPU's memory."""
-    if opts.mem_limit is None:
-        return None
-    limit = parse_quantity(opts.mem_limit, "memory", field="mem_limit")
-    if limit > cluster.gpu.memory_bytes:
-        raise ConstraintError(
-            f"mem_limit {opts.mem_limit} exceeds the {cluster.gpu.name}'s "
-            f"{cluster.gpu.memory_bytes / 2**30:.0f} GiB; it can only lower the limit.")
-    return limit
-
-
-def _constraints(opts: SolveOptions, cluster: Cluster, *, pins, bounds, max_gpus, objective,
-                 min_tokens_per_s, price_per_gpu_hour, tp_within_node, forbid_offload,
-                 time_limit_s) -> Constraints:
-    """The options file with the caller's keywords over it."""
-    merged = {**opts.pins.pinned(), **_pins(pins).pinned()}
-    if forbid_offload if forbid_offload is not None else opts.forbid_offload:
-        if merged.get("offload", Offload.NONE) != Offload.NONE:
-            raise ConstraintError(f"forbid_offload contradicts --offload {merged['offload']}.")
-        merged["offload"] = Offload.NONE
-    bounds = opts.bounds if bounds is None else _validated(Bounds, bounds, "bounds") \
-        if not isinstance(bounds, Bounds) else bounds
-    if tp_within_node if tp_within_node is not None else opts.tp_within_node:
-        bounds = with_node_limit(bounds, cluster.gpus_per_node)
-    terms = objective if objective is not None else opts.objective or "time"
-    terms = [terms] if isinstance(terms, (str, ObjectiveTerm)) else list(terms)
-    goal = _validated(Objective, {
-        "terms": [t.strip() if isinstance(t, str) else t for t in terms],
-        "min_tokens_per_s": min_tokens_per_s or opts.min_tokens_per_s,
-        "price_per_gpu_hour": price_per_gpu_hour or opts.price_per_gpu_hour or 2.0}, "objective")
-    return Constraints(pins=_pins(merged), bounds=bounds, max_gpus=max_gpus or opts.max_gpus,
-                       objective=goal, time_limit_s=time_limit_s or DEFAULT_TIME_LIMIT_S)
 
 
 def _batch_problems(model: Model, cluster: LoadedCluster, batches: list[int] | None, pins: Pins,

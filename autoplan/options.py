@@ -22,8 +22,11 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from autoplan.cluster.spec import Cluster
 from autoplan.errors import ConstraintError
-from autoplan.training import Bounds, ObjectiveTerm, Pins, Range
+from autoplan.plan import Offload
+from autoplan.training import Bounds, Constraints, Objective, ObjectiveTerm, Pins, Range
+from autoplan.units import parse_quantity
 
 
 class BatchRange(BaseModel):
@@ -97,3 +100,62 @@ def load_options(path: str | Path) -> SolveOptions:
                              for e in err.errors())
         raise ConstraintError(f"{path}: {problems}. Keys: {', '.join(SolveOptions.model_fields)}."
                               ) from None
+
+
+def as_options(options: SolveOptions | dict | str | Path | None) -> SolveOptions:
+    """Options from an object, a mapping or the path of a YAML file."""
+    if options is None:
+        return SolveOptions()
+    if isinstance(options, SolveOptions):
+        return options
+    if isinstance(options, dict):
+        return _validated(SolveOptions, options, "options")
+    return load_options(options)
+
+
+def options_mem_limit(opts: SolveOptions, cluster: Cluster) -> float | None:
+    """The file's ``mem_limit`` in bytes, which may only lower the GPU's memory."""
+    if opts.mem_limit is None:
+        return None
+    limit = parse_quantity(opts.mem_limit, "memory", field="mem_limit")
+    if limit > cluster.gpu.memory_bytes:
+        raise ConstraintError(
+            f"mem_limit {opts.mem_limit} exceeds the {cluster.gpu.name}'s "
+            f"{cluster.gpu.memory_bytes / 2**30:.0f} GiB; it can only lower the limit.")
+    return limit
+
+
+def merge_options(opts: SolveOptions, cluster: Cluster, *, pins: Pins, bounds=None,
+                  max_gpus: int | None = None, objective=None,
+                  min_tokens_per_s: float | None = None,
+                  price_per_gpu_hour: float | None = None, tp_within_node: bool | None = None,
+                  forbid_offload: bool | None = None,
+                  time_limit_s: float | None = None) -> Constraints:
+    """The options file with the caller's values (CLI flags, API keywords) over it."""
+    merged = {**opts.pins.pinned(), **pins.pinned()}
+    if forbid_offload if forbid_offload is not None else opts.forbid_offload:
+        if merged.get("offload", Offload.NONE) != Offload.NONE:
+            raise ConstraintError(f"forbid_offload contradicts --offload {merged['offload']}.")
+        merged["offload"] = Offload.NONE
+    if bounds is None:
+        bounds = opts.bounds
+    elif not isinstance(bounds, Bounds):
+        bounds = _validated(Bounds, bounds, "bounds")
+    if tp_within_node if tp_within_node is not None else opts.tp_within_node:
+        bounds = with_node_limit(bounds, cluster.gpus_per_node)
+    terms = objective if objective is not None else opts.objective or ObjectiveTerm.TIME
+    terms = [terms] if isinstance(terms, (str, ObjectiveTerm)) else list(terms)
+    goal = _validated(Objective, {
+        "terms": [t.strip() if isinstance(t, str) else t for t in terms],
+        "min_tokens_per_s": min_tokens_per_s or opts.min_tokens_per_s,
+        "price_per_gpu_hour": price_per_gpu_hour or opts.price_per_gpu_hour or 2.0}, "objective")
+    return Constraints(pins=_validated(Pins, merged, "pins"), bounds=bounds,
+                       max_gpus=max_gpus or opts.max_gpus, objective=goal,
+                       **({"time_limit_s": time_limit_s} if time_limit_s else {}))
+
+
+def _validated(schema, values: dict, what: str):
+    try:
+        return schema.model_validate(dict(values))
+    except ValidationError as err:
+        raise ConstraintError(f"{what}: {err}".replace("\n", " ")) from None

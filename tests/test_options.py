@@ -157,3 +157,10 @@ def test_solve_and_explain_agree_on_runners_up():
                     if u.fits]
     from_solve = [(u.tp, u.pp, round(u.step_time_s * 1e6)) for u in result.runners_up]
     assert from_solve[:len(from_explain)] == from_explain
+
+
+def test_unknown_objective_is_exit_2():
+    result = runner.invoke(app, ["solve", TINY, DGX1, "--seq-len", "256", "--global-batch",
+                                 "16", "--objective", "speed"])
+    assert result.exit_code == 2
+    assert "objective" in result.stderr
