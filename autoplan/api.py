@@ -30,8 +30,9 @@ from autoplan.inference import InferencePlacement
 from autoplan.inference import place_for_inference as inference_placement
 from autoplan.plan import ModelInfo, Plan, Result, SolverInfo, TrainingInfo
 from autoplan.plugins.importers import ImportedRun, read_run  # noqa: F401 (API)
-from autoplan.search.solver import solve_table
+from autoplan.search.solver import solve_search
 from autoplan.search.space import balanced_stages, check_pins, dp_options
+from autoplan.options import as_options, global_batches, merge_options, options_mem_limit
 from autoplan.training import AttentionKernel, Constraints, Pins, Precision, Runtime, TrainingSpec
 from autoplan.units import parse_quantity
 
@@ -196,17 +197,22 @@ def _result(problem: Problem, model: Model, cluster: LoadedCluster, plan: Plan, 
                   training=training)
 
 
-def solve(model, cluster, *, seq_len: int, global_batch: int, pins=None, mem_limit=None,
+def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_limit=None,
           time_limit_s: float | None = None, precision: str | None = None,
-          runtime: str | None = None, attention: str = "flash", profile=None,
+          runtime: str | None = None, attention: str = "flash", objective=None,
+          min_tokens_per_s: float | None = None, price_per_gpu_hour: float | None = None,
+          bounds=None, max_gpus: int | None = None, tp_within_node: bool | None = None,
+          forbid_offload: bool | None = None, options=None, profile=None,
           num_workers: int = 1) -> Result:
-    """The fastest plan that fits, with its estimate and the solver's status.
+    """The best plan that fits (fastest by default), with its estimate, the solver's status
+    and the best plan of each other (TP, PP) shape.
 
     Args:
         model: a path to model.py, an imported module, or a loaded :class:`Model`.
         cluster: a path to cluster.yaml, a mapping, or a loaded cluster.
         seq_len: tokens per sequence.
-        global_batch: sequences per optimizer step.
+        global_batch: sequences per optimizer step; a list, or ``{"min": a, "max": b}``, lets
+            the solver choose (time then compares per token).
         pins: dimensions to fix, by the CLI's names (``{"tp": 8, "zero": 1}``).
         mem_limit: per-GPU cap (``"72GiB"`` or bytes); default: the GPU's memory.
         time_limit_s: solver time limit; the best plan so far is returned with its gap.
@@ -214,21 +220,62 @@ def solve(model, cluster, *, seq_len: int, global_batch: int, pins=None, mem_lim
             replaces the catalog's compute profile.
         num_workers: CP-SAT search workers. The plan does not depend on it (nor on the run)
             when the solve finishes within the time limit: see README, "Determinism".
+        objective: ``"time"`` (default), ``"gpus"``, ``"cost"`` or a lexicographic list
+            (``["gpus", "time"]``).
+        min_tokens_per_s: a throughput every plan must reach (the target of ``"gpus"``).
+        price_per_gpu_hour: $ per GPU-hour for the ``"cost"`` report (default 2).
+        bounds: ``{"tp": {"max": 4}, "pp": {"min": 2}}`` on tp, pp, dp, mbs, vpp.
+        max_gpus: a GPU budget: plans use at most this many GPUs.
+        tp_within_node: TP at most a node's GPUs, even when pinned.
+        forbid_offload: no CPU offload.
+        options: a :class:`SolveOptions` or the path of an options YAML; keywords given here
+            win over it.
 
     Raises:
-        InfeasibleError: nothing fits; the message says what conflicts and by how much.
+        InfeasibleError: nothing qualifies; the message names the conflicting requirements.
     """
+    opts = as_options(options)
     model, cluster = load_model(model), load_cluster(cluster)
-    seq_len, global_batch, precision, runtime = _settings(None, seq_len, global_batch, precision,
-                                                         runtime)
-    training = _training(seq_len, global_batch, precision, runtime, attention)
-    constraints = Constraints(pins=_pins(pins), time_limit_s=time_limit_s or DEFAULT_TIME_LIMIT_S)
-    problem = make_problem(model, cluster, training, mem_limit, profile=profile)
-    check_pins(problem.graph, world=cluster.cluster.num_gpus, training=training,
-               pins=constraints.pins)
-    plan, est, info = solve_table(problem, constraints.pins, time_limit_s=constraints.time_limit_s,
-                                  num_workers=num_workers)
-    return _result(problem, model, cluster, plan, est, info)
+    batches = global_batches(global_batch if global_batch is not None else opts.global_batch)
+    seq_len, _, precision, runtime = _settings(None, seq_len, (batches or [0])[0], precision,
+                                               runtime)
+    constraints = merge_options(opts, cluster.cluster, pins=_pins(pins), bounds=bounds,
+                               max_gpus=max_gpus, objective=objective,
+                               min_tokens_per_s=min_tokens_per_s,
+                               price_per_gpu_hour=price_per_gpu_hour,
+                               tp_within_node=tp_within_node, forbid_offload=forbid_offload,
+                               time_limit_s=time_limit_s or DEFAULT_TIME_LIMIT_S)
+    mem_limit = mem_limit if mem_limit is not None else options_mem_limit(opts, cluster.cluster)
+    problems = _batch_problems(model, cluster, batches, constraints.pins, seq_len=seq_len,
+                               precision=precision, runtime=runtime, attention=attention,
+                               mem_limit=mem_limit, profile=profile)
+    solution = solve_search(problems, constraints.pins, time_limit_s=constraints.time_limit_s,
+                            objective=constraints.objective, bounds=constraints.bounds,
+                            max_gpus=constraints.max_gpus, num_workers=num_workers)
+    result = _result(solution.problem, model, cluster, solution.plan, solution.estimate,
+                     solution.info)
+    return result.model_copy(update={"runners_up": solution.table.runners_up(solution.row)})
+
+
+def _batch_problems(model: Model, cluster: LoadedCluster, batches: list[int] | None, pins: Pins,
+                    *, seq_len: int, precision: str, runtime: str, attention: str,
+                    mem_limit, profile=None) -> list[Problem]:
+    """One problem per allowed global batch whose pins are legal (all checked if none is)."""
+    if not batches:
+        raise ConstraintError("give --global-batch (or global_batch in --options).")
+    problems, errors = [], []
+    for batch in batches:
+        training = _training(seq_len, batch, precision, runtime, attention)
+        problem = make_problem(model, cluster, training, mem_limit, profile=profile)
+        try:
+            check_pins(problem.graph, world=cluster.cluster.num_gpus, training=training, pins=pins)
+        except ConstraintError as err:
+            errors.append(err)
+            continue
+        problems.append(problem)
+    if not problems:
+        raise errors[0]
+    return problems
 
 
 def plan_from_pins(problem: Problem, pins: Pins, *, first: int | None = None,

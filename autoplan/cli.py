@@ -128,9 +128,19 @@ def solve(
     out: Optional[Path] = typer.Option(None, "--out", help="Folder for --export."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing files in --out."),
     explain: bool = typer.Option(False, "--explain", help="Also say why this plan (see `explain`)."),
+    options: Optional[Path] = typer.Option(
+        None, "--options", help="YAML of objective, pins, bounds, mem_limit, max_gpus, "
+        "global_batch, tp_within_node, forbid_offload; flags given here win."),
+    objective: Optional[str] = typer.Option(
+        None, "--objective", help="time (default), gpus, cost, or a lexicographic list: gpus,time."),
+    min_tokens_per_s: Optional[float] = typer.Option(
+        None, "--min-tokens-per-s", min=0, help="Throughput every plan must reach."),
+    price: Optional[float] = typer.Option(
+        None, "--gpu-hour-price", min=0, help="$ per GPU-hour for --objective cost (default 2)."),
 ) -> None:
-    """Find the fastest plan that fits in memory; given options pin those dimensions. With
-    --from, also price the setup you run now and say what to change."""
+    """Find the fastest plan that fits in memory (or the fewest GPUs, or the cheapest, with
+    --objective); given options pin those dimensions. With --from, also price the setup you run
+    now and say what to change."""
     pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload, recompute_num_layers)
     if export is not None and out is None:  # before the solve, which may take minutes
         _fail(_NO_OUT)
@@ -142,10 +152,12 @@ def solve(
         training = current.training
         seq_len, global_batch = training.seq_len, training.global_batch
         runtime, precision = training.runtime, training.precision
+    terms = objective.split(",") if objective else None
     result = _run(lambda: api.solve(
         model, cluster, seq_len=seq_len, global_batch=global_batch, pins=pins,
         mem_limit=mem_limit, time_limit_s=time_limit, runtime=runtime, precision=precision,
-        profile=profile))
+        objective=terms, min_tokens_per_s=min_tokens_per_s, price_per_gpu_hour=price,
+        options=options, profile=profile))
     if explain:
         explanation = _run(lambda: api.explain(result, model, pins=pins))
     # Written (or refused) before anything is printed: a refusal leaves stdout empty.

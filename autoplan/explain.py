@@ -21,6 +21,7 @@ from autoplan.cluster.topology import GroupLinks, group_links
 from autoplan.costmodels.step import MIB, Problem, estimate, limit_mib
 from autoplan.plan import Estimate, Offload, Plan, Result
 from autoplan.plugins.colossalai_tp import compare_tp_modes
+from autoplan.search.runners_up import best_by_shape
 from autoplan.search.space import candidate_plans
 from autoplan.training import Pins
 
@@ -218,25 +219,25 @@ def bottleneck(problem: Problem, result: Result) -> str:
 
 def runners_up(table: Table, problem: Problem, chosen: int, *, limit: int,
                count: int = 8) -> list[RunnerUp]:
-    """The best fitting plan of each other (TP, PP) shape, fastest first; shapes where nothing
-    fits follow with their leanest plan."""
-    shapes: dict[tuple[int, int], list[int]] = {}
-    for r, plan in enumerate(table.plans):
-        shapes.setdefault((plan.tp, plan.pp), []).append(r)
+    """The best fitting plan of each other (TP, PP) shape, fastest first (the solver's
+    ``best_by_shape``, as in the solve report); shapes where nothing fits follow with their
+    leanest plan."""
+    times, memories, ranks = table.times_us(), table.memories_mib(), table.tiebreak()
+    fitting = [r for r in range(len(table)) if memories[r] <= limit]
+    best = best_by_shape(fitting, table.plans, lambda r: (times[r], ranks[r]))
+    leanest = best_by_shape(range(len(table)), table.plans,
+                            lambda r: (table.estimates[r].peak_memory_gib, r))
     mine = (table.plans[chosen].tp, table.plans[chosen].pp)
     base = table.estimates[chosen].step_time_s
     out = []
-    for shape, rows in shapes.items():
+    for shape, lean in leanest.items():
         if shape == mine:
             continue
-        row = best_row(table, limit, rows)
-        fits = row is not None
-        if not fits:
-            row = min(rows, key=lambda r: table.estimates[r].peak_memory_gib)
+        row = best.get(shape, lean)
         est = table.estimates[row]
         out.append(RunnerUp(tp=shape[0], pp=shape[1], plan=summary(table.plans[row]),
                             step_time_s=est.step_time_s, slower_by=est.step_time_s / base - 1,
-                            peak_memory_gib=est.peak_memory_gib, fits=fits))
+                            peak_memory_gib=est.peak_memory_gib, fits=shape in best))
     out.sort(key=lambda u: (not u.fits, u.step_time_s))
     return out[:count]
 

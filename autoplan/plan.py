@@ -137,6 +137,21 @@ class SolverInfo(BaseModel):
     bound: float
     gap: float
     wall_time_s: float
+    objective_terms: tuple[str, ...] = ("time",)
+    """What was minimized, lexicographically; ``objective`` and ``bound`` are the first term."""
+    objective_unit: str = "s"
+    """s (step time), s/Mtoken (time per token when the global batch varied), $/Mtoken, GPUs."""
+
+
+class ShapeRunnerUp(BaseModel):
+    """The best plan of another (TP, PP) shape under the same requirements."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    tp: int
+    pp: int
+    dp: int
+    step_time_s: float
+    slower_by: float  # its time per token / the chosen plan's - 1 (step time for one batch)
 
 
 class ModelInfo(BaseModel):
@@ -185,6 +200,7 @@ class Result(BaseModel):
     model: ModelInfo | None = None
     cluster: dict | None = None
     training: TrainingInfo | None = None
+    runners_up: list[ShapeRunnerUp] | None = None
 
     @property
     def status(self) -> str:

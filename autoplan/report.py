@@ -83,13 +83,16 @@ def _breakdown_table(title: str, values: dict[str, float], unit: str, total: flo
 
 def solver_text(result: Result) -> Text:
     s = result.solver
+    goal = "" if s.objective_terms == ("time",) else (
+        f" for {' then '.join(s.objective_terms)}: {s.objective:.4g} {s.objective_unit}")
     if s.status == "OPTIMAL":
-        line = f"Solver: OPTIMAL (proven) in {s.wall_time_s:.2f} s"
+        line = f"Solver: OPTIMAL (proven){goal} in {s.wall_time_s:.2f} s"
     elif s.status == "ESTIMATE":
         line = f"Estimate of the given plan (no search) in {s.wall_time_s:.2f} s"
     else:
-        line = (f"Solver: {s.status}: best found {s.objective:.3f} s, bound {s.bound:.3f} s, "
-                f"gap {s.gap:.1%} after {s.wall_time_s:.2f} s")
+        unit = s.objective_unit
+        line = (f"Solver: {s.status}: best found {s.objective:.4g} {unit}, bound "
+                f"{s.bound:.4g} {unit}, gap {s.gap:.1%} after {s.wall_time_s:.2f} s")
     return Text(line, style="bold green" if s.status == "OPTIMAL" else "bold yellow")
 
 
@@ -107,7 +110,20 @@ def render(result: Result, console: Console) -> None:
         _breakdown_table("Step time", e.time_breakdown_s, "s", e.step_time_s),
         *([Text(note, style="yellow")] if (note := network_note(e)) else []),
         solver_text(result),
+        *([runners_up_table(result)] if result.runners_up else []),
     ))
+
+
+def runners_up_table(result: Result, count: int = 6) -> Table:
+    """The best plan of each other (TP, PP) shape and how much slower it is."""
+    table = Table(title="Runners-up (best plan of each other TP x PP shape)",
+                  title_justify="left")
+    for column in ("TP", "PP", "DP", "step s", "slower"):
+        table.add_column(column, justify="right")
+    for u in result.runners_up[:count]:
+        table.add_row(str(u.tp), str(u.pp), str(u.dp), f"{u.step_time_s:.3f}",
+                      f"{u.slower_by:+.1%}")
+    return table
 
 
 def render_trace(document: dict, console: Console) -> None:

@@ -73,3 +73,77 @@ class Constraints(BaseModel):
     pins: Pins = Pins()
     mem_limit_bytes: float | None = Field(default=None, gt=0)
     time_limit_s: float = Field(default=60.0, gt=0)
+    bounds: "Bounds" = Field(default_factory=lambda: Bounds())
+    max_gpus: int | None = Field(default=None, ge=1)
+    objective: "Objective" = Field(default_factory=lambda: Objective())
+
+
+class ObjectiveTerm(str, Enum):
+    """What the solver minimizes. TIME: step time (time per token when the global batch may
+    vary). GPUS: GPUs used. COST: GPU-seconds per token (times the hourly price)."""
+
+    TIME = "time"
+    GPUS = "gpus"
+    COST = "cost"
+
+
+class Objective(BaseModel):
+    """Terms minimized lexicographically (``("gpus", "time")``: fewest GPUs, then fastest),
+    a throughput every plan must reach, and the price that turns GPU-seconds into dollars."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    terms: tuple[ObjectiveTerm, ...] = (ObjectiveTerm.TIME,)
+    min_tokens_per_s: float | None = Field(default=None, gt=0)
+    price_per_gpu_hour: float = Field(default=2.0, gt=0)
+
+    @property
+    def primary(self) -> ObjectiveTerm:
+        return self.terms[0]
+
+    @property
+    def needs_every_dp(self) -> bool:
+        """Fewer GPUs can win under GPUS or COST, so the 'largest DP degrees' dominance of the
+        time search no longer holds."""
+        return any(t is not ObjectiveTerm.TIME for t in self.terms)
+
+
+class Range(BaseModel):
+    """Inclusive bounds on one degree; None: unbounded on that side."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    min: int | None = Field(default=None, ge=1)
+    max: int | None = Field(default=None, ge=1)
+
+    def admits(self, value: int) -> bool:
+        return (self.min is None or value >= self.min) and (self.max is None or value <= self.max)
+
+
+class Bounds(BaseModel):
+    """``min``/``max`` on the plan's integer degrees."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    tp: Range | None = None
+    pp: Range | None = None
+    dp: Range | None = None
+    mbs: Range | None = None
+    vpp: Range | None = None
+
+    def admits(self, **degrees: int) -> bool:
+        return all(r is None or r.admits(degrees[name]) for name, r in self.set().items())
+
+    def set(self) -> dict[str, Range]:
+        return {k: getattr(self, k) for k in ("tp", "pp", "dp", "mbs", "vpp")
+                if getattr(self, k) is not None}
+
+    def labels(self) -> dict[str, str]:
+        """One readable requirement per set side, e.g. ``{"tp.max": "tp <= 4"}``."""
+        out = {}
+        for name, r in self.set().items():
+            if r.min is not None:
+                out[f"{name}.min"] = f"{name} >= {r.min}"
+            if r.max is not None:
+                out[f"{name}.max"] = f"{name} <= {r.max}"
+        return out
+
+
+Constraints.model_rebuild()

@@ -8,23 +8,39 @@ from __future__ import annotations
 
 from autoplan.costmodels.step import Problem, estimate, limit_mib, memory_mib
 from autoplan.plan import Estimate, Plan
+from autoplan.search.objective import key as objective_key
+from autoplan.search.objective import meets_throughput
 from autoplan.search.space import candidate_plans
-from autoplan.training import Pins
+from autoplan.training import Bounds, Objective, Pins
 
 
-def brute_force(problem: Problem, pins: Pins) -> tuple[Plan, Estimate] | None:
-    """The fastest fitting plan, ties broken like the solver: microseconds of step time, then
-    GPUs used, then GPUs per replica (tp*pp), then memory, then candidate order. None if
-    nothing fits."""
-    best, best_key = None, None
-    for order, plan in enumerate(candidate_plans(
-            problem.graph, world=problem.cluster.num_gpus,
-            gpus_per_node=problem.cluster.gpus_per_node, training=problem.training, pins=pins)):
-        est = estimate(problem, plan)
-        if memory_mib(est.peak_memory_gib * 2**30) > limit_mib(problem):
-            continue
-        key = (round(est.step_time_s * 1e6), plan.world_size, plan.tp * plan.pp,
-               est.peak_memory_gib, order)
-        if best_key is None or key < best_key:
-            best, best_key = (plan, est), key
+def brute_force(problems: Problem | list[Problem], pins: Pins, *,
+                objective: Objective | None = None, bounds: Bounds | None = None,
+                max_gpus: int | None = None) -> tuple[Plan, Estimate] | None:
+    """The best fitting plan that reaches the throughput, ties broken like the solver: the
+    objective's integer keys, then GPUs used, then GPUs per replica (tp*pp), then memory, then
+    candidate order. ``problems`` are alternatives (one per allowed global batch). None if
+    nothing qualifies."""
+    problems = [problems] if isinstance(problems, Problem) else list(problems)
+    objective = objective or Objective()
+    per_token = len({p.training.global_batch for p in problems}) > 1
+    best, best_key, order = None, None, 0
+    for problem in problems:
+        world = min(problem.cluster.num_gpus, max_gpus or problem.cluster.num_gpus)
+        tokens = problem.training.tokens_per_step
+        for plan in candidate_plans(
+                problem.graph, world=world, gpus_per_node=problem.cluster.gpus_per_node,
+                training=problem.training, pins=pins, bounds=bounds,
+                every_dp=objective.needs_every_dp):
+            order += 1
+            est = estimate(problem, plan)
+            if memory_mib(est.peak_memory_gib * 2**30) > limit_mib(problem):
+                continue
+            if not meets_throughput(objective, est.step_time_s, tokens):
+                continue
+            key = objective_key(objective, est.step_time_s, plan.world_size, tokens,
+                                per_token=per_token) + (
+                plan.world_size, plan.tp * plan.pp, est.peak_memory_gib, order)
+            if best_key is None or key < best_key:
+                best, best_key = (plan, est), key
     return best

@@ -1,16 +1,25 @@
-"""CP-SAT search for the fastest plan that fits.
+"""CP-SAT search for the best plan that fits: fastest by default, or fewest GPUs, or cheapest.
 
 Tabulation (exact pruning, before the model is built)
-    Candidates come from ``space`` grouped by shape (tp, pp, dp, mbs, vpp) and stage layout.
-    For each group the switches that cannot be slower than the others (no recomputation, no
-    offload, ZeRO below 3) are estimated first: the fastest of them is a lower bound on the
-    whole group, since recomputation and offload only add time and ZeRO-3 only adds
-    communication. Groups are expanded best bound first; a group whose bound is slower than the
-    best fitting plan so far cannot hold the optimum and is not expanded. Rows over the memory
-    limit stay in the table (for explanations) but not in the model.
+    Candidates come from ``space`` grouped by shape (tp, pp, dp, mbs, vpp) and stage layout,
+    for each allowed global batch (one problem each), within the user's bounds and GPU budget
+    (``max_gpus`` caps the world the shapes are drawn from). For each group the switches that
+    cannot be slower than the others (no recomputation, no offload, ZeRO below 3) are estimated
+    first: the fastest of them is a lower bound on the group's step time, since recomputation
+    and offload only add time and ZeRO-3 only adds communication. Every objective key
+    (``objective.py``) is nondecreasing in step time within a group (its GPUs and tokens per
+    step are fixed), so the bound's key bounds the group's keys, for every objective: groups
+    are expanded best bound first, and a group whose bound key is worse than the best eligible
+    row so far cannot hold the optimum and is not expanded. A group whose bound already misses
+    ``min_tokens_per_s`` has no eligible row either. Under GPUS and COST the time-only
+    dominance of the DP degrees (``space.dp_options``) is lifted: fewer GPUs can win. Rows over
+    the memory limit or under the throughput stay in the table (for explanations) but not in
+    the model.
 
 Data
-    R fitting rows, each with its estimated step time ``time[r]`` (µs) and its degrees
+    R eligible rows (fit in memory, reach the throughput), each with its objective keys
+    ``key[t][r]`` (TIME: µs of step time, or ps per token when the global batch varies; GPUS:
+    GPUs; COST: GPU-ps per token) and its degrees
     ``tp[r], pp[r], dp[r], mbs[r], zero[r], recompute[r], sp[r], vpp[r], offload[r]``.
 
 Decision variables
@@ -22,15 +31,20 @@ Constraints (one ``add_<family>`` each, every constraint named)
     1. choice: exactly one pick                                        → add_choice()
     2. table link: ``dim == sum(dim_table[r] pick[r])`` per dimension   → add_table_link()
     3. pins: ``dim == pinned`` (assumption literals)                    → add_pins()
+    4. lexicographic: ``sum(key[t][r] pick[r]) <= optimum[t]`` for each earlier term
+       (``objective_<term>``)                                            → solve_lexicographic()
 
 Objective
-    minimize ``sum((time[r] * R + tiebreak[r]) pick[r])``: step time first; among plans within the
-    same microsecond, the stated tie-break order (fewer GPUs, then fewer GPUs per model replica
-    (tp*pp), then less memory, then the candidate order) so the same input gives the same plan
-    whatever the number of workers.
+    Terms are minimized in order, each solve fixing the earlier terms at their optimum; the
+    last minimizes ``sum((key[last][r] * R + tiebreak[r]) pick[r])``: among plans with equal
+    keys, the stated tie-break order (fewer GPUs, then fewer GPUs per model replica (tp*pp),
+    then less memory, then the candidate order) so the same input gives the same plan
+    whatever the number of workers. ``SolverInfo.objective`` is the first term in its unit
+    (seconds of step time for time), ``objective_unit`` names it.
 
-The fastest fitting row is the hint. Status is OPTIMAL only when CP-SAT proves it; with a time
-limit it may be FEASIBLE, reported with the bound.
+The best eligible row is the hint. Status is OPTIMAL only when CP-SAT proves every term; with a
+time limit it may be FEASIBLE, reported with the bound. When no row is eligible,
+``conflicts.explain_conflict`` names the requirements that conflict.
 """
 
 from __future__ import annotations
@@ -46,9 +60,14 @@ from autoplan.costmodels.step import (
     Problem, estimate, limit_mib, lower_bound_s, memory_mib, step_and_peak,
 )
 from autoplan.errors import InfeasibleError, NoPlanInTimeError
-from autoplan.plan import Estimate, Offload, Plan, Recompute, SolverInfo
+from autoplan.plan import Estimate, Offload, Plan, Recompute, ShapeRunnerUp, SolverInfo
+from autoplan.search.objective import key as objective_key
+from autoplan.search.objective import from_key as objective_from_key
+from autoplan.search.objective import meets_throughput
+from autoplan.search.objective import value as objective_value
+from autoplan.search.runners_up import best_by_shape
 from autoplan.search.space import make_plan, max_chunk_blocks, shapes, stage_variants, switches
-from autoplan.training import Pins
+from autoplan.training import Bounds, Objective, ObjectiveTerm, Pins
 
 logger = logging.getLogger(__name__)
 
@@ -83,43 +102,69 @@ def pin_values(pins: Pins) -> dict[str, int]:
 
 @dataclass
 class Table:
-    """Evaluated candidate plans with their step time and worst-GPU memory. Full estimates
-    (breakdowns, per-stage memory) are computed on demand."""
+    """Evaluated candidate plans with their step time and worst-GPU memory, from one problem
+    per allowed global batch (``sources[r]`` names row r's). Full estimates (breakdowns,
+    per-stage memory) are computed on demand."""
 
-    problem: Problem
+    problems: list[Problem]
+    objective: Objective = field(default_factory=Objective)
     plans: list[Plan] = field(default_factory=list)
     step_times_s: list[float] = field(default_factory=list)
     peak_bytes: list[float] = field(default_factory=list)
+    sources: list[int] = field(default_factory=list)
     pruned: int = 0  # candidates never evaluated: their group's bound was already beaten
     open_bound_s: float = math.inf  # lower bound of candidates left unevaluated at the deadline
+    unexpanded: list[tuple] = field(default_factory=list)  # pruned groups (for runners-up)
+    every_dp: bool = False  # lift the DP dominance even for time (relaxed tables)
+
+    @property
+    def problem(self) -> Problem:
+        return self.problems[0]
+
+    @property
+    def per_token(self) -> bool:
+        """Step times of different global batches compare only per token."""
+        return len({p.training.global_batch for p in self.problems}) > 1
 
     @classmethod
-    def build(cls, problem: Problem, pins: Pins, *, deadline: float = math.inf) -> "Table":
+    def build(cls, problems: Problem | list[Problem], pins: Pins, *, deadline: float = math.inf,
+              objective: Objective | None = None, bounds: Bounds | None = None,
+              max_gpus: int | None = None, prune: bool = True,
+              every_dp: bool = False) -> "Table":
         """Evaluate the candidates best bound first until the rest cannot win or the
-        ``deadline`` (a ``time.perf_counter()`` value) passes."""
-        table = cls(problem)
-        groups = table._bound_groups(pins, deadline)
-        best = min((round(table.step_times_s[r] * US) for r in table.fitting()), default=None)
-        for position, (bound_us, shape, stages, rest) in enumerate(groups):
-            if best is not None and bound_us > best:
-                table.pruned += sum(len(g[3]) for g in groups[position:])
+        ``deadline`` (a ``time.perf_counter()`` value) passes; ``prune=False`` evaluates all."""
+        problems = [problems] if isinstance(problems, Problem) else list(problems)
+        table = cls(problems, objective or Objective(), every_dp=every_dp)
+        groups = []
+        for source in range(len(problems)):
+            groups += table._bound_groups(source, pins, deadline, bounds, max_gpus)
+        groups.sort(key=lambda g: g[0])
+        keys = [table.key(r) for r in table.eligible()]
+        best = min(keys, default=None)
+        for position, group in enumerate(groups):
+            bound_key, bound_s, source, shape, stages, rest = group
+            if prune and best is not None and bound_key > best:
+                table.unexpanded += groups[position:]
+                table.pruned += sum(len(g[5]) for g in groups[position:])
                 break
             if time.perf_counter() > deadline:
-                table.open_bound_s = min(table.open_bound_s, bound_us / US)
+                table.open_bound_s = min(table.open_bound_s, bound_s)
                 break
-            for sw in rest:
-                step_s = table.add(make_plan(shape, sw, stages, problem.training))
-                if memory_mib(table.peak_bytes[-1]) <= limit_mib(problem):
-                    best = min(best or math.inf, round(step_s * US))
+            for row in table._expand(group):
+                if table.is_eligible(row):
+                    best = min(best or table.key(row), table.key(row))
         return table
 
-    def _bound_groups(self, pins: Pins, deadline: float) -> list[tuple]:
-        """Evaluate the lower-bound switches of every (shape, stages) group; the groups sorted
-        by bound, with the switches still to evaluate."""
-        problem, groups = self.problem, []
-        for shape in shapes(problem.graph, world=problem.cluster.num_gpus,
+    def _bound_groups(self, source: int, pins: Pins, deadline: float, bounds: Bounds | None,
+                      max_gpus: int | None) -> list[tuple]:
+        """Evaluate the lower-bound switches of every (shape, stages) group; the groups with
+        their bound key, bound step time and the switches still to evaluate."""
+        problem, groups = self.problems[source], []
+        world = min(problem.cluster.num_gpus, max_gpus or problem.cluster.num_gpus)
+        for shape in shapes(problem.graph, world=world,
                             gpus_per_node=problem.cluster.gpus_per_node,
-                            training=problem.training, pins=pins):
+                            training=problem.training, pins=pins, bounds=bounds,
+                            every_dp=self.every_dp or self.objective.needs_every_dp):
             if time.perf_counter() > deadline:  # shapes never looked at: only physics bounds them
                 self.open_bound_s = lower_bound_s(problem)
                 break
@@ -127,34 +172,96 @@ class Table:
                 options = switches(shape, runtime=problem.training.runtime, pins=pins,
                                    blocks_per_chunk=max_chunk_blocks(problem.graph, stages))
                 fast = [sw for sw in options if _cannot_be_slower(sw)] or options
-                bound = min(self.add(make_plan(shape, sw, stages, problem.training))
+                bound = min(self.add(make_plan(shape, sw, stages, problem.training), source)
                             for sw in fast)
                 rest = [sw for sw in options if sw not in fast]
-                groups.append((round(bound * US), shape, stages, rest))
-        return sorted(groups, key=lambda g: g[0])
+                world_ = shape.tp * shape.pp * shape.dp * shape.cp
+                tokens = problem.training.tokens_per_step
+                groups.append((self._key(bound, world_, tokens), bound, source, shape, stages,
+                               rest))
+        return groups
 
-    def add(self, plan: Plan) -> float:
-        step_s, peak = step_and_peak(self.problem, plan)
+    def _expand(self, group: tuple) -> list[int]:
+        _, _, source, shape, stages, rest = group
+        training = self.problems[source].training
+        for sw in rest:
+            self.add(make_plan(shape, sw, stages, training), source)
+        return list(range(len(self) - len(rest), len(self)))
+
+    def add(self, plan: Plan, source: int = 0) -> float:
+        step_s, peak = step_and_peak(self.problems[source], plan)
         self.plans.append(plan)
         self.step_times_s.append(step_s)
         self.peak_bytes.append(peak)
+        self.sources.append(source)
         return step_s
 
     def __len__(self) -> int:
         return len(self.plans)
 
     def estimate(self, row: int) -> Estimate:
-        return estimate(self.problem, self.plans[row])
+        return estimate(self.problems[self.sources[row]], self.plans[row])
+
+    def tokens(self, row: int) -> int:
+        return self.problems[self.sources[row]].training.tokens_per_step
+
+    def _key(self, step_s: float, world: int, tokens: int) -> tuple[int, ...]:
+        return objective_key(self.objective, step_s, world, tokens, per_token=self.per_token)
+
+    def key(self, row: int) -> tuple[int, ...]:
+        """The objective's integer key of ``row`` (smaller is better)."""
+        return self._key(self.step_times_s[row], self.plans[row].world_size, self.tokens(row))
+
+    def fits(self, row: int) -> bool:
+        return memory_mib(self.peak_bytes[row]) <= limit_mib(self.problem)
+
+    def is_eligible(self, row: int) -> bool:
+        """Fits in memory and reaches the required throughput."""
+        return self.fits(row) and meets_throughput(self.objective, self.step_times_s[row],
+                                                   self.tokens(row))
 
     def fitting(self) -> list[int]:
         """Rows within the memory limit, in table order."""
-        limit = limit_mib(self.problem)
-        return [r for r, b in enumerate(self.peak_bytes) if memory_mib(b) <= limit]
+        return [r for r in range(len(self)) if self.fits(r)]
+
+    def eligible(self) -> list[int]:
+        """Rows the model chooses among: fitting and fast enough, in table order."""
+        return [r for r in range(len(self)) if self.is_eligible(r)]
 
     def tiebreak_key(self, row: int) -> tuple:
         """(GPUs used, tp*pp, memory, candidate order): the stated tie-break."""
         plan = self.plans[row]
         return plan.world_size, plan.tp * plan.pp, self.peak_bytes[row], row
+
+    def order(self, row: int) -> tuple:
+        """The solver's total order: objective key, then the tie-break."""
+        return self.key(row) + self.tiebreak_key(row)
+
+    def complete_shape(self, tp: int, pp: int) -> None:
+        """Evaluate the pruned groups of one (tp, pp) shape that could still hold its best
+        eligible row, so that per-shape answers (runners-up) are exact."""
+        mine = [g for g in self.unexpanded if (g[3].tp, g[3].pp) == (tp, pp)]
+        for group in sorted(mine, key=lambda g: g[0]):
+            rows = [r for r in range(len(self)) if (self.plans[r].tp, self.plans[r].pp) == (tp, pp)
+                    and self.is_eligible(r)]
+            if rows and min(self.key(r) for r in rows) < group[0]:
+                break
+            self.unexpanded.remove(group)
+            self.pruned -= len(group[5])
+            self._expand(group)
+
+    def runners_up(self, chosen: int) -> list[ShapeRunnerUp]:
+        """The best eligible plan of each other (TP, PP) shape under the objective, best
+        first; ``slower_by`` compares time per token (step time when the batch is fixed)."""
+        for tp, pp in {(g[3].tp, g[3].pp) for g in self.unexpanded}:
+            self.complete_shape(tp, pp)
+        best = best_by_shape(self.eligible(), self.plans, self.order)
+        mine = (self.plans[chosen].tp, self.plans[chosen].pp)
+        per_token = lambda r: self.step_times_s[r] / self.tokens(r)  # noqa: E731
+        rows = sorted((r for shape, r in best.items() if shape != mine), key=self.order)
+        return [ShapeRunnerUp(tp=self.plans[r].tp, pp=self.plans[r].pp, dp=self.plans[r].dp,
+                              step_time_s=self.step_times_s[r],
+                              slower_by=per_token(r) / per_token(chosen) - 1) for r in rows]
 
 
 def _cannot_be_slower(sw) -> bool:
@@ -174,7 +281,7 @@ class PlanModel:
         self.dims: dict[str, cp_model.IntVar] = {}
         self.assumptions: dict[cp_model.IntVar, str] = {}
         self.add_choice()
-        self.add_objective()
+        self.add_objective(last=len(table.objective.terms) == 1)
 
     def _linked(self, name: str, values: list[int]) -> cp_model.IntVar:
         var = self.model.new_int_var(min(values), max(values), name)
@@ -201,17 +308,19 @@ class PlanModel:
             self.model.add(self.dims[name] == value).only_enforce_if(literal).with_name(f"pin_{name}")
             self.assumptions[literal] = labels[name]
 
-    def add_objective(self) -> None:
-        """Step time in µs, then the tie-break rank."""
+    def add_objective(self, term: int = 0, *, last: bool = True) -> list[int]:
+        """Minimize the objective's ``term``-th key; the last term carries the tie-break rank
+        (scaled by the row count) so that the optimum is one row. Returns the coefficients."""
         n = len(self.rows)
         order = sorted(range(n), key=lambda i: self.table.tiebreak_key(self.rows[i]))
         rank = [0] * n
         for position, i in enumerate(order):
             rank[i] = position
-        keys = [round(self.table.step_times_s[r] * US) * n + rank[i]
-                for i, r in enumerate(self.rows)]
-        self.scale = n
-        self.model.minimize(cp_model.LinearExpr.weighted_sum(self.pick, keys))
+        keys = [self.table.key(r)[term] for r in self.rows]
+        self.scale = n if last else 1
+        coefficients = [k * n + rank[i] for i, k in enumerate(keys)] if last else keys
+        self.model.minimize(cp_model.LinearExpr.weighted_sum(self.pick, coefficients))
+        return coefficients
 
     def add_hint(self, row: int) -> None:
         for r, pick in zip(self.rows, self.pick):
@@ -226,9 +335,33 @@ class PlanModel:
         solver.parameters.cp_model_probing_level = PROBING_LEVEL
         solver.parameters.max_time_in_seconds = time_limit_s
         solver.parameters.num_workers = num_workers
+        self.model.clear_assumptions()
         self.model.add_assumptions(list(self.assumptions))
         status = solver.solve(self.model)
         return solver, status
+
+    def solve_lexicographic(self, time_limit_s: float, num_workers: int = 1
+                            ) -> tuple[cp_model.CpSolver, int, float]:
+        """Minimize the terms in order, each solve fixing the earlier terms at their optimum
+        (named constraints ``objective_<term>``). Returns the last solver, the weakest status
+        and the proven bound of the first term (in key units)."""
+        terms = self.table.objective.terms
+        deadline = time.perf_counter() + time_limit_s
+        status, first_bound = cp_model.OPTIMAL, 0.0
+        for i, term in enumerate(terms):
+            last = i == len(terms) - 1
+            coefficients = self.add_objective(i, last=last)
+            solver, step = self.solve(max(0.1, deadline - time.perf_counter()), num_workers)
+            if step not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                return solver, step, first_bound
+            if i == 0:
+                first_bound = solver.best_objective_bound / self.scale
+            status = cp_model.FEASIBLE if step == cp_model.FEASIBLE else status
+            if not last:
+                self.model.add(cp_model.LinearExpr.weighted_sum(self.pick, coefficients)
+                               <= round(solver.objective_value)).with_name(
+                                   f"objective_{term.value}")
+        return solver, status, first_bound
 
     def conflict(self, solver: cp_model.CpSolver) -> list[str]:
         """The assumptions (pins) that together cannot hold."""
@@ -237,47 +370,93 @@ class PlanModel:
         return [by_index[i] for i in core if i in by_index]
 
 
+@dataclass(frozen=True)
+class Solution:
+    """The chosen row of a table, with its estimate and the solver's report."""
+
+    table: Table
+    row: int
+    estimate: Estimate
+    info: SolverInfo
+
+    @property
+    def plan(self) -> Plan:
+        return self.table.plans[self.row]
+
+    @property
+    def problem(self) -> Problem:
+        return self.table.problems[self.table.sources[self.row]]
+
+
 def solve_table(problem: Problem, pins: Pins, *, time_limit_s: float, num_workers: int = 1
                 ) -> tuple[Plan, Estimate, SolverInfo]:
-    """Tabulate the candidates, solve with ``num_workers`` CP-SAT workers, and return the plan
-    with its estimate (the same plan for any ``num_workers``: see the tie-break above)."""
+    """Tabulate the candidates, solve for the fastest with ``num_workers`` CP-SAT workers, and
+    return the plan with its estimate (the same plan for any ``num_workers``: see the
+    tie-break above)."""
+    solution = solve_search(problem, pins, time_limit_s=time_limit_s, num_workers=num_workers)
+    return solution.plan, solution.estimate, solution.info
+
+
+def solve_search(problems: Problem | list[Problem], pins: Pins, *, time_limit_s: float,
+                 objective: Objective | None = None, bounds: Bounds | None = None,
+                 max_gpus: int | None = None, num_workers: int = 1) -> Solution:
+    """Tabulate the candidates of every problem (one per allowed global batch), solve for the
+    objective with ``num_workers`` CP-SAT workers, and return the chosen row with its table
+    (for runners-up)."""
     start = time.perf_counter()
-    table = Table.build(problem, pins, deadline=start + time_limit_s)
-    if not table.fitting() and table.open_bound_s < math.inf:
+    objective = objective or Objective()
+    table = Table.build(problems, pins, deadline=start + time_limit_s, objective=objective,
+                        bounds=bounds, max_gpus=max_gpus)
+    if not table.eligible() and table.open_bound_s < math.inf:
         raise NoPlanInTimeError(
             f"no plan that fits was found within --time-limit {time_limit_s:g}s; raise the "
             "limit or pin more dimensions.")
-    if not len(table):
-        raise InfeasibleError(
-            "no legal plan exists for these pins on this cluster and batch: the pinned degrees "
-            "must fit the GPU count, and the global batch must divide by dp*mbs.")
-    rows = table.fitting()
+    rows = table.eligible()
     if not rows:
-        raise InfeasibleError(explain_infeasible(table, problem))
+        from autoplan.search.conflicts import explain_conflict
+        raise InfeasibleError(explain_conflict(table.problems, pins, objective=objective,
+                                               bounds=bounds, max_gpus=max_gpus))
     model = PlanModel(table, rows)
-    fastest = min(rows, key=lambda r: (round(table.step_times_s[r] * US), table.tiebreak_key(r)))
-    model.add_hint(fastest)
+    best = min(rows, key=table.order)
+    model.add_hint(best)
     remaining = max(0.1, time_limit_s - (time.perf_counter() - start))
-    solver, status = model.solve(remaining, num_workers=num_workers)
+    solver, status, first_bound = model.solve_lexicographic(remaining, num_workers=num_workers)
     wall = time.perf_counter() - start
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         row, name = model.chosen(solver), solver.status_name(status)
-        bound = (solver.best_objective_bound // model.scale) / US
-        if table.open_bound_s < math.inf:  # optimal among what was evaluated, not proven
-            name, bound = "FEASIBLE", min(bound, table.open_bound_s)
     elif status == cp_model.UNKNOWN:  # time limit before CP-SAT's first solution: the hint
-        row, name, bound = fastest, "FEASIBLE", 0.0
+        row, name, first_bound = best, "FEASIBLE", 0.0
     else:
         raise NoPlanInTimeError(
             f"no plan found within --time-limit {time_limit_s:g}s; raise the limit or pin "
             "more dimensions.")
     chosen = table.estimate(row)
-    objective = chosen.step_time_s
-    info = SolverInfo(status=name, objective=objective, bound=min(bound, objective),
-                      gap=max(0.0, (objective - bound) / objective), wall_time_s=wall)
-    logger.info("solved %d rows (%d fit, %d pruned) in %.2fs: %s", len(table), len(rows),
+    info = _info(table, row, name, first_bound // 1, wall)
+    logger.info("solved %d rows (%d eligible, %d pruned) in %.2fs: %s", len(table), len(rows),
                 table.pruned, wall, info.status)
-    return table.plans[row], chosen, info
+    return Solution(table, row, chosen, info)
+
+
+def _info(table: Table, row: int, name: str, bound_key: float, wall: float) -> SolverInfo:
+    """The report in the primary term's unit; the bound is in seconds for time."""
+    objective, per_token = table.objective, table.per_token
+    value, unit = objective_value(objective, table.step_times_s[row], table.plans[row].world_size,
+                                  table.tokens(row), per_token=per_token)
+    bound = objective_from_key(objective, bound_key, per_token=per_token)
+    if table.open_bound_s < math.inf:  # optimal among what was evaluated, not proven
+        name = "FEASIBLE"
+        bound = (min(bound, table.open_bound_s)
+                 if objective.primary is ObjectiveTerm.TIME and not per_token else 0.0)
+    bound = min(bound, value)
+    return SolverInfo(status=name, objective=value, bound=bound,
+                      gap=max(0.0, (value - bound) / value) if value else 0.0, wall_time_s=wall,
+                      objective_terms=tuple(t.value for t in objective.terms),
+                      objective_unit=unit)
+
+
+NO_LEGAL_PLAN = (
+    "no legal plan exists for these pins and bounds on this cluster and batch: the pinned "
+    "degrees must fit the GPU count (and max_gpus), and the global batch must divide by dp*mbs.")
 
 
 def explain_infeasible(table: Table, problem: Problem) -> str:

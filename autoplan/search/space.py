@@ -14,7 +14,7 @@ from itertools import product
 from autoplan.errors import ConstraintError
 from autoplan.graph.layer_graph import LayerGraph, LayerKind
 from autoplan.plan import Offload, Plan, Recompute, Stage
-from autoplan.training import Pins, Runtime, TrainingSpec
+from autoplan.training import Bounds, Pins, Runtime, TrainingSpec
 
 MAX_MICRO_BATCH = 64
 """Micro-batches beyond this only add activation memory; no published plan uses more."""
@@ -127,17 +127,19 @@ def pp_options(graph: LayerGraph, gpus: int, pinned: int | None) -> list[int]:
     return [p for p in options if pinned is None or p == pinned]
 
 
-def dp_options(global_batch: int, gpus: int, pinned: int | None) -> list[int]:
+def dp_options(global_batch: int, gpus: int, pinned: int | None, *,
+               every: bool = False) -> list[int]:
     """The two largest data-parallel degrees that divide the global batch and fit in ``gpus``.
 
     Dominance: with everything else fixed, more data parallelism leaves fewer micro-batches per
     replica and never more memory per GPU, so smaller degrees only matter when the larger one's
-    extra gradient traffic outweighs that; the runner-up covers that case.
+    extra gradient traffic outweighs that; the runner-up covers that case. The dominance is
+    about time only: ``every`` keeps all degrees (objectives that reward fewer GPUs).
     """
     if pinned is not None:
         return [pinned] if pinned <= gpus and global_batch % pinned == 0 else []
     fitting = [d for d in divisors(global_batch) if d <= gpus]
-    return fitting[-2:]
+    return fitting if every else fitting[-2:]
 
 
 def vpp_options(graph: LayerGraph, pp: int, num_microbatches: int, pinned: int | None) -> list[int]:
@@ -150,19 +152,24 @@ def vpp_options(graph: LayerGraph, pp: int, num_microbatches: int, pinned: int |
 
 
 def shapes(graph: LayerGraph, *, world: int, gpus_per_node: int, training: TrainingSpec,
-           pins: Pins) -> list[Shape]:
-    """All legal (tp, pp, dp, cp, mbs, vpp) on at most ``world`` GPUs for the global batch."""
+           pins: Pins, bounds: Bounds | None = None, every_dp: bool = False) -> list[Shape]:
+    """All legal (tp, pp, dp, cp, mbs, vpp) on at most ``world`` GPUs for the global batch,
+    within the user's ``bounds``; ``every_dp`` lifts the DP dominance (see dp_options)."""
     shapes_ = []
     cp = pins.cp or 1
     for tp in tp_options(graph, gpus_per_node, pins.tp):
         for pp in pp_options(graph, world // (tp * cp), pins.pp):
-            for dp in dp_options(training.global_batch, world // (tp * pp * cp), pins.dp):
+            for dp in dp_options(training.global_batch, world // (tp * pp * cp), pins.dp,
+                                 every=every_dp):
                 per_rank = training.global_batch // dp
                 for mbs in [b for b in divisors(per_rank) if b <= MAX_MICRO_BATCH]:
                     if pins.mbs is not None and mbs != pins.mbs:
                         continue
                     for vpp in vpp_options(graph, pp, per_rank // mbs, pins.vpp):
                         shapes_.append(Shape(tp, pp, dp, cp, mbs, vpp))
+    if bounds is not None:
+        shapes_ = [s for s in shapes_ if bounds.admits(tp=s.tp, pp=s.pp, dp=s.dp, mbs=s.mbs,
+                                                        vpp=s.vpp)]
     return shapes_
 
 
@@ -230,10 +237,10 @@ def make_plan(shape: Shape, sw: Switches, stages: tuple[Stage, ...], training: T
 
 
 def candidate_plans(graph: LayerGraph, *, world: int, gpus_per_node: int, training: TrainingSpec,
-                    pins: Pins):
+                    pins: Pins, bounds: Bounds | None = None, every_dp: bool = False):
     """Every legal plan: shapes x switches x stage variants (a generator)."""
     for shape in shapes(graph, world=world, gpus_per_node=gpus_per_node, training=training,
-                        pins=pins):
+                        pins=pins, bounds=bounds, every_dp=every_dp):
         for stages in stage_variants(graph, shape.pp, shape.vpp):
             for sw in switches(shape, runtime=training.runtime, pins=pins,
                                blocks_per_chunk=max_chunk_blocks(graph, stages)):

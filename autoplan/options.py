@@ -1,0 +1,161 @@
+"""The ``--options FILE`` schema of ``autoplan solve``: what to optimize and the user's
+requirements beyond the few CLI flags (STYLE: few flags, the rest in a validated file).
+
+Example::
+
+    objective: [gpus, time]      # or one of time (default), gpus, cost
+    min_tokens_per_s: 400000     # every plan must reach this throughput
+    price_per_gpu_hour: 2.5      # $ for the cost objective's report
+    pins: {zero: 1}
+    bounds: {tp: {max: 4}, pp: {min: 2, max: 8}}
+    mem_limit: 70GiB             # at most the GPU's memory
+    max_gpus: 64                 # a GPU budget: plans use at most this many
+    global_batch: [256, 512]     # or {min: 256, max: 1024}: the solver picks it
+    tp_within_node: true
+    forbid_offload: true
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from autoplan.cluster.spec import Cluster
+from autoplan.errors import ConstraintError
+from autoplan.plan import Offload
+from autoplan.training import Bounds, Constraints, Objective, ObjectiveTerm, Pins, Range
+from autoplan.units import parse_quantity
+
+
+class BatchRange(BaseModel):
+    """Global batches the solver may choose between: the powers of two in [min, max] and the
+    two ends themselves (tokens/s, not step time, then compares plans)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    min: int = Field(ge=1)
+    max: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "BatchRange":
+        if self.min > self.max:
+            raise ValueError(f"global_batch min {self.min} exceeds max {self.max}")
+        return self
+
+    def values(self) -> list[int]:
+        powers = [2**k for k in range(self.max.bit_length()) if self.min <= 2**k <= self.max]
+        return sorted({self.min, self.max, *powers})
+
+
+class SolveOptions(BaseModel):
+    """Everything ``--options`` may hold; CLI flags given on the command line win."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    objective: ObjectiveTerm | list[ObjectiveTerm] | None = None
+    min_tokens_per_s: float | None = Field(default=None, gt=0)
+    price_per_gpu_hour: float | None = Field(default=None, gt=0)
+    pins: Pins = Pins()
+    bounds: Bounds = Bounds()
+    mem_limit: str | None = None
+    max_gpus: int | None = Field(default=None, ge=1)
+    global_batch: int | list[int] | BatchRange | None = None
+    tp_within_node: bool = False
+    forbid_offload: bool = False
+
+
+def global_batches(value: int | list[int] | BatchRange | dict | None) -> list[int] | None:
+    """The allowed global batches, ascending (the candidate order of the search)."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        value = BatchRange(**value)
+    if isinstance(value, BatchRange):
+        return value.values()
+    values = [value] if isinstance(value, int) else list(value)
+    if not values or any(v < 1 for v in values):
+        raise ConstraintError("global_batch: give a positive integer, a list of them, or "
+                              "{min: 256, max: 1024}.")
+    return sorted(set(values))
+
+
+def with_node_limit(bounds: Bounds, gpus_per_node: int) -> Bounds:
+    """``tp_within_node``: TP at most a node's GPUs (tighter bounds win)."""
+    tp = bounds.tp or Range()
+    ceiling = min(tp.max or gpus_per_node, gpus_per_node)
+    return bounds.model_copy(update={"tp": Range(min=tp.min, max=ceiling)})
+
+
+def load_options(path: str | Path) -> SolveOptions:
+    """Read and validate an options YAML; a misspelt key is an error that names it."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConstraintError(f"{path}: no such file; pass the path of a solve options YAML.")
+    try:
+        return SolveOptions.model_validate(yaml.safe_load(path.read_text()) or {})
+    except yaml.YAMLError as err:
+        raise ConstraintError(f"{path}: not valid YAML ({err}).") from None
+    except ValidationError as err:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'file'}: {e['msg']}"
+                             for e in err.errors())
+        raise ConstraintError(f"{path}: {problems}. Keys: {', '.join(SolveOptions.model_fields)}."
+                              ) from None
+
+
+def as_options(options: SolveOptions | dict | str | Path | None) -> SolveOptions:
+    """Options from an object, a mapping or the path of a YAML file."""
+    if options is None:
+        return SolveOptions()
+    if isinstance(options, SolveOptions):
+        return options
+    if isinstance(options, dict):
+        return _validated(SolveOptions, options, "options")
+    return load_options(options)
+
+
+def options_mem_limit(opts: SolveOptions, cluster: Cluster) -> float | None:
+    """The file's ``mem_limit`` in bytes, which may only lower the GPU's memory."""
+    if opts.mem_limit is None:
+        return None
+    limit = parse_quantity(opts.mem_limit, "memory", field="mem_limit")
+    if limit > cluster.gpu.memory_bytes:
+        raise ConstraintError(
+            f"mem_limit {opts.mem_limit} exceeds the {cluster.gpu.name}'s "
+            f"{cluster.gpu.memory_bytes / 2**30:.0f} GiB; it can only lower the limit.")
+    return limit
+
+
+def merge_options(opts: SolveOptions, cluster: Cluster, *, pins: Pins, bounds=None,
+                  max_gpus: int | None = None, objective=None,
+                  min_tokens_per_s: float | None = None,
+                  price_per_gpu_hour: float | None = None, tp_within_node: bool | None = None,
+                  forbid_offload: bool | None = None,
+                  time_limit_s: float | None = None) -> Constraints:
+    """The options file with the caller's values (CLI flags, API keywords) over it."""
+    merged = {**opts.pins.pinned(), **pins.pinned()}
+    if forbid_offload if forbid_offload is not None else opts.forbid_offload:
+        if merged.get("offload", Offload.NONE) != Offload.NONE:
+            raise ConstraintError(f"forbid_offload contradicts --offload {merged['offload']}.")
+        merged["offload"] = Offload.NONE
+    if bounds is None:
+        bounds = opts.bounds
+    elif not isinstance(bounds, Bounds):
+        bounds = _validated(Bounds, bounds, "bounds")
+    if tp_within_node if tp_within_node is not None else opts.tp_within_node:
+        bounds = with_node_limit(bounds, cluster.gpus_per_node)
+    terms = objective if objective is not None else opts.objective or ObjectiveTerm.TIME
+    terms = [terms] if isinstance(terms, (str, ObjectiveTerm)) else list(terms)
+    goal = _validated(Objective, {
+        "terms": [t.strip() if isinstance(t, str) else t for t in terms],
+        "min_tokens_per_s": min_tokens_per_s or opts.min_tokens_per_s,
+        "price_per_gpu_hour": price_per_gpu_hour or opts.price_per_gpu_hour or 2.0}, "objective")
+    return Constraints(pins=_validated(Pins, merged, "pins"), bounds=bounds,
+                       max_gpus=max_gpus or opts.max_gpus, objective=goal,
+                       **({"time_limit_s": time_limit_s} if time_limit_s else {}))
+
+
+def _validated(schema, values: dict, what: str):
+    try:
+        return schema.model_validate(dict(values))
+    except ValidationError as err:
+        raise ConstraintError(f"{what}: {err}".replace("\n", " ")) from None
