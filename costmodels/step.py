@@ -268,12 +268,12 @@ def _rank_base(problem: Problem, plan: Plan, rank: int, split: Split,
                links: dict[str, GroupLinks]) -> tuple[_ChunkSums, float, float]:
     """(layer sums, pipeline-send time, parameters) of a rank; shared by equal ranks."""
     stages = _rank_stages(plan, rank)
-    compositions = _chunk_compositions(problem, plan, stages)
     last = rank == plan.pp - 1 and plan.pp > 1
-    key = ("rank", stages if plan.pp > 1 else compositions, last, split, plan.recompute,
-           plan.recompute_num_layers, links["tp"], links["pp"])
+    key = ("rank", stages, last, split, plan.recompute, plan.recompute_num_layers, links["tp"],
+           links["pp"])
     cached = problem._cache.get(key)
     if cached is None:
+        compositions = _chunk_compositions(problem, plan, stages)
         sums = _chunk_sums(problem, compositions, split, links["tp"])
         pp_comm_s = _pp_comm(problem, plan, stages, links["pp"]) if plan.pp > 1 else 0.0
         params = sums.params + (_tied_params(problem) / plan.tp if last else 0.0)

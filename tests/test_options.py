@@ -156,7 +156,8 @@ def test_solve_and_explain_agree_on_runners_up():
     from_explain = [(u.tp, u.pp, round(u.step_time_s * 1e6)) for u in explanation.runners_up
                     if u.fits]
     from_solve = [(u.tp, u.pp, round(u.step_time_s * 1e6)) for u in result.runners_up]
-    assert from_solve[:len(from_explain)] == from_explain
+    # solve reports the best few shapes; explain ranks them all the same way.
+    assert from_explain[:len(from_solve)] == from_solve
 
 
 def test_unknown_objective_is_exit_2():

@@ -76,6 +76,8 @@ DIMENSIONS = ("tp", "pp", "dp", "cp", "mbs", "zero", "recompute", "sp", "vpp", "
 _RECOMPUTE = {r: i for i, r in enumerate(Recompute)}
 _OFFLOAD = {o: i for i, o in enumerate(Offload)}
 RANDOM_SEED = 0
+RUNNERS_UP = 6
+"""Other (TP, PP) shapes a solve reports, best first."""
 PROBING_LEVEL = 0
 """The model is one exactly-one over prepared rows: probing only costs time (1.4 s -> 0.26 s on
 9,000 rows) and cannot tighten a bound that the LP relaxation already makes exact."""
@@ -182,11 +184,34 @@ class Table:
         return groups
 
     def _expand(self, group: tuple) -> list[int]:
+        """Evaluate a group's remaining switches; the rows added."""
         _, _, source, shape, stages, rest = group
         training = self.problems[source].training
+        start = len(self)
+        partial: dict[tuple, list] = {}
         for sw in rest:
-            self.add(make_plan(shape, sw, stages, training), source)
-        return list(range(len(self) - len(rest), len(self)))
+            if sw.recompute_num_layers is None:
+                self.add(make_plan(shape, sw, stages, training), source)
+            else:
+                partial.setdefault((sw.zero, sw.sp, sw.offload), []).append(sw)
+        for options in partial.values():
+            self._smallest_fitting(sorted(options, key=lambda sw: sw.recompute_num_layers),
+                                   shape, stages, source)
+        return list(range(start, len(self)))
+
+    def _smallest_fitting(self, options: list, shape, stages, source: int) -> None:
+        """Recomputing N of a chunk's blocks: more N only adds time and only saves memory, so
+        the smallest N that fits dominates every other N (exact pruning). Binary search it,
+        keeping the rows evaluated on the way."""
+        training = self.problems[source].training
+        low, high = 0, len(options) - 1
+        while low <= high:
+            middle = (low + high) // 2
+            self.add(make_plan(shape, options[middle], stages, training), source)
+            if self.fits(len(self) - 1):
+                high = middle - 1
+            else:
+                low = middle + 1
 
     def add(self, plan: Plan, source: int = 0) -> float:
         step_s, peak = step_and_peak(self.problems[source], plan)
@@ -241,24 +266,46 @@ class Table:
         """Evaluate the pruned groups of one (tp, pp) shape that could still hold its best
         eligible row, so that per-shape answers (runners-up) are exact."""
         mine = [g for g in self.unexpanded if (g[3].tp, g[3].pp) == (tp, pp)]
+        best = min((self.key(r) for r in range(len(self))
+                    if (self.plans[r].tp, self.plans[r].pp) == (tp, pp) and self.is_eligible(r)),
+                   default=None)
         for group in sorted(mine, key=lambda g: g[0]):
-            rows = [r for r in range(len(self)) if (self.plans[r].tp, self.plans[r].pp) == (tp, pp)
-                    and self.is_eligible(r)]
-            if rows and min(self.key(r) for r in rows) < group[0]:
+            if best is not None and best < group[0]:
                 break
             self.unexpanded.remove(group)
             self.pruned -= len(group[5])
-            self._expand(group)
+            added = [self.key(r) for r in self._expand(group) if self.is_eligible(r)]
+            best = min([*added, *([best] if best is not None else [])], default=None)
 
-    def runners_up(self, chosen: int) -> list[ShapeRunnerUp]:
-        """The best eligible plan of each other (TP, PP) shape under the objective, best
-        first; ``slower_by`` compares time per token (step time when the batch is fixed)."""
-        for tp, pp in {(g[3].tp, g[3].pp) for g in self.unexpanded}:
-            self.complete_shape(tp, pp)
+    def _optimistic_shapes(self, mine: tuple[int, int]) -> dict[tuple[int, int], tuple]:
+        """For every other (tp, pp) shape, the best key it could still reach: its best
+        evaluated eligible row or the bound of a group not yet evaluated."""
         best = best_by_shape(self.eligible(), self.plans, self.order)
+        keys = {shape: self.key(row) for shape, row in best.items()}
+        for group in self.unexpanded:
+            shape = (group[3].tp, group[3].pp)
+            keys[shape] = min(keys.get(shape, group[0]), group[0])
+        keys.pop(mine, None)
+        return keys
+
+    def runners_up(self, chosen: int, count: int = RUNNERS_UP) -> list[ShapeRunnerUp]:
+        """The ``count`` best other (TP, PP) shapes, each with its best eligible plan under the
+        objective, best first (exact: a shape is completed before it is ranked, best bound
+        first, until no uncompleted shape could enter); ``slower_by`` compares time per token
+        (step time when the batch is fixed)."""
         mine = (self.plans[chosen].tp, self.plans[chosen].pp)
+        done: set[tuple[int, int]] = set()
+        while True:
+            optimistic = self._optimistic_shapes(mine)
+            pending = sorted((s for s in optimistic if s not in done), key=optimistic.get)
+            exact = sorted(optimistic[s] for s in done if s in optimistic)
+            if not pending or (len(exact) >= count and exact[count - 1] <= optimistic[pending[0]]):
+                break
+            self.complete_shape(*pending[0])
+            done.add(pending[0])
+        best = best_by_shape(self.eligible(), self.plans, self.order)
         per_token = lambda r: self.step_times_s[r] / self.tokens(r)  # noqa: E731
-        rows = sorted((r for shape, r in best.items() if shape != mine), key=self.order)
+        rows = sorted((best[s] for s in done if s in best), key=self.order)[:count]
         return [ShapeRunnerUp(tp=self.plans[r].tp, pp=self.plans[r].pp, dp=self.plans[r].dp,
                               step_time_s=self.step_times_s[r],
                               slower_by=per_token(r) / per_token(chosen) - 1) for r in rows]

@@ -8,6 +8,7 @@ take their candidates from here (the brute force without the dominance pruning).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from itertools import product
 
@@ -205,11 +206,19 @@ def switches(shape: Shape, *, runtime: Runtime, pins: Pins,
              blocks_per_chunk: int = 1) -> list[Switches]:
     """ZeRO stage, recompute, SP and offload combinations the runtime can run on ``shape``
     whose largest model chunk has ``blocks_per_chunk`` blocks."""
+    return _switches(shape.tp > 1, shape.pp > 1, runtime, pins, blocks_per_chunk)
+
+
+@functools.lru_cache(maxsize=1024)
+def _switches(tensor_parallel: bool, pipelined: bool, runtime: Runtime, pins: Pins,
+              blocks_per_chunk: int) -> list[Switches]:
+    """switches(), which depends on the shape only through these (cached: called per stage
+    layout of every shape)."""
     zeros = ZERO_STAGES[runtime]
-    if shape.pp > 1 and runtime is Runtime.DEEPSPEED:
+    if pipelined and runtime is Runtime.DEEPSPEED:
         zeros = tuple(z for z in zeros if z <= 1)  # the pipeline engine refuses ZeRO-2/3
     options = []
-    sps = (False, True) if shape.tp > 1 and runtime is Runtime.MEGATRON else (False,)
+    sps = (False, True) if tensor_parallel and runtime is Runtime.MEGATRON else (False,)
     for zero, rc, sp, off in product(zeros, Recompute, sps, Offload):
         if off is Offload.OPTIMIZER and zero == 0 or off is Offload.PARAMS and zero < 3:
             continue

@@ -9,7 +9,7 @@ from autoplan.api import _training, load_cluster, make_problem
 from autoplan.errors import InfeasibleError
 from autoplan.search.brute import brute_force
 from autoplan.search.objective import key as objective_key
-from autoplan.search.solver import Table, solve_search
+from autoplan.search.solver import RUNNERS_UP, Table, solve_search
 from autoplan.training import Bounds, Objective, Pins, Range
 from tests.search.test_solver import cluster, tiny_gpt
 
@@ -112,7 +112,7 @@ def test_cost_objective_reports_dollars_per_million_tokens():
 def test_runners_up_are_the_best_eligible_plan_per_shape_of_the_full_table():
     problem = _one(headroom_mib=32)
     solution = solve_search(problem, Pins(), time_limit_s=30)
-    runners = solution.table.runners_up(solution.row)
+    runners = solution.table.runners_up(solution.row, count=1000)
     full = Table.build(problem, Pins(), prune=False)
     expected = {}
     for r in full.eligible():
@@ -123,6 +123,10 @@ def test_runners_up_are_the_best_eligible_plan_per_shape_of_the_full_table():
     for u in runners:
         assert round(u.step_time_s * 1e6) == expected[(u.tp, u.pp)][0]
         assert u.slower_by >= 0
+    # By default only the best few shapes, still exact and in order.
+    top = solve_search(problem, Pins(), time_limit_s=30)
+    best = sorted((k for shape, k in expected.items() if shape != mine))[:RUNNERS_UP]
+    assert [round(u.step_time_s * 1e6) for u in top.table.runners_up(top.row)] == [k[0] for k in best]
     assert [u.step_time_s for u in runners] == sorted(u.step_time_s for u in runners)
 
 
