@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from autoplan.cluster.spec import Cluster
 from autoplan.cluster.topology import GroupLinks, group_links
-from autoplan.costmodels.step import MIB, Problem, estimate, limit_mib
+from autoplan.costmodels.step import MIB, Problem, axis_links, estimate, limit_mib
 from autoplan.plan import Estimate, Offload, Plan, Result
 from autoplan.plugins.colossalai_tp import compare_tp_modes
 from autoplan.search.runners_up import best_by_shape
@@ -146,16 +146,6 @@ def best_row(table: Table, limit: int, rows: list[int] | None = None) -> int | N
     times, memories, ranks = table.times_us(), table.memories_mib(), table.tiebreak()
     fitting = [r for r in rows if memories[r] <= limit]
     return min(fitting, key=lambda r: (times[r], ranks[r])) if fitting else None
-
-
-def axis_links(cluster: Cluster, plan: Plan, axis: str) -> GroupLinks:
-    """The links of the plan's group along ``axis`` (ranks placed innermost axis first)."""
-    sizes = {"tp": plan.tp, "cp": plan.cp, "dp": plan.dp, "pp": plan.pp}
-    order = plan.placement.split("-")
-    stride = 1
-    for name in order[: order.index(axis)]:
-        stride *= sizes[name]
-    return group_links(cluster, sizes[axis], stride)
 
 
 def _describe_links(problem: Problem, links: GroupLinks) -> str:

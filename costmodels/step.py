@@ -177,17 +177,28 @@ def _layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
     return cost
 
 
-def _axis_links(problem: Problem, plan: Plan, axis: str) -> GroupLinks:
-    """Links of the plan's group along ``axis`` under its placement (innermost axis first)."""
+def axis_stride(plan: Plan, axis: str) -> int:
+    """Rank distance between neighbours of the plan's group along ``axis``: the product of the
+    sizes of the axes placed inside it (placement lists the innermost axis first)."""
     sizes = {"tp": plan.tp, "cp": plan.cp, "dp": plan.dp, "pp": plan.pp}
     order = plan.placement.split("-")
     stride = 1
     for name in order[: order.index(axis)]:
         stride *= sizes[name]
-    key = ("links", sizes[axis], stride)
+    return stride
+
+
+def axis_links(cluster: Cluster, plan: Plan, axis: str) -> GroupLinks:
+    """The links of the plan's group along ``axis`` on ``cluster``."""
+    return group_links(cluster, getattr(plan, axis), axis_stride(plan, axis))
+
+
+def _axis_links(problem: Problem, plan: Plan, axis: str) -> GroupLinks:
+    """axis_links(), cached per problem (the solver asks for the same groups many times)."""
+    key = ("links", getattr(plan, axis), axis_stride(plan, axis))
     links = problem._cache.get(key)
     if links is None:
-        links = problem._cache[key] = group_links(problem.cluster, sizes[axis], stride)
+        links = problem._cache[key] = axis_links(problem.cluster, plan, axis)
     return links
 
 
