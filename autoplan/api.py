@@ -203,7 +203,7 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
           min_tokens_per_s: float | None = None, price_per_gpu_hour: float | None = None,
           bounds=None, max_gpus: int | None = None, tp_within_node: bool | None = None,
           forbid_offload: bool | None = None, options=None, profile=None,
-          num_workers: int = 1) -> Result:
+          num_workers: int = 1, runners_up: bool = True) -> Result:
     """The best plan that fits (fastest by default), with its estimate, the solver's status
     and the best plan of each other (TP, PP) shape.
 
@@ -220,6 +220,8 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
             replaces the catalog's compute profile.
         num_workers: CP-SAT search workers. The plan does not depend on it (nor on the run)
             when the solve finishes within the time limit: see README, "Determinism".
+        runners_up: also find the best plan of the next best (TP, PP) shapes (exact, so it
+            evaluates candidates the optimum alone did not need; sweeps turn it off).
         objective: ``"time"`` (default), ``"gpus"``, ``"cost"`` or a lexicographic list
             (``["gpus", "time"]``).
         min_tokens_per_s: a throughput every plan must reach (the target of ``"gpus"``).
@@ -254,6 +256,8 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
                             max_gpus=constraints.max_gpus, num_workers=num_workers)
     result = _result(solution.problem, model, cluster, solution.plan, solution.estimate,
                      solution.info)
+    if not runners_up:
+        return result
     return result.model_copy(update={"runners_up": solution.table.runners_up(solution.row)})
 
 

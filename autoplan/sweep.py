@@ -227,7 +227,8 @@ def _solve_point(model, task: _Task) -> dict:
         result = api.solve(
             model, task.cluster, seq_len=inputs.seq_len, global_batch=inputs.global_batch,
             pins=pins, mem_limit=inputs.mem_limit, time_limit_s=task.time_limit_s,
-            precision=inputs.precision or "bf16", runtime=inputs.runtime or "megatron")
+            precision=inputs.precision or "bf16", runtime=inputs.runtime or "megatron",
+            runners_up=False)  # a sweep reports one plan per point
     except AutoplanError as err:
         return {"index": task.index, "plan": None, "estimate": None, "solver": None,
                 "error": str(err), "exit_code": err.exit_code}
