@@ -133,8 +133,12 @@ class _RankCost:
         return self.states.total + self.activations + self.other
 
 
+_IDENTITY_FIELDS = ("name", "modules")
+"""Fields that name a layer without changing its costs: equal blocks share one class."""
+
+
 def _layer_key(layer: Layer) -> tuple:
-    return tuple(getattr(layer, f.name) for f in fields(Layer) if f.name != "name")
+    return tuple(getattr(layer, f.name) for f in fields(Layer) if f.name not in _IDENTITY_FIELDS)
 
 
 def _tp_messages(layer: Layer, split: Split) -> tuple[int, int, float]:
