@@ -505,6 +505,38 @@ def lower_bound_s(problem: Problem) -> float:
     return model_flops_per_sample(problem.graph) * samples / (problem.cluster.num_gpus * rate)
 
 
+def shape_lower_bound_s(problem: Problem, *, tp: int, pp: int, cp: int, mbs: int, vpp: int,
+                        num_microbatches: int) -> float:
+    """A step time no plan of this shape can beat, whatever its stages and switches.
+
+    Every layer runs once per micro-batch on some pipeline rank, so the ranks' micro-batch
+    times sum to at least S, the layers' compute and TP collectives without recomputation
+    (the cheaper of with and without SP); the slowest rank takes at least S / pp, and the
+    schedule ``m * max + (sum - max) / v`` is then at least ``(m - 1/v) S / pp + S / v``.
+    Pipeline sends, data-parallel reduction and the optimizer only add time.
+    """
+    key = ("shape-bound", tp, cp, mbs)
+    per_microbatch = problem._cache.get(key)
+    if per_microbatch is None:
+        links = group_links(problem.cluster, tp, 1)  # TP innermost: its fastest links
+        counts = problem.layer_counts(0, len(problem.graph.layers))
+        per_microbatch = min(
+            sum(k * _layer_time_and_tp_comm(problem, c, Split(tp=tp, cp=cp, sp=sp, mbs=mbs,
+                                                               flash=problem.flash_attention),
+                                            links) for c, k in counts)
+            for sp in ((False, True) if tp > 1 else (False,)))
+        problem._cache[key] = per_microbatch
+    m = num_microbatches
+    return (m - 1 / vpp) * per_microbatch / pp + per_microbatch / vpp
+
+
+def _layer_time_and_tp_comm(problem: Problem, class_id: int, split: Split,
+                            links: GroupLinks) -> float:
+    cost = _layer_cost(problem, problem.layer_class(class_id), class_id, split, Recompute.NONE,
+                       links)
+    return cost.compute_s + cost.tp_comm_s
+
+
 def estimate(problem: Problem, plan: Plan) -> Estimate:
     """Predicted step time and worst-GPU memory of ``plan`` on ``problem``."""
     evaluation = _evaluate(problem, plan)

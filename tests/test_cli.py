@@ -70,10 +70,3 @@ def test_mem_limit_without_unit_is_exit_2():
     result = run("solve", TINY, DGX1, "--seq-len", 256, "--global-batch", 16, "--mem-limit", 80)
     assert result.exit_code == 2
     assert "--mem-limit" in result.stderr
-
-
-def test_time_limit_with_no_plan_is_exit_4():
-    result = run("solve", "examples/models/gpt3_175b.py", "examples/clusters/dgx-a100-x128.yaml",
-                 "--seq-len", 2048, "--global-batch", 1536, "--time-limit", 0.1)
-    assert result.exit_code == 4
-    assert "--time-limit" in result.stderr

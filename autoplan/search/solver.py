@@ -3,18 +3,26 @@
 Tabulation (exact pruning, before the model is built)
     Candidates come from ``space`` grouped by shape (tp, pp, dp, mbs, vpp) and stage layout,
     for each allowed global batch (one problem each), within the user's bounds and GPU budget
-    (``max_gpus`` caps the world the shapes are drawn from). For each group the switches that
-    cannot be slower than the others (no recomputation, no offload, ZeRO below 3) are estimated
-    first: the fastest of them is a lower bound on the group's step time, since recomputation
-    and offload only add time and ZeRO-3 only adds communication. Every objective key
-    (``objective.py``) is nondecreasing in step time within a group (its GPUs and tokens per
-    step are fixed), so the bound's key bounds the group's keys, for every objective: groups
-    are expanded best bound first, and a group whose bound key is worse than the best eligible
-    row so far cannot hold the optimum and is not expanded. A group whose bound already misses
-    ``min_tokens_per_s`` has no eligible row either. Under GPUS and COST the time-only
+    (``max_gpus`` caps the world the shapes are drawn from). Every objective key
+    (``objective.py``) is nondecreasing in step time for a fixed shape (its GPUs and tokens per
+    step are fixed), so a lower bound on a shape's step time bounds its keys, for every
+    objective. Work is taken best bound first from one queue:
+    1. a shape, bounded by physics alone (``shape_lower_bound_s``: its layers' compute and TP
+       collectives spread evenly over the pipeline with the schedule's bubble), is split into
+       its stage layouts;
+    2. a stage layout is bounded by its switches that cannot be slower than the others (no
+       recomputation, no offload, ZeRO below 3): recomputation and offload only add time and
+       ZeRO-3 only adds communication. Before that, the leanest switches of each ZeRO stage
+       (``space.leanest``) are evaluated: a ZeRO stage whose leanest does not fit has nothing
+       that fits, and a layout with no such stage is dropped;
+    3. a bounded layout is expanded: its remaining switches are evaluated (the smallest
+       fitting ``recompute_num_layers`` by binary search, since it dominates larger ones).
+    The queue stops when the best bound left is worse than the best eligible row (the rest
+    cannot hold the optimum) or at the deadline. A bound that already misses
+    ``min_tokens_per_s`` admits no eligible row either. Under GPUS and COST the time-only
     dominance of the DP degrees (``space.dp_options``) is lifted: fewer GPUs can win. Rows over
     the memory limit or under the throughput stay in the table (for explanations) but not in
-    the model.
+    the model; ``prune=False`` evaluates everything (explanations of infeasibility).
 
 Data
     R eligible rows (fit in memory, reach the throughput), each with its objective keys
@@ -49,6 +57,7 @@ time limit it may be FEASIBLE, reported with the bound. When no row is eligible,
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import time
@@ -57,7 +66,7 @@ from dataclasses import dataclass, field
 from ortools.sat.python import cp_model
 
 from autoplan.costmodels.step import (
-    Problem, estimate, limit_mib, lower_bound_s, memory_mib, step_and_peak,
+    Problem, estimate, limit_mib, lower_bound_s, memory_mib, shape_lower_bound_s, step_and_peak,
 )
 from autoplan.errors import InfeasibleError, NoPlanInTimeError
 from autoplan.plan import Estimate, Offload, Plan, Recompute, ShapeRunnerUp, SolverInfo
@@ -66,7 +75,9 @@ from autoplan.search.objective import from_key as objective_from_key
 from autoplan.search.objective import meets_throughput
 from autoplan.search.objective import value as objective_value
 from autoplan.search.runners_up import best_by_shape
-from autoplan.search.space import make_plan, max_chunk_blocks, shapes, stage_variants, switches
+from autoplan.search.space import (
+    Shape, leanest, make_plan, max_chunk_blocks, shapes, stage_variants, switches,
+)
 from autoplan.training import Bounds, Objective, ObjectiveTerm, Pins
 
 logger = logging.getLogger(__name__)
@@ -102,6 +113,26 @@ def pin_values(pins: Pins) -> dict[str, int]:
     return encoded
 
 
+@dataclass(order=True)
+class _Pending:
+    """Candidates not evaluated yet, with a bound on their objective key: a whole shape
+    (``stages`` None; bound from ``shape_lower_bound_s``) or one stage layout of a shape whose
+    fast switches are evaluated (bound: the fastest of them) and the ``rest`` still pending.
+    Ordered by bound, then creation order (deterministic)."""
+
+    key: tuple
+    order: int
+    bound_s: float = field(compare=False)
+    source: int = field(compare=False)
+    shape: Shape = field(compare=False)
+    stages: tuple | None = field(compare=False, default=None)
+    rest: list = field(compare=False, default_factory=list)
+
+    @property
+    def tp_pp(self) -> tuple[int, int]:
+        return self.shape.tp, self.shape.pp
+
+
 @dataclass
 class Table:
     """Evaluated candidate plans with their step time and worst-GPU memory, from one problem
@@ -114,10 +145,14 @@ class Table:
     step_times_s: list[float] = field(default_factory=list)
     peak_bytes: list[float] = field(default_factory=list)
     sources: list[int] = field(default_factory=list)
-    pruned: int = 0  # candidates never evaluated: their group's bound was already beaten
+    keys: list[tuple] = field(default_factory=list)  # objective key of each row
+    eligible_rows: list[bool] = field(default_factory=list)  # fits and fast enough
     open_bound_s: float = math.inf  # lower bound of candidates left unevaluated at the deadline
-    unexpanded: list[tuple] = field(default_factory=list)  # pruned groups (for runners-up)
+    unexpanded: list[_Pending] = field(default_factory=list)  # never evaluated (runners-up)
     every_dp: bool = False  # lift the DP dominance even for time (relaxed tables)
+    pins: Pins = field(default_factory=Pins)
+    screen: bool = True  # drop ZeRO stages whose leanest switches do not fit (exact)
+    _created: int = 0
 
     @property
     def problem(self) -> Problem:
@@ -133,63 +168,112 @@ class Table:
               objective: Objective | None = None, bounds: Bounds | None = None,
               max_gpus: int | None = None, prune: bool = True,
               every_dp: bool = False) -> "Table":
-        """Evaluate the candidates best bound first until the rest cannot win or the
+        """Evaluate the candidates best bound first (shapes by their physical bound, then
+        their stage layouts by their fastest switches) until the rest cannot win or the
         ``deadline`` (a ``time.perf_counter()`` value) passes; ``prune=False`` evaluates all."""
         problems = [problems] if isinstance(problems, Problem) else list(problems)
-        table = cls(problems, objective or Objective(), every_dp=every_dp)
-        groups = []
-        for source in range(len(problems)):
-            groups += table._bound_groups(source, pins, deadline, bounds, max_gpus)
-        groups.sort(key=lambda g: g[0])
-        keys = [table.key(r) for r in table.eligible()]
-        best = min(keys, default=None)
-        for position, group in enumerate(groups):
-            bound_key, bound_s, source, shape, stages, rest = group
-            if prune and best is not None and bound_key > best:
-                table.unexpanded += groups[position:]
-                table.pruned += sum(len(g[5]) for g in groups[position:])
+        table = cls(problems, objective or Objective(), every_dp=every_dp, pins=pins,
+                    screen=prune)
+        pending = [item for source in range(len(problems))
+                   for item in table._shape_bounds(source, pins, bounds, max_gpus, deadline)]
+        heapq.heapify(pending)
+        best = None
+        while pending:
+            item = pending[0]
+            if prune and best is not None and item.key > best:
                 break
             if time.perf_counter() > deadline:
-                table.open_bound_s = min(table.open_bound_s, bound_s)
+                table.open_bound_s = min(table.open_bound_s, *(p.bound_s for p in pending))
                 break
-            for row in table._expand(group):
-                if table.is_eligible(row):
-                    best = min(best or table.key(row), table.key(row))
+            heapq.heappop(pending)
+            start = len(table)
+            for group in table._process(item):
+                heapq.heappush(pending, group)
+            best = min([table.key(r) for r in range(start, len(table)) if table.is_eligible(r)]
+                       + ([best] if best is not None else []), default=None)
+        table.unexpanded = pending
         return table
 
-    def _bound_groups(self, source: int, pins: Pins, deadline: float, bounds: Bounds | None,
-                      max_gpus: int | None) -> list[tuple]:
-        """Evaluate the lower-bound switches of every (shape, stages) group; the groups with
-        their bound key, bound step time and the switches still to evaluate."""
-        problem, groups = self.problems[source], []
+    def _new_pending(self, bound_s: float, source: int, shape: Shape, stages=None,
+                     rest=()) -> _Pending:
+        world = shape.tp * shape.pp * shape.dp * shape.cp
+        tokens = self.problems[source].training.tokens_per_step
+        self._created += 1
+        return _Pending(self._key(bound_s, world, tokens), self._created, bound_s, source, shape,
+                        stages, list(rest))
+
+    def _shape_bounds(self, source: int, pins: Pins, bounds: Bounds | None,
+                      max_gpus: int | None, deadline: float) -> list[_Pending]:
+        """Every legal shape of one problem with its physical bound, nothing evaluated yet
+        (shapes not reached by the ``deadline`` are bounded by physics alone)."""
+        problem = self.problems[source]
         world = min(problem.cluster.num_gpus, max_gpus or problem.cluster.num_gpus)
+        batch = problem.training.global_batch
+        items = []
         for shape in shapes(problem.graph, world=world,
                             gpus_per_node=problem.cluster.gpus_per_node,
                             training=problem.training, pins=pins, bounds=bounds,
                             every_dp=self.every_dp or self.objective.needs_every_dp):
-            if time.perf_counter() > deadline:  # shapes never looked at: only physics bounds them
-                self.open_bound_s = lower_bound_s(problem)
+            if time.perf_counter() > deadline:
+                self.open_bound_s = min(self.open_bound_s, lower_bound_s(problem))
                 break
-            for stages in stage_variants(problem.graph, shape.pp, shape.vpp):
-                options = switches(shape, runtime=problem.training.runtime, pins=pins,
-                                   blocks_per_chunk=max_chunk_blocks(problem.graph, stages))
-                fast = [sw for sw in options if _cannot_be_slower(sw)] or options
-                bound = min(self.add(make_plan(shape, sw, stages, problem.training), source)
-                            for sw in fast)
-                rest = [sw for sw in options if sw not in fast]
-                world_ = shape.tp * shape.pp * shape.dp * shape.cp
-                tokens = problem.training.tokens_per_step
-                groups.append((self._key(bound, world_, tokens), bound, source, shape, stages,
-                               rest))
+            bound = shape_lower_bound_s(problem, tp=shape.tp, pp=shape.pp, cp=shape.cp,
+                                        mbs=shape.mbs, vpp=shape.vpp,
+                                        num_microbatches=shape.num_microbatches(batch))
+            items.append(self._new_pending(bound, source, shape))
+        return items
+
+    def _process(self, item: _Pending) -> list[_Pending]:
+        """Evaluate a pending item: a shape yields its stage layouts (fast switches evaluated,
+        the rest pending); a stage layout is expanded."""
+        if item.stages is None:
+            return self._stage_groups(item)
+        self._expand(item)
+        return []
+
+    def _stage_groups(self, item: _Pending) -> list[_Pending]:
+        """Evaluate the lower-bound switches of every stage layout of a shape; the layouts
+        with their bound and the switches still to evaluate. When pruning, the ZeRO stages
+        whose leanest switches do not fit are dropped first (nothing of theirs can fit), and
+        a layout where none fits is dropped whole."""
+        problem, shape, groups = self.problems[item.source], item.shape, []
+        for stages in stage_variants(problem.graph, shape.pp, shape.vpp):
+            options = switches(shape, runtime=problem.training.runtime, pins=self.pins,
+                               blocks_per_chunk=max_chunk_blocks(problem.graph, stages))
+            times: dict = {}
+            kept = options
+            if self.screen:
+                fitting = self._zero_stages_that_fit(item, stages, options, times)
+                if not fitting:
+                    continue
+                kept = [sw for sw in options if sw.zero in fitting]
+            fast = [sw for sw in options if _cannot_be_slower(sw)] or options
+            bound = min(times[sw] if sw in times else self.add(
+                make_plan(shape, sw, stages, problem.training), item.source) for sw in fast)
+            rest = [sw for sw in kept if sw not in fast and sw not in times]
+            groups.append(self._new_pending(bound, item.source, shape, stages, rest))
         return groups
 
-    def _expand(self, group: tuple) -> list[int]:
-        """Evaluate a group's remaining switches; the rows added."""
-        _, _, source, shape, stages, rest = group
+    def _zero_stages_that_fit(self, item: _Pending, stages: tuple, options: list,
+                              times: dict) -> set[int]:
+        """Evaluate the leanest switches of each ZeRO stage (their step times into ``times``);
+        the stages whose leanest fits."""
+        training = self.problems[item.source].training
+        fitting = set()
+        for zero in sorted({sw.zero for sw in options}):
+            lean = leanest([sw for sw in options if sw.zero == zero])
+            times[lean] = self.add(make_plan(item.shape, lean, stages, training), item.source)
+            if self.fits(len(self) - 1):
+                fitting.add(zero)
+        return fitting
+
+    def _expand(self, group: _Pending) -> list[int]:
+        """Evaluate a stage layout's remaining switches; the rows added."""
+        shape, stages, source = group.shape, group.stages, group.source
         training = self.problems[source].training
         start = len(self)
         partial: dict[tuple, list] = {}
-        for sw in rest:
+        for sw in group.rest:
             if sw.recompute_num_layers is None:
                 self.add(make_plan(shape, sw, stages, training), source)
             else:
@@ -214,11 +298,17 @@ class Table:
                 low = middle + 1
 
     def add(self, plan: Plan, source: int = 0) -> float:
-        step_s, peak = step_and_peak(self.problems[source], plan)
+        """Evaluate ``plan`` on problem ``source`` into a new row; its step time."""
+        problem = self.problems[source]
+        step_s, peak = step_and_peak(problem, plan)
+        tokens = problem.training.tokens_per_step
         self.plans.append(plan)
         self.step_times_s.append(step_s)
         self.peak_bytes.append(peak)
         self.sources.append(source)
+        self.keys.append(self._key(step_s, plan.world_size, tokens))
+        self.eligible_rows.append(memory_mib(peak) <= limit_mib(problem) and meets_throughput(
+            self.objective, step_s, tokens))
         return step_s
 
     def __len__(self) -> int:
@@ -235,15 +325,14 @@ class Table:
 
     def key(self, row: int) -> tuple[int, ...]:
         """The objective's integer key of ``row`` (smaller is better)."""
-        return self._key(self.step_times_s[row], self.plans[row].world_size, self.tokens(row))
+        return self.keys[row]
 
     def fits(self, row: int) -> bool:
         return memory_mib(self.peak_bytes[row]) <= limit_mib(self.problem)
 
     def is_eligible(self, row: int) -> bool:
         """Fits in memory and reaches the required throughput."""
-        return self.fits(row) and meets_throughput(self.objective, self.step_times_s[row],
-                                                   self.tokens(row))
+        return self.eligible_rows[row]
 
     def fitting(self) -> list[int]:
         """Rows within the memory limit, in table order."""
@@ -251,7 +340,7 @@ class Table:
 
     def eligible(self) -> list[int]:
         """Rows the model chooses among: fitting and fast enough, in table order."""
-        return [r for r in range(len(self)) if self.is_eligible(r)]
+        return [r for r, eligible in enumerate(self.eligible_rows) if eligible]
 
     def tiebreak_key(self, row: int) -> tuple:
         """(GPUs used, tp*pp, memory, candidate order): the stated tie-break."""
@@ -262,29 +351,30 @@ class Table:
         """The solver's total order: objective key, then the tie-break."""
         return self.key(row) + self.tiebreak_key(row)
 
-    def complete_shape(self, tp: int, pp: int) -> None:
-        """Evaluate the pruned groups of one (tp, pp) shape that could still hold its best
-        eligible row, so that per-shape answers (runners-up) are exact."""
-        mine = [g for g in self.unexpanded if (g[3].tp, g[3].pp) == (tp, pp)]
-        best = min((self.key(r) for r in range(len(self))
-                    if (self.plans[r].tp, self.plans[r].pp) == (tp, pp) and self.is_eligible(r)),
-                   default=None)
-        for group in sorted(mine, key=lambda g: g[0]):
-            if best is not None and best < group[0]:
-                break
-            self.unexpanded.remove(group)
-            self.pruned -= len(group[5])
-            added = [self.key(r) for r in self._expand(group) if self.is_eligible(r)]
+    def complete_shape(self, tp: int, pp: int, best: tuple | None = None) -> list[int]:
+        """Evaluate the pending candidates of one (tp, pp) shape, best bound first, until none
+        could beat ``best`` (the shape's best eligible key so far), so that per-shape answers
+        (runners-up) are exact. Returns the rows added."""
+        mine = [p for p in self.unexpanded if p.tp_pp == (tp, pp)]
+        self.unexpanded = [p for p in self.unexpanded if p.tp_pp != (tp, pp)]
+        heapq.heapify(mine)
+        first = len(self)
+        while mine and (best is None or mine[0].key <= best):
+            start = len(self)
+            for group in self._process(heapq.heappop(mine)):
+                heapq.heappush(mine, group)
+            added = [self.key(r) for r in range(start, len(self)) if self.is_eligible(r)]
             best = min([*added, *([best] if best is not None else [])], default=None)
+        self.unexpanded += mine
+        return list(range(first, len(self)))
 
-    def _optimistic_shapes(self, mine: tuple[int, int]) -> dict[tuple[int, int], tuple]:
+    def _optimistic_shapes(self, mine: tuple[int, int],
+                           best: dict[tuple[int, int], int]) -> dict[tuple[int, int], tuple]:
         """For every other (tp, pp) shape, the best key it could still reach: its best
-        evaluated eligible row or the bound of a group not yet evaluated."""
-        best = best_by_shape(self.eligible(), self.plans, self.order)
+        evaluated eligible row (``best``) or the bound of candidates not yet evaluated."""
         keys = {shape: self.key(row) for shape, row in best.items()}
-        for group in self.unexpanded:
-            shape = (group[3].tp, group[3].pp)
-            keys[shape] = min(keys.get(shape, group[0]), group[0])
+        for item in self.unexpanded:
+            keys[item.tp_pp] = min(keys.get(item.tp_pp, item.key), item.key)
         keys.pop(mine, None)
         return keys
 
@@ -294,16 +384,19 @@ class Table:
         first, until no uncompleted shape could enter); ``slower_by`` compares time per token
         (step time when the batch is fixed)."""
         mine = (self.plans[chosen].tp, self.plans[chosen].pp)
+        best = best_by_shape(self.eligible(), self.plans, self.order)
         done: set[tuple[int, int]] = set()
         while True:
-            optimistic = self._optimistic_shapes(mine)
+            optimistic = self._optimistic_shapes(mine, best)
             pending = sorted((s for s in optimistic if s not in done), key=optimistic.get)
             exact = sorted(optimistic[s] for s in done if s in optimistic)
             if not pending or (len(exact) >= count and exact[count - 1] <= optimistic[pending[0]]):
                 break
-            self.complete_shape(*pending[0])
-            done.add(pending[0])
-        best = best_by_shape(self.eligible(), self.plans, self.order)
+            shape = pending[0]
+            known = self.key(best[shape]) if shape in best else None
+            added = [r for r in self.complete_shape(*shape, known) if self.is_eligible(r)]
+            best = best_by_shape([*best.values(), *added], self.plans, self.order)
+            done.add(shape)
         per_token = lambda r: self.step_times_s[r] / self.tokens(r)  # noqa: E731
         rows = sorted((best[s] for s in done if s in best), key=self.order)[:count]
         return [ShapeRunnerUp(tp=self.plans[r].tp, pp=self.plans[r].pp, dp=self.plans[r].dp,
@@ -479,8 +572,8 @@ def solve_search(problems: Problem | list[Problem], pins: Pins, *, time_limit_s:
             "more dimensions.")
     chosen = table.estimate(row)
     info = _info(table, row, name, first_bound // 1, wall)
-    logger.info("solved %d rows (%d eligible, %d pruned) in %.2fs: %s", len(table), len(rows),
-                table.pruned, wall, info.status)
+    logger.info("solved %d rows (%d eligible, %d candidate groups never evaluated) in %.2fs: %s",
+                len(table), len(rows), len(table.unexpanded), wall, info.status)
     return Solution(table, row, chosen, info)
 
 

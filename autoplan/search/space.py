@@ -231,6 +231,20 @@ def _switches(tensor_parallel: bool, pipelined: bool, runtime: Runtime, pins: Pi
     return options
 
 
+_RECOMPUTE_LEANNESS = {Recompute.FULL: 0, Recompute.SELECTIVE: 1, Recompute.NONE: 2}
+_OFFLOAD_LEANNESS = {Offload.PARAMS: 0, Offload.OPTIMIZER: 1, Offload.NONE: 2}
+
+
+def leanest(options: list[Switches]) -> Switches:
+    """The switches that keep the least in GPU memory: with the ZeRO stage fixed, memory only
+    falls with more recomputation (all blocks rather than the first N, and the fewer kept the
+    better), with SP and with more offload, each independently, so the option leanest in
+    every one of them needs no more memory than any other."""
+    return min(options, key=lambda sw: (
+        _RECOMPUTE_LEANNESS[sw.recompute], sw.recompute_num_layers is not None,
+        -(sw.recompute_num_layers or 0), not sw.sp, _OFFLOAD_LEANNESS[sw.offload]))
+
+
 def _pinned_out(pins: Pins, **values) -> bool:
     return any(getattr(pins, k) is not None and getattr(pins, k) != v for k, v in values.items())
 

@@ -13,6 +13,7 @@ returns the command line; ``{tmp}`` in a fragment stands for the case's temporar
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from typer.testing import CliRunner
 
 from autoplan import api
 from autoplan.cli import app
+from autoplan.search import solver
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "examples" / "models" / "tiny_gpt.py")
@@ -134,7 +136,7 @@ CASES = {
                                 ["nothing fits in 1.0 GiB per GPU", "GiB over"]),
     "mem_limit_without_unit": (solve("--mem-limit", "72"), 2, ["--mem-limit", "'72' has no unit", "80GiB"]),
     "mem_limit_wrong_unit": (solve("--mem-limit", "72Gbps"), 2, ["--mem-limit", "not a unit of memory"]),
-    # time limit: GPT-3 on 1024 GPUs has far too many candidates for 0.1 s
+    # time limit: bounding the shapes is slowed (see _slow_bounds) so 0.1 s pass before any plan
     "time_limit_no_plan": (lambda f: ["solve", GPT3, DGX128, "--seq-len", "2048", "--global-batch",
                                       "1536", "--time-limit", "0.1"], 4,
                            ["--time-limit 0.1s", "raise the limit"]),
@@ -210,9 +212,25 @@ def plan_json(_shared_traces) -> str:
     return result.stdout
 
 
+def _slow_bounds(case: str, monkeypatch) -> None:
+    """The solver proves GPT-3 on 1024 GPUs optimal well within 0.1 s on a fast machine; for
+    the time-limit case every shape bound takes 50 ms, so the limit passes before any plan."""
+    if case != "time_limit_no_plan":
+        return
+    bound = solver.shape_lower_bound_s
+
+    def slow(*args, **kwargs):
+        time.sleep(0.05)
+        return bound(*args, **kwargs)
+
+    monkeypatch.setattr(solver, "shape_lower_bound_s", slow)
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_bad_input_exits_with_its_code_and_names_the_culprit(case, tmp_path, plan_json):
+def test_bad_input_exits_with_its_code_and_names_the_culprit(case, tmp_path, plan_json,
+                                                             monkeypatch):
     build, code, fragments = CASES[case]
+    _slow_bounds(case, monkeypatch)
     argv = build(Files(tmp_path, plan_json))
     result = CliRunner().invoke(app, argv)
     assert isinstance(result.exception, (SystemExit, type(None))), repr(result.exception)
@@ -226,9 +244,10 @@ def test_bad_input_exits_with_its_code_and_names_the_culprit(case, tmp_path, pla
 @pytest.mark.parametrize("case", ["yaml_missing_unit", "model_no_build_model",
                                   "nothing_fits_memory_cap", "time_limit_no_plan",
                                   "solve_export_existing_files"])
-def test_errors_under_json_leave_stdout_empty(case, tmp_path, plan_json):
+def test_errors_under_json_leave_stdout_empty(case, tmp_path, plan_json, monkeypatch):
     """--json promises one JSON document on stdout; an error prints none (stderr only)."""
     build, code, _ = CASES[case]
+    _slow_bounds(case, monkeypatch)
     result = CliRunner().invoke(app, [*build(Files(tmp_path, plan_json)), "--json"])
     assert result.exit_code == code
     assert result.stdout == ""
