@@ -33,7 +33,9 @@ from autoplan.plugins.importers import ImportedRun, read_run  # noqa: F401 (API)
 from autoplan.search.solver import solve_search
 from autoplan.search.space import balanced_stages, check_pins, dp_options
 from autoplan.options import as_options, global_batches, merge_options, options_mem_limit
-from autoplan.training import AttentionKernel, Constraints, Pins, Precision, Runtime, TrainingSpec
+from autoplan.training import (
+    DEFAULT_PLACEMENT, AttentionKernel, Constraints, Pins, Precision, Runtime, TrainingSpec,
+)
 from autoplan.units import parse_quantity
 
 DEFAULT_TIME_LIMIT_S = 60.0
@@ -304,6 +306,7 @@ def plan_from_pins(problem: Problem, pins: Pins, *, first: int | None = None,
         recompute=pins.recompute or ("full" if pins.recompute_num_layers else "none"),
         recompute_num_layers=pins.recompute_num_layers, sequence_parallel=bool(pins.sp), vpp=vpp,
         offload=pins.offload or "none", world_size=tp * pp * dp * cp,
+        placement=pins.placement or DEFAULT_PLACEMENT,
         stages=balanced_stages(problem.graph, pp, vpp, first=first, last=last),
     )
 

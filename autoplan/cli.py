@@ -52,12 +52,12 @@ FROM = typer.Option(None, "--from", help="A Megatron-LM argument list or launch 
 
 
 def _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload,
-          recompute_num_layers=None) -> dict:
+          recompute_num_layers=None, placement=None) -> dict:
     values = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "mbs": mbs,
               "zero": int(zero.value) if zero else None,
               "recompute": recompute.value if recompute else None,
               "recompute_num_layers": recompute_num_layers, "sp": sp, "vpp": vpp,
-              "offload": offload.value if offload else None}
+              "offload": offload.value if offload else None, "placement": placement}
     return {k: v for k, v in values.items() if v is not None}
 
 
@@ -103,6 +103,9 @@ RECOMPUTE_LAYERS = typer.Option(None, "--recompute-num-layers", min=1,
 SP = typer.Option(None, "--sp/--no-sp", help="Sequence parallelism.")
 VPP = typer.Option(None, "--vpp", min=1, help="Model chunks per pipeline rank (1: no interleaving).")
 OFFLOAD = typer.Option(None, "--offload", help="CPU offload.")
+PLACEMENT = typer.Option(None, "--placement", help="Rank order, innermost axis first: "
+                         "tp-cp-dp-pp (every runtime) or tp-cp-pp-dp (Megatron's "
+                         "--use-tp-pp-dp-mapping: pipeline neighbours share a node).")
 MEM_LIMIT = typer.Option(None, "--mem-limit", help="Per-GPU memory cap, e.g. 72GiB (default: the GPU's).")
 RUNTIME = typer.Option(None, "--runtime", help="megatron (default), deepspeed or fsdp.")
 PRECISION = typer.Option(None, "--precision", help="bf16 (default) or fp16.")
@@ -119,6 +122,7 @@ def solve(
     dp: Optional[int] = DP, cp: Optional[int] = CP, mbs: Optional[int] = MBS,
     zero: Optional[ZeroChoice] = ZERO, recompute: Optional[Recompute] = RECOMPUTE,
     recompute_num_layers: Optional[int] = RECOMPUTE_LAYERS, sp: Optional[bool] = SP, vpp: Optional[int] = VPP, offload: Optional[Offload] = OFFLOAD,
+    placement: Optional[str] = PLACEMENT,
     mem_limit: Optional[str] = MEM_LIMIT, runtime: Optional[str] = RUNTIME,
     precision: Optional[str] = PRECISION, profile: Optional[Path] = PROFILE,
     as_json: bool = JSON,
@@ -141,7 +145,8 @@ def solve(
     """Find the fastest plan that fits in memory (or the fewest GPUs, or the cheapest, with
     --objective); given options pin those dimensions. With --from, also price the setup you run
     now and say what to change."""
-    pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload, recompute_num_layers)
+    pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload, recompute_num_layers,
+                 placement)
     if export is not None and out is None:  # before the solve, which may take minutes
         _fail(_NO_OUT)
     current = None
@@ -183,13 +188,15 @@ def estimate(
     dp: Optional[int] = DP, cp: Optional[int] = CP, mbs: Optional[int] = MBS,
     zero: Optional[ZeroChoice] = ZERO, recompute: Optional[Recompute] = RECOMPUTE,
     recompute_num_layers: Optional[int] = RECOMPUTE_LAYERS, sp: Optional[bool] = SP, vpp: Optional[int] = VPP, offload: Optional[Offload] = OFFLOAD,
+    placement: Optional[str] = PLACEMENT,
     mem_limit: Optional[str] = MEM_LIMIT, runtime: Optional[str] = RUNTIME,
     precision: Optional[str] = PRECISION, profile: Optional[Path] = PROFILE,
     as_json: bool = JSON,
 ) -> None:
     """Evaluate one plan. Unset dimensions default to tp=pp=cp=1, dp = the most GPUs left that
     divide the global batch, mbs=1, ZeRO-0, no recompute, no SP, no interleaving, no offload."""
-    pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload, recompute_num_layers)
+    pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload, recompute_num_layers,
+                 placement)
 
     def plan():
         if from_file is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from autoplan.plan import Offload, Recompute
 
@@ -20,6 +20,19 @@ class Runtime(str, Enum):
     MEGATRON = "megatron"
     DEEPSPEED = "deepspeed"
     FSDP = "fsdp"
+
+
+DEFAULT_PLACEMENT = "tp-cp-dp-pp"
+PIPELINE_INSIDE_PLACEMENT = "tp-cp-pp-dp"
+RUNTIME_PLACEMENTS = {
+    Runtime.MEGATRON: (DEFAULT_PLACEMENT, PIPELINE_INSIDE_PLACEMENT),
+    Runtime.DEEPSPEED: (DEFAULT_PLACEMENT,),
+    Runtime.FSDP: (DEFAULT_PLACEMENT,),
+}
+"""Rank orders (innermost axis first) each runtime can build: Megatron-LM's default
+``tp-cp-ep-dp-pp`` and, with ``--use-tp-pp-dp-mapping``, ``tp-cp-ep-pp-dp``
+(megatron/core/parallel_state.py ``order``); DeepSpeed's PipeModelDataParallelTopology
+(pipe, data, model) and torchtitan's mesh (pp, dp, cp, tp) are the default only."""
 
 
 class AttentionKernel(str, Enum):
@@ -60,6 +73,16 @@ class Pins(BaseModel):
     sp: bool | None = None
     vpp: int | None = Field(default=None, ge=1)
     offload: Offload | None = None
+    placement: str | None = None
+    """Rank order, innermost axis first (see RUNTIME_PLACEMENTS)."""
+
+    @field_validator("placement")
+    @classmethod
+    def _known_placement(cls, value: str | None) -> str | None:
+        known = sorted({p for ps in RUNTIME_PLACEMENTS.values() for p in ps})
+        if value is not None and value not in known:
+            raise ValueError(f"placement {value!r} is not one of {', '.join(known)}")
+        return value
 
     def pinned(self) -> dict[str, object]:
         """The pins that are set, by name."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autoplan.errors import PlanFileError
+from autoplan.training import PIPELINE_INSIDE_PLACEMENT
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,8 @@ def _megatron(flags: dict) -> ImportedRun:
             "zero": 1 if flags.get("use-distributed-optimizer") else 0,
             "recompute": flags.get("recompute-granularity") or "none",
             "recompute_num_layers": _recompute_num_layers(flags),
-            "offload": "optimizer" if flags.get("optimizer-cpu-offload") else None}
+            "offload": "optimizer" if flags.get("optimizer-cpu-offload") else None,
+            "placement": PIPELINE_INSIDE_PLACEMENT if flags.get("use-tp-pp-dp-mapping") else None}
     precision = "bf16" if flags.get("bf16") else "fp16" if flags.get("fp16") else None
     return ImportedRun("megatron", {k: v for k, v in pins.items() if v is not None},
                        seq_len=_int(flags, "seq-length"),

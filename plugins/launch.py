@@ -73,17 +73,19 @@ def nodes_of(result: Result) -> Nodes:
     )
 
 
-def require_target_placement(result: Result, target: str) -> None:
-    """Check the plan places ranks the way ``target`` will: which ranks share a node decides
-    whether TP traffic stays on NVLink, and no target takes another order from us.
+def require_target_placement(result: Result, target: str,
+                             orders: tuple[str, ...] = (TARGET_PLACEMENT,)) -> None:
+    """Check the plan places ranks in an order ``target`` can build (``orders``, innermost
+    axis first): which ranks share a node decides whether TP traffic stays on NVLink.
 
     Raises:
-        ExportError: the plan's placement is not :data:`TARGET_PLACEMENT`.
+        ExportError: the plan's placement is not one of ``orders``.
     """
-    if result.plan.placement != TARGET_PLACEMENT:
+    if result.plan.placement not in orders:
         raise ExportError(
             f"the plan places ranks as {result.plan.placement!r} but {target} orders them "
-            f"{TARGET_PLACEMENT!r} (innermost first); re-plan with that placement.")
+            f"{' or '.join(repr(o) for o in orders)} (innermost first); re-plan with "
+            f"--placement {orders[0]}.")
 
 
 def _rendezvous_lines(nodes: Nodes) -> list[str]:

@@ -17,6 +17,7 @@ from autoplan.plugins.exporter import Exporter
 from autoplan.plugins.launch import args_file_text, require_target_placement, torchrun_script
 from autoplan.plugins.stages import blocks_per_stage, require_ends, stage_kinds
 from autoplan.plugins.summary import comment_header, precision, require_model, seq_len
+from autoplan.training import PIPELINE_INSIDE_PLACEMENT, RUNTIME_PLACEMENTS, Runtime
 
 ARGS_FILE = "megatron_args.txt"
 SCRIPT_FILE = "launch_megatron.sh"
@@ -28,7 +29,7 @@ def check(result: Result) -> None:
     Raises:
         ExportError: saying which rule fails and what to change.
     """
-    require_target_placement(result, "Megatron-LM")
+    require_target_placement(result, "Megatron-LM", RUNTIME_PLACEMENTS[Runtime.MEGATRON])
     plan, model = result.plan, require_model(result)
     problems = []
     if plan.vpp > 1 and plan.pp == 1:
@@ -57,6 +58,8 @@ def _parallel_args(result: Result) -> list[str]:
             "--context-parallel-size", str(plan.cp)]
     if plan.sequence_parallel:
         args.append("--sequence-parallel")
+    if plan.placement == PIPELINE_INSIDE_PLACEMENT:  # rank order tp-cp-ep-pp-dp
+        args.append("--use-tp-pp-dp-mapping")
     return args + _pipeline_split_args(result)
 
 

@@ -78,14 +78,17 @@ from autoplan.search.runners_up import best_by_shape
 from autoplan.search.space import (
     Shape, leanest, make_plan, max_chunk_blocks, shapes, stage_variants, switches,
 )
-from autoplan.training import Bounds, Objective, ObjectiveTerm, Pins
+from autoplan.training import RUNTIME_PLACEMENTS, Bounds, Objective, ObjectiveTerm, Pins
 
 logger = logging.getLogger(__name__)
 
 US = 1e6
-DIMENSIONS = ("tp", "pp", "dp", "cp", "mbs", "zero", "recompute", "sp", "vpp", "offload")
+DIMENSIONS = ("tp", "pp", "dp", "cp", "mbs", "zero", "recompute", "sp", "vpp", "offload",
+              "placement")
 _RECOMPUTE = {r: i for i, r in enumerate(Recompute)}
 _OFFLOAD = {o: i for i, o in enumerate(Offload)}
+_PLACEMENT = {p: i for i, p in enumerate(sorted({p for ps in RUNTIME_PLACEMENTS.values()
+                                                 for p in ps}))}
 RANDOM_SEED = 0
 RUNNERS_UP = 6
 """Other (TP, PP) shapes a solve reports, best first."""
@@ -98,7 +101,8 @@ def _dims_of(plan: Plan) -> dict[str, int]:
     return {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "cp": plan.cp,
             "mbs": plan.micro_batch_size, "zero": plan.zero_stage,
             "recompute": _RECOMPUTE[plan.recompute], "sp": int(plan.sequence_parallel),
-            "vpp": plan.vpp, "offload": _OFFLOAD[plan.offload]}
+            "vpp": plan.vpp, "offload": _OFFLOAD[plan.offload],
+            "placement": _PLACEMENT[plan.placement]}
 
 
 def pin_values(pins: Pins) -> dict[str, int]:
@@ -109,6 +113,8 @@ def pin_values(pins: Pins) -> dict[str, int]:
             value = _RECOMPUTE[Recompute(value)]
         elif name == "offload":
             value = _OFFLOAD[Offload(value)]
+        elif name == "placement":
+            value = _PLACEMENT[value]
         encoded[name] = int(value)
     return encoded
 

@@ -15,7 +15,7 @@ from itertools import product
 from autoplan.errors import ConstraintError
 from autoplan.graph.layer_graph import LayerGraph, LayerKind
 from autoplan.plan import Offload, Plan, Recompute, Stage
-from autoplan.training import Bounds, Pins, Runtime, TrainingSpec
+from autoplan.training import DEFAULT_PLACEMENT, RUNTIME_PLACEMENTS, Bounds, Pins, Runtime, TrainingSpec
 
 MAX_MICRO_BATCH = 64
 """Micro-batches beyond this only add activation memory; no published plan uses more."""
@@ -35,6 +35,7 @@ class Shape:
     cp: int
     mbs: int
     vpp: int
+    placement: str = DEFAULT_PLACEMENT
 
     def num_microbatches(self, global_batch: int) -> int:
         return global_batch // (self.dp * self.mbs)
@@ -152,6 +153,14 @@ def vpp_options(graph: LayerGraph, pp: int, num_microbatches: int, pinned: int |
     return [v for v in options if pinned is None or v == pinned]
 
 
+def placement_options(runtime: Runtime, pp: int, dp: int, pinned: str | None) -> list[str]:
+    """Rank orders the runtime can build; with pp or dp of 1 they place every group alike,
+    so only the default is kept."""
+    if pinned is not None:
+        return [pinned] if pinned in RUNTIME_PLACEMENTS[runtime] else []
+    return list(RUNTIME_PLACEMENTS[runtime]) if pp > 1 and dp > 1 else [DEFAULT_PLACEMENT]
+
+
 def shapes(graph: LayerGraph, *, world: int, gpus_per_node: int, training: TrainingSpec,
            pins: Pins, bounds: Bounds | None = None, every_dp: bool = False) -> list[Shape]:
     """All legal (tp, pp, dp, cp, mbs, vpp) on at most ``world`` GPUs for the global batch,
@@ -167,7 +176,8 @@ def shapes(graph: LayerGraph, *, world: int, gpus_per_node: int, training: Train
                     if pins.mbs is not None and mbs != pins.mbs:
                         continue
                     for vpp in vpp_options(graph, pp, per_rank // mbs, pins.vpp):
-                        shapes_.append(Shape(tp, pp, dp, cp, mbs, vpp))
+                        shapes_ += [Shape(tp, pp, dp, cp, mbs, vpp, placement) for placement
+                                    in placement_options(training.runtime, pp, dp, pins.placement)]
     if bounds is not None:
         shapes_ = [s for s in shapes_ if bounds.admits(tp=s.tp, pp=s.pp, dp=s.dp, mbs=s.mbs,
                                                         vpp=s.vpp)]
@@ -255,7 +265,8 @@ def make_plan(shape: Shape, sw: Switches, stages: tuple[Stage, ...], training: T
         micro_batch_size=shape.mbs, global_batch_size=training.global_batch,
         num_microbatches=shape.num_microbatches(training.global_batch), recompute=sw.recompute,
         recompute_num_layers=sw.recompute_num_layers, sequence_parallel=sw.sp, vpp=shape.vpp, offload=sw.offload,
-        world_size=shape.tp * shape.pp * shape.dp * shape.cp, stages=stages,
+        world_size=shape.tp * shape.pp * shape.dp * shape.cp, placement=shape.placement,
+        stages=stages,
     )
 
 
@@ -293,6 +304,11 @@ def check_pins(graph: LayerGraph, *, world: int, training: TrainingSpec, pins: P
             "data-parallel rank needs a whole number of sequences.")
     if pins.sp and pins.tp == 1:
         raise ConstraintError("--sp needs --tp > 1: sequence parallelism splits along TP.")
+    runnable = RUNTIME_PLACEMENTS[training.runtime]
+    if pins.placement is not None and pins.placement not in runnable:
+        raise ConstraintError(
+            f"--placement {pins.placement}: the {training.runtime.value} runtime orders ranks "
+            f"{' or '.join(runnable)} (innermost first); use one of those or --runtime megatron.")
     if pins.mbs is not None and training.global_batch % pins.mbs:
         raise ConstraintError(
             f"--global-batch {training.global_batch} is not divisible by --mbs {pins.mbs}; "

@@ -34,6 +34,7 @@ def round_trip(tmp_path, target, filename, pins, cluster=DGX1, runtime="megatron
     {"tp": 1, "pp": 4, "mbs": 1, "recompute": "full"},
     {"tp": 1, "pp": 2, "mbs": 1, "recompute": "full", "recompute_num_layers": 1},
     {"tp": 2, "pp": 1, "mbs": 4, "zero": 0},
+    {"tp": 2, "pp": 2, "mbs": 1, "placement": "tp-cp-pp-dp"},
 ])
 def test_megatron_arguments_round_trip(tmp_path, pins):
     planned, imported = round_trip(tmp_path, "megatron", "megatron_args.txt", pins)

@@ -41,7 +41,8 @@ _ELSEWHERE = {"--micro-batch-size", "--global-batch-size", "--seq-length", "--ma
               "--optimizer-offload-fraction", "--use-precision-aware-optimizer",
               "--overlap-cpu-optimizer-d2h-h2d", "--use-megatron-fsdp",
               "--data-parallel-sharding-strategy", "--ckpt-format",
-              "--no-gradient-accumulation-fusion"}
+              "--no-gradient-accumulation-fusion",
+              "--use-tp-pp-dp-mapping"}  # parallel_state's rank order, not the TransformerConfig
 
 
 def transformer_config(args: list[str]):
