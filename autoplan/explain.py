@@ -1,31 +1,26 @@
 """Why this plan: the binding constraint, the runners-up, what-ifs and a practitioner's warnings.
 
-Everything here reads the solver's candidate space for the same problem (``candidate_plans``,
-each evaluated by the one ``estimate()``), so "the runner-up is 12% slower" is a statement about
-the same cost model that picked the plan. The space is evaluated in full, not pruned as the
-solver may, because an explanation needs every shape. What-ifs evaluate it again on a changed
-cluster and take the fastest fitting plan under the solver's order (step time in µs, then fewer
-GPUs, smaller tp*pp, less memory, candidate order).
+Everything here reads the solver's own tables (``search.solver.Table``) for the same problem,
+so "the runner-up is 12% slower" is a statement about the same cost model and the same order
+that picked the plan, and an explanation costs a few solves, not an enumeration:
+runners-up are the solver's exact best plan per other (TP, PP) shape; what binds is read from
+a table without the memory limit holding every candidate faster than the plan (pruning stops
+only above the plan's step time); what-ifs solve the changed problem.
 """
 
 from __future__ import annotations
 
-import logging
-import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from pydantic import BaseModel, ConfigDict
 
-from autoplan.cluster.spec import Cluster
-from autoplan.cluster.topology import GroupLinks, group_links
-from autoplan.costmodels.step import MIB, Problem, axis_links, estimate, limit_mib
-from autoplan.plan import Estimate, Offload, Plan, Result
+from autoplan.cluster.topology import GroupLinks
+from autoplan.costmodels.step import Problem, axis_links, limit_mib, memory_mib
+from autoplan.plan import Offload, Plan, Result
 from autoplan.plugins.colossalai_tp import compare_tp_modes
 from autoplan.search.runners_up import best_by_shape
-from autoplan.search.space import candidate_plans
+from autoplan.search.solver import Table
 from autoplan.training import Pins
-
-logger = logging.getLogger(__name__)
 
 SLOW_NETWORK_BPS = 100e9 / 8
 """Below 100 Gb/s per node-to-node path ZeRO-3's per-micro-batch gathers dominate (DESIGN.md:
@@ -89,38 +84,8 @@ class Explanation(BaseModel):
     tp_modes: list[TpMode] = []  # 1D vs 2D/2.5D/3D TP near the plan's TP size
 
 
-US = 1e6
-
-
-@dataclass
-class Table:
-    """Every legal plan of a problem with its estimate, in candidate order."""
-
-    plans: list[Plan]
-    estimates: list[Estimate]
-
-    @classmethod
-    def build(cls, problem: Problem, pins: Pins) -> "Table":
-        plans = list(candidate_plans(problem.graph, world=problem.cluster.num_gpus,
-                                     gpus_per_node=problem.cluster.gpus_per_node,
-                                     training=problem.training, pins=pins))
-        return cls(plans, [estimate(problem, plan) for plan in plans])
-
-    def __len__(self) -> int:
-        return len(self.plans)
-
-    def times_us(self) -> list[int]:
-        return [round(e.step_time_s * US) for e in self.estimates]
-
-    def memories_mib(self) -> list[int]:
-        """Worst-GPU memory rounded up to whole MiB, as the solver compares it."""
-        return [math.ceil(e.peak_memory_gib * 1024) for e in self.estimates]
-
-    def tiebreak(self) -> list[tuple]:
-        """The solver's tie-break among equal step times: fewer GPUs, smaller tp*pp, less
-        memory, candidate order."""
-        return [(p.world_size, p.tp * p.pp, e.peak_memory_gib, r)
-                for r, (p, e) in enumerate(zip(self.plans, self.estimates))]
+UNLIMITED_BYTES = float(2**62)
+"""A memory limit nothing reaches: the table of what would be fastest if memory were free."""
 
 
 def summary(plan: Plan) -> str:
@@ -140,12 +105,21 @@ def _key(plan: Plan) -> tuple:
     return tuple(sorted(plan.model_dump(mode="json", exclude={"stages"}).items())) + (plan.stages,)
 
 
-def best_row(table: Table, limit: int, rows: list[int] | None = None) -> int | None:
-    """The solver's choice among ``rows``: fitting, fastest in µs, then the tie-break rank."""
-    rows = range(len(table)) if rows is None else rows
-    times, memories, ranks = table.times_us(), table.memories_mib(), table.tiebreak()
-    fitting = [r for r in rows if memories[r] <= limit]
-    return min(fitting, key=lambda r: (times[r], ranks[r])) if fitting else None
+def best_row(table: Table) -> int | None:
+    """The solver's choice in ``table``: eligible, smallest under its order."""
+    rows = table.eligible()
+    return min(rows, key=table.order) if rows else None
+
+
+def _row_of(table: Table, plan: Plan) -> int:
+    """The row of ``plan`` in ``table``, evaluated into it if the search never did (a pinned
+    or estimated plan)."""
+    mine = _key(plan)
+    row = next((r for r, p in enumerate(table.plans) if _key(p) == mine), None)
+    if row is None:
+        table.add(plan)
+        row = len(table) - 1
+    return row
 
 
 def _describe_links(problem: Problem, links: GroupLinks) -> str:
@@ -156,33 +130,36 @@ def _describe_links(problem: Problem, links: GroupLinks) -> str:
     return f"the intra-node {cluster.intra.name} link ({links.intra_bandwidth / 1e9:.0f} GB/s per GPU)"
 
 
-def binding(table: Table, problem: Problem, row: int) -> str:
-    """Memory binds when a faster candidate (in the solver's µs) exists that does not fit;
+def binding(table: Table, problem: Problem, row: int, pins: Pins) -> str:
+    """Memory binds when a faster candidate (in the solver's order) exists that does not fit;
     say which stage of it overflows."""
-    est = table.estimates[row]
-    times, memories, ranks = table.times_us(), table.memories_mib(), table.tiebreak()
-    fastest = min(range(len(table)), key=lambda r: (times[r], ranks[r]))
+    est = table.estimate(row)
+    free = Table.build(replace(problem, mem_limit_bytes=UNLIMITED_BYTES, _cache={}), pins,
+                       bound_key=table.key(row))
+    fastest = min(range(len(free)), key=free.order)
     worst = max(range(len(est.stage_memory_gib)), key=lambda s: est.stage_memory_gib[s])
     own = (f"the plan's fullest GPU is on pipeline stage {worst} at {est.peak_memory_gib:.1f} "
            f"of {est.memory_limit_gib:.1f} GiB")
-    if times[fastest] >= times[row]:
+    if free.key(fastest) >= table.key(row):
         return f"nothing binds: the plan is the fastest candidate even ignoring memory; {own}."
     limit = limit_mib(problem)
-    fest = table.estimates[fastest]
-    if memories[fastest] <= limit:
-        return (f"pins: the fastest candidate, {summary(table.plans[fastest])}, would take "
+    fest = free.estimate(fastest)
+    if memory_mib(free.peak_bytes[fastest]) <= limit:
+        return (f"pins: the fastest candidate, {summary(free.plans[fastest])}, would take "
                 f"{fest.step_time_s:.3f} s and fits, but the pins exclude it; {own}.")
-    faster = [r for r in range(len(table)) if times[r] < times[row] and memories[r] > limit]
-    nearest = min(faster, key=lambda r: (memories[r], times[r]))
-    nest = table.estimates[nearest]
+    faster = [r for r in range(len(free)) if free.key(r) < table.key(row)
+              and memory_mib(free.peak_bytes[r]) > limit]
+    nearest = min(faster, key=lambda r: (free.peak_bytes[r], free.order(r)))
+    nest = free.estimate(nearest)
     stage = max(range(len(nest.stage_memory_gib)), key=lambda s: nest.stage_memory_gib[s])
+    limit_gib = problem.mem_limit_bytes / 2**30
     return (f"memory: {len(faster)} faster candidates do not fit (the fastest, "
-            f"{summary(table.plans[fastest])}, {1 - fest.step_time_s / est.step_time_s:.1%} "
+            f"{summary(free.plans[fastest])}, {1 - fest.step_time_s / est.step_time_s:.1%} "
             f"faster, needs {fest.peak_memory_gib:.0f} GiB); the nearest miss, "
-            f"{summary(table.plans[nearest])}, would take {nest.step_time_s:.3f} s "
+            f"{summary(free.plans[nearest])}, would take {nest.step_time_s:.3f} s "
             f"({1 - nest.step_time_s / est.step_time_s:.1%} faster) but needs "
             f"{nest.peak_memory_gib:.1f} GiB on pipeline stage {stage} (limit "
-            f"{nest.memory_limit_gib:.1f} GiB); {own}.")
+            f"{limit_gib:.1f} GiB); {own}.")
 
 
 def bottleneck(problem: Problem, result: Result) -> str:
@@ -207,62 +184,54 @@ def bottleneck(problem: Problem, result: Result) -> str:
         else ".")
 
 
-def runners_up(table: Table, problem: Problem, chosen: int, *, limit: int,
-               count: int = 8) -> list[RunnerUp]:
-    """The best fitting plan of each other (TP, PP) shape, fastest first (the solver's
-    ``best_by_shape``, as in the solve report); shapes where nothing fits follow with their
-    leanest plan."""
-    times, memories, ranks = table.times_us(), table.memories_mib(), table.tiebreak()
-    fitting = [r for r in range(len(table)) if memories[r] <= limit]
-    best = best_by_shape(fitting, table.plans, lambda r: (times[r], ranks[r]))
-    leanest = best_by_shape(range(len(table)), table.plans,
-                            lambda r: (table.estimates[r].peak_memory_gib, r))
-    mine = (table.plans[chosen].tp, table.plans[chosen].pp)
-    base = table.estimates[chosen].step_time_s
+def runners_up(table: Table, chosen: int, *, count: int = 8) -> list[RunnerUp]:
+    """The best fitting plan of each other (TP, PP) shape, fastest first: the solver's exact
+    runners-up (``Table.runners_up``), the same list the solve report shows."""
+    shapes = [(u.tp, u.pp) for u in table.runners_up(chosen, count=count)]
+    best = best_by_shape(table.eligible(), table.plans, table.order)
+    base = table.step_times_s[chosen]
     out = []
-    for shape, lean in leanest.items():
-        if shape == mine:
-            continue
-        row = best.get(shape, lean)
-        est = table.estimates[row]
+    for shape in shapes:
+        row = best[shape]
         out.append(RunnerUp(tp=shape[0], pp=shape[1], plan=summary(table.plans[row]),
-                            step_time_s=est.step_time_s, slower_by=est.step_time_s / base - 1,
-                            peak_memory_gib=est.peak_memory_gib, fits=shape in best))
-    out.sort(key=lambda u: (not u.fits, u.step_time_s))
-    return out[:count]
+                            step_time_s=table.step_times_s[row],
+                            slower_by=table.step_times_s[row] / base - 1,
+                            peak_memory_gib=table.peak_bytes[row] / 2**30, fits=True))
+    return out
 
 
 def _with_cluster(problem: Problem, **changes) -> Problem:
     return replace(problem, cluster=replace(problem.cluster, **changes), _cache={})
 
 
-def _what_if(change: str, table: Table, limit: int, chosen: Plan, base_s: float) -> WhatIf:
-    row = best_row(table, limit)
+def _what_if(change: str, problem: Problem, pins: Pins, chosen: Plan, base_s: float) -> WhatIf:
+    """Solve ``problem`` (a changed copy) and compare with the chosen plan."""
+    table = Table.build(problem, pins)
+    row = best_row(table)
     if row is None:
         return WhatIf(change=change, plan=None, step_time_s=None, speedup=None, plan_changes=True)
-    plan, est = table.plans[row], table.estimates[row]
-    return WhatIf(change=change, plan=summary(plan), step_time_s=est.step_time_s,
-                  speedup=base_s / est.step_time_s - 1, plan_changes=_key(plan) != _key(chosen))
+    plan, step_s = table.plans[row], table.step_times_s[row]
+    return WhatIf(change=change, plan=summary(plan), step_time_s=step_s,
+                  speedup=base_s / step_s - 1, plan_changes=_key(plan) != _key(chosen))
 
 
-def what_ifs(problem: Problem, table: Table, chosen: Plan, pins: Pins) -> list[WhatIf]:
-    """Re-solve (over the table) with 1.5x memory, 2x intra-node and 2x inter-node bandwidth."""
-    base = next(e.step_time_s for p, e in zip(table.plans, table.estimates) if p == chosen)
-    limit = limit_mib(problem)
-    out = [_what_if(f"1.5x GPU memory ({problem.mem_limit_bytes * 1.5 / 2**30:.0f} GiB)", table,
-                    int(problem.mem_limit_bytes * 1.5 // MIB), chosen, base)]
+def what_ifs(problem: Problem, chosen: Plan, base_s: float, pins: Pins) -> list[WhatIf]:
+    """Re-solve with 1.5x memory, 2x intra-node and 2x inter-node bandwidth."""
+    more = replace(problem, mem_limit_bytes=problem.mem_limit_bytes * 1.5, _cache={})
+    out = [_what_if(f"1.5x GPU memory ({problem.mem_limit_bytes * 1.5 / 2**30:.0f} GiB)", more,
+                    pins, chosen, base_s)]
     cluster = problem.cluster
     faster_intra = _with_cluster(problem, intra=replace(
         cluster.intra, bandwidth_Bps=2 * cluster.intra.bandwidth_Bps))
     out.append(_what_if(
         f"2x intra-node bandwidth ({2 * cluster.intra.bandwidth_Bps / 1e9:.0f} GB/s per GPU)",
-        Table.build(faster_intra, pins), limit, chosen, base))
+        faster_intra, pins, chosen, base_s))
     if cluster.num_nodes > 1 and cluster.inter is not None:
         faster_inter = _with_cluster(problem, inter=replace(
             cluster.inter, bandwidth_Bps=2 * cluster.inter.bandwidth_Bps))
         out.append(_what_if(
             f"2x inter-node bandwidth ({2 * cluster.inter.bandwidth_Bps * 8 / 1e9:.0f} Gb/s per "
-            "NIC)", Table.build(faster_inter, pins), limit, chosen, base))
+            "NIC)", faster_inter, pins, chosen, base_s))
     return out
 
 
@@ -271,8 +240,8 @@ def _one_node(problem: Problem, pins: Pins) -> tuple[Plan, float] | None:
     one = _with_cluster(problem, num_nodes=1, hosts=())
     free = Pins(**{k: v for k, v in pins.pinned().items() if k not in ("dp", "tp", "pp")})
     table = Table.build(one, free)
-    row = best_row(table, limit_mib(one))
-    return None if row is None else (table.plans[row], table.estimates[row].tokens_per_s)
+    row = best_row(table)
+    return None if row is None else (table.plans[row], table.estimate(row).tokens_per_s)
 
 
 def warnings(problem: Problem, result: Result, pins: Pins) -> list[str]:
@@ -335,24 +304,17 @@ def tp_modes(result: Result) -> list[TpMode]:
 def explain_plan(problem: Problem, result: Result, pins: Pins = Pins()) -> Explanation:
     """The explanation of ``result``, a plan for ``problem`` (found under ``pins``)."""
     table = Table.build(problem, pins)
-    limit = limit_mib(problem)
-    keys = [_key(p) for p in table.plans]
-    mine = _key(result.plan)
-    chosen = keys.index(mine) if mine in keys else None
+    chosen = _row_of(table, result.plan)
     notes = []
-    if chosen is None:  # an estimated or pinned plan outside this table
-        table.plans.append(result.plan)
-        table.estimates.append(result.estimate)
-        chosen = len(table) - 1
-    best = best_row(table, limit)
-    if best is not None and table.estimates[best].step_time_s < result.estimate.step_time_s * (1 - 1e-6):
+    best = best_row(table)
+    if best is not None and table.step_times_s[best] < result.estimate.step_time_s * (1 - 1e-6):
         notes.append(f"not the fastest fitting plan: {summary(table.plans[best])} takes "
-                     f"{table.estimates[best].step_time_s:.3f} s; was the plan pinned?")
+                     f"{table.step_times_s[best]:.3f} s; was the plan pinned?")
     return Explanation(
         plan=summary(result.plan), step_time_s=result.estimate.step_time_s,
-        binding=binding(table, problem, chosen), bottleneck=bottleneck(problem, result),
-        runners_up=runners_up(table, problem, chosen, limit=limit),
-        what_ifs=what_ifs(problem, table, result.plan, pins),
+        binding=binding(table, problem, chosen, pins), bottleneck=bottleneck(problem, result),
+        runners_up=runners_up(table, chosen),
+        what_ifs=what_ifs(problem, result.plan, result.estimate.step_time_s, pins),
         warnings=notes + warnings(problem, result, pins), tp_modes=tp_modes(result))
 
 

@@ -173,10 +173,11 @@ class Table:
     def build(cls, problems: Problem | list[Problem], pins: Pins, *, deadline: float = math.inf,
               objective: Objective | None = None, bounds: Bounds | None = None,
               max_gpus: int | None = None, prune: bool = True,
-              every_dp: bool = False) -> "Table":
+              every_dp: bool = False, bound_key: tuple | None = None) -> "Table":
         """Evaluate the candidates best bound first (shapes by their physical bound, then
         their stage layouts by their fastest switches) until the rest cannot win or the
-        ``deadline`` (a ``time.perf_counter()`` value) passes; ``prune=False`` evaluates all."""
+        ``deadline`` (a ``time.perf_counter()`` value) passes; ``prune=False`` evaluates all;
+        ``bound_key`` evaluates every candidate whose objective key can be at most it."""
         problems = [problems] if isinstance(problems, Problem) else list(problems)
         table = cls(problems, objective or Objective(), every_dp=every_dp, pins=pins,
                     screen=prune)
@@ -186,7 +187,8 @@ class Table:
         best = None
         while pending:
             item = pending[0]
-            if prune and best is not None and item.key > best:
+            limit = best if bound_key is None else bound_key
+            if prune and limit is not None and item.key > limit:
                 break
             if time.perf_counter() > deadline:
                 table.open_bound_s = min(table.open_bound_s, *(p.bound_s for p in pending))
