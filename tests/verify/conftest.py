@@ -1,5 +1,5 @@
-"""Multi-process verification cases take 10-60 s each on 2 cores; those marked ``slow`` run only
-with ``AUTOPLAN_SLOW=1`` in the environment."""
+"""Multi-process cases that take longer than a few seconds on 2 cores are marked ``slow`` and run
+only with ``AUTOPLAN_SLOW=1`` in the environment (none is, since ranks are forked)."""
 
 import os
 
