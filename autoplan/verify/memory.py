@@ -48,18 +48,33 @@ def held_bytes(modules) -> int:
 
 
 def _peak_of(profiler) -> int:
-    """Highest running sum of allocation records (frees are negative), in time order."""
+    """Highest sum of live allocations, replaying the allocator's records in time order.
+
+    The records come from several threads (gloo's and autograd's) whose clocks interleave: a
+    block freed on one thread and handed out again on another can show its new allocation a
+    moment before its free. A block is therefore keyed by its address: a new allocation at a
+    live address retires the old block, so no block is counted twice, and the late free of a
+    retired block (its size differs) is dropped. Frees of blocks allocated before profiling
+    began are ignored: what the model held then is counted by
+    :func:`held_bytes`.
+    """
     from torch._C._profiler import _EventType
     records, stack = [], list(profiler.profiler.kineto_results.experimental_event_tree())
     while stack:
         node = stack.pop()
         stack.extend(node.children)
         if node.tag == _EventType.Allocation:
-            records.append((node.start_time_ns, node.extra_fields.alloc_size))
+            fields = node.extra_fields
+            records.append((node.start_time_ns, fields.alloc_size, fields.ptr))
+    live: dict[int, int] = {}
     running = peak = 0
-    for _, size in sorted(records):
-        running += size
-        peak = max(peak, running)
+    for _, size, ptr in sorted(records):
+        if size > 0:
+            running += size - live.pop(ptr, 0)
+            live[ptr] = size
+            peak = max(peak, running)
+        elif live.get(ptr) == -size:  # else the free of a block already retired, or older
+            running -= live.pop(ptr)
     return peak
 
 
