@@ -152,7 +152,7 @@ class RankModel:
                 self._pipeline_step(tokens, losses)
         self._sync_gradients()
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=False)
         return float(torch.stack(losses).mean()) if losses else None
 
     def _accumulate(self, tokens, losses) -> None:
