@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from autoplan.costmodels.profiles import RuntimeProfile
+from autoplan.graph.layer_graph import LayerKind
 
 FP32_ADAM = RuntimeProfile(
     name="verify-fp32", grad_bytes=4, fp32_grad_bytes=0, master_bytes=0, moment_bytes=8,
@@ -101,8 +102,36 @@ class PeakMemory:
         return False
 
 
+def pipeline_buffer_bytes(problem, plan, rank: int) -> float:
+    """Receive buffers ``torch.distributed.pipelining`` keeps on a pipeline rank: one per
+    micro-batch for each of its stages' inputs and output gradients, allocated at the first
+    step and kept (``PipelineStage``'s recv infrastructure). Megatron receives into the
+    activation it keeps anyway, so the memory model has no such term.
+
+    A stage's input is what the layer before it outputs (``boundary_bytes``); under sequence
+    parallelism a tensor passed between two blocks is a sequence shard.
+    """
+    layers, layout = problem.graph.layers, plan.layout
+    chain_blocks = {i for i, layer in enumerate(layers) if layer.kind is LayerKind.BLOCK}
+
+    def passed(boundary: int) -> float:  # bytes per sample sent from boundary-1 to boundary
+        sharded = (plan.sequence_parallel and boundary - 1 in chain_blocks
+                   and boundary in chain_blocks)
+        return layers[boundary - 1].boundary_bytes / (plan.tp if sharded else 1)
+
+    per_sample = 0.0
+    for stage in range(rank, len(layout), plan.pp):
+        first, num = layout[stage]
+        if stage > 0:
+            per_sample += passed(first)
+        if stage < len(layout) - 1:
+            per_sample += passed(first + num)
+    return per_sample * plan.micro_batch_size * plan.num_microbatches
+
+
 def predicted_rank_bytes(problem, plan) -> list[float]:
-    """Bytes the memory model predicts for each pipeline rank (fp32 weights, see above)."""
+    """Bytes predicted for each pipeline rank: the memory model's (fp32 weights, see above)
+    plus this runtime's pipeline receive buffers."""
     from autoplan.costmodels.step import _axis_links, _rank_cost
     links = {axis: _axis_links(problem, plan, axis) for axis in ("tp", "dp", "pp")}
     out = []
@@ -110,5 +139,6 @@ def predicted_rank_bytes(problem, plan) -> list[float]:
         cost = _rank_cost(problem, plan, rank, links)
         states = cost.states
         out.append(FP32_WEIGHT_FACTOR * states.weights + states.gradients + states.optimizer
-                   + cost.activations + FP32_WEIGHT_FACTOR * cost.other)
+                   + cost.activations + FP32_WEIGHT_FACTOR * cost.other
+                   + (pipeline_buffer_bytes(problem, plan, rank) if plan.pp > 1 else 0.0))
     return out
