@@ -9,7 +9,10 @@ Predicted: :mod:`autoplan.costmodels` evaluated on the same model traced at its 
 dimensions in fp32 (activations in fp32 bytes), with an fp32 Adam runtime: 4-byte weights and
 gradients, two 4-byte moments, no master copy, no CUDA context and no fragmentation allowance;
 attention as the explicit kernel (the verification runs attention on the math kernel). The
-memory model counts weights at 2 bytes (bf16), so its weight terms are doubled here.
+memory model counts weights at 2 bytes (bf16), so its weight terms are doubled here. To that,
+the prediction adds what this runtime holds and Megatron does not, each from its own formula:
+the receive buffers of ``torch.distributed.pipelining`` and gloo's staging copies for FSDP's
+collectives. Nothing in the prediction is taken from the measurement.
 """
 
 from __future__ import annotations
@@ -26,6 +29,12 @@ FP32_ADAM = RuntimeProfile(
     source="fp32 training with Adam on CPU (autoplan verify)")
 FP32_WEIGHT_FACTOR = 2
 """fp32 weight bytes over the memory model's bf16 WEIGHT_BYTES."""
+FP32_BYTES = 4
+GLOO_STAGING_COPIES = 2
+"""[Empirical] Layer-sized temporaries gloo adds to FSDP's collectives on CPU: an all-gather
+lands in a temporary of its output before FSDP copies it out, and a reduce-scatter runs as an
+all-reduce on a clone of its input (the profiler records them under ``c10d::_allgather_base_``
+and ``c10d::_reduce_scatter_base_``, torch 2.13); NCCL does both in place."""
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -48,17 +57,8 @@ def held_bytes(modules) -> int:
     return total
 
 
-def _peak_of(profiler) -> int:
-    """Highest sum of live allocations, replaying the allocator's records in time order.
-
-    The records come from several threads (gloo's and autograd's) whose clocks interleave: a
-    block freed on one thread and handed out again on another can show its new allocation a
-    moment before its free. A block is therefore keyed by its address: a new allocation at a
-    live address retires the old block, so no block is counted twice, and the late free of a
-    retired block (its size differs) is dropped. Frees of blocks allocated before profiling
-    began are ignored: what the model held then is counted by
-    :func:`held_bytes`.
-    """
+def _allocation_records(profiler) -> list[tuple[int, int, int]]:
+    """(time ns, bytes, address) of every allocation (bytes > 0) and free (bytes < 0)."""
     from torch._C._profiler import _EventType
     records, stack = [], list(profiler.profiler.kineto_results.experimental_event_tree())
     while stack:
@@ -67,6 +67,19 @@ def _peak_of(profiler) -> int:
         if node.tag == _EventType.Allocation:
             fields = node.extra_fields
             records.append((node.start_time_ns, fields.alloc_size, fields.ptr))
+    return records
+
+
+def peak_of_records(records: list[tuple[int, int, int]]) -> int:
+    """Highest sum of live blocks, replaying allocator records in time order.
+
+    The records come from several threads (gloo's and autograd's) whose clocks interleave: a
+    block freed on one thread and handed out again on another can show its new allocation a
+    moment before its free. A block is therefore keyed by its address: a new allocation at a
+    live address retires the old block, so no block is counted twice, and the late free of a
+    retired block (its size differs) is dropped. Frees of blocks allocated before profiling
+    began are ignored: what the model held then is counted by :func:`held_bytes`.
+    """
     live: dict[int, int] = {}
     running = peak = 0
     for _, size, ptr in sorted(records):
@@ -98,7 +111,7 @@ class PeakMemory:
     def __exit__(self, *exc) -> bool:
         self._profiler.__exit__(*exc)
         if exc[0] is None:
-            self.peak_bytes = self._held + _peak_of(self._profiler)
+            self.peak_bytes = self._held + peak_of_records(_allocation_records(self._profiler))
         return False
 
 
@@ -129,9 +142,17 @@ def pipeline_buffer_bytes(problem, plan, rank: int) -> float:
     return per_sample * plan.micro_batch_size * plan.num_microbatches
 
 
+def gloo_staging_bytes(plan, largest_layer_params: float) -> float:
+    """gloo's temporaries for FSDP's per-layer collectives (ZeRO 1-3 with dp > 1), at most one
+    of each in flight for the largest layer (see :data:`GLOO_STAGING_COPIES`)."""
+    if plan.dp == 1 or plan.zero_stage == 0:
+        return 0.0
+    return GLOO_STAGING_COPIES * FP32_BYTES * largest_layer_params
+
+
 def predicted_rank_bytes(problem, plan) -> list[float]:
     """Bytes predicted for each pipeline rank: the memory model's (fp32 weights, see above)
-    plus this runtime's pipeline receive buffers."""
+    plus what this runtime adds to it: pipeline receive buffers and gloo's staging copies."""
     from autoplan.costmodels.step import _axis_links, _rank_cost
     links = {axis: _axis_links(problem, plan, axis) for axis in ("tp", "dp", "pp")}
     out = []
@@ -140,5 +161,6 @@ def predicted_rank_bytes(problem, plan) -> list[float]:
         states = cost.states
         out.append(FP32_WEIGHT_FACTOR * states.weights + states.gradients + states.optimizer
                    + cost.activations + FP32_WEIGHT_FACTOR * cost.other
-                   + (pipeline_buffer_bytes(problem, plan, rank) if plan.pp > 1 else 0.0))
+                   + (pipeline_buffer_bytes(problem, plan, rank) if plan.pp > 1 else 0.0)
+                   + gloo_staging_bytes(plan, cost.largest))
     return out
