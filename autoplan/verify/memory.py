@@ -116,10 +116,16 @@ class PeakMemory:
 
 
 def pipeline_buffer_bytes(problem, plan, rank: int) -> float:
-    """Receive buffers ``torch.distributed.pipelining`` keeps on a pipeline rank: one per
-    micro-batch for each of its stages' inputs and output gradients, allocated at the first
-    step and kept (``PipelineStage``'s recv infrastructure). Megatron receives into the
-    activation it keeps anyway, so the memory model has no such term.
+    """Buffers ``torch.distributed.pipelining`` holds on a pipeline rank beyond what Megatron
+    does (Megatron receives into the activation it keeps anyway and frees what it sent), so the
+    memory model has no such term:
+
+    * receive buffers: one per micro-batch for every stage input and output gradient,
+      allocated at the first step and kept (``PipelineStage``'s recv infrastructure);
+    * tensors being sent, the mirror images of those (stage outputs, input gradients), kept by
+      their send until it is waited: the schedule waits for each send before the next in 1F1B,
+      for all of them at the end of the step in interleaved 1F1B
+      (``_PipelineScheduleRuntime``: "there isn't an obvious time when to wait for them").
 
     A stage's input is what the layer before it outputs (``boundary_bytes``); under sequence
     parallelism a tensor passed between two blocks is a sequence shard.
@@ -139,7 +145,8 @@ def pipeline_buffer_bytes(problem, plan, rank: int) -> float:
             per_sample += passed(first)
         if stage < len(layout) - 1:
             per_sample += passed(first + num)
-    return per_sample * plan.micro_batch_size * plan.num_microbatches
+    sends_held = plan.num_microbatches if plan.vpp > 1 else 1
+    return per_sample * plan.micro_batch_size * (plan.num_microbatches + sends_held)
 
 
 def gloo_staging_bytes(plan, largest_layer_params: float) -> float:

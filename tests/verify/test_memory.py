@@ -40,17 +40,18 @@ def test_measured_peak_of_plain_tensors():
     assert memory.peak_bytes == 12000
 
 
-def test_pipeline_receive_buffers_by_hand():
+def test_pipeline_buffers_by_hand():
     """tiny_llama_gqa (hidden 64, vocab 256, seq 32, fp32) in PP4 with two chunks per rank, one
     micro-batch of one sample, four micro-batches. Rank 3 runs stage 3 (block 2) and stage 7
     (the loss): it receives block 1's output (32*64*4 = 8192 B) and the logits
     (32*256*4 = 32768 B), and the gradient of block 2's output (8192 B), each for 4
     micro-batches: 4 * 49152. Rank 0 runs stage 0 (the embedding, which receives nothing) and
-    stage 4 (block 3): the gradients of both outputs (8192 B each) and block 2's output."""
+    stage 4 (block 3): the gradients of both outputs (8192 B each) and block 2's output. The
+    interleaved schedule also keeps what it sent (the same sizes) until the step ends: x 2."""
     source = load_model_source(model_path("tiny_llama_gqa"))
 
     class Problem:
         graph = trace_model(source, seq_len=SEQ_LEN, precision="fp32")
     plan = plan_of("pp4_interleaved")
-    assert pipeline_buffer_bytes(Problem, plan, 3) == 4 * (8192 + 32768 + 8192)
-    assert pipeline_buffer_bytes(Problem, plan, 0) == 4 * (8192 + 8192 + 8192)
+    assert pipeline_buffer_bytes(Problem, plan, 3) == 2 * 4 * (8192 + 32768 + 8192)
+    assert pipeline_buffer_bytes(Problem, plan, 0) == 2 * 4 * (8192 + 8192 + 8192)
