@@ -13,6 +13,12 @@ from autoplan.plan import Plan
 from tests.verify.cases import CASES, MODELS, SEQ_LEN, STEPS, model_path, plan_of
 
 TOLERANCE = 1e-4
+MEMORY_TOLERANCE = 0.3
+"""Measured per-rank peaks (PyTorch's allocator records) against the memory model's prediction
+for this runtime: the worst case seen is about 16% (GPT under TP, whose fused-QKV split makes
+DTensor replicate attention), and the peak moves a few percent between runs with the timing of
+gloo's asynchronous collectives. Errors of 20-120% were what this caught before the runtime
+sharded the vocabulary and the prediction counted pipelining's buffers."""
 # Both tiny models reshape with global sizes (read in autoplan/zoo): GPT splits its fused QKV
 # output by the hidden size, Llama views with cfg.num_heads. A TP run must name the line and
 # still verify.
@@ -32,7 +38,8 @@ def test_losses_match_single_process(model, case):
     ranks = doc["ranks"]
     assert [r["rank"] for r in ranks] == list(range(plan.world_size))
     for rank in ranks:
-        assert rank["peak_bytes_measured"] > 0 and rank["peak_bytes_predicted"] > 0
+        error = rank["peak_bytes_measured"] / rank["peak_bytes_predicted"] - 1
+        assert abs(error) < MEMORY_TOLERANCE, (rank, error)
     if plan.tp > 1:
         assert any("cannot be tensor-parallelized as written" in note
                    and NOT_TP_READY[model] in note for note in doc["notes"]), doc["notes"]
