@@ -152,6 +152,8 @@ class RankModel:
                 self._pipeline_step(tokens, losses)
         self._sync_gradients()
         self.optimizer.step()
+        # Gradient buffers stay allocated between steps, as Megatron's do (and as the memory
+        # model counts them, all step long).
         self.optimizer.zero_grad(set_to_none=False)
         return float(torch.stack(losses).mean()) if losses else None
 
@@ -317,16 +319,11 @@ def _tied_groups(model: nn.Module, plan: Plan, mesh, stages: dict[int, StageModu
                  chain: Chain) -> list[tuple[object, list[nn.Parameter]]]:
     """Process groups and local parameters of weights shared by modules on different pipeline
     ranks; every rank creates every group, in the same order (``new_group`` is collective)."""
-    owners_of = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        owners_of.setdefault(id(param), []).append(name)
     out = []
     names_by_stage = _unit_stage(model, chain, plan)
     coords = mesh.mesh  # global ranks, dims outermost first
     pp_dim = mesh.mesh_dim_names.index("pp")
-    for names in owners_of.values():
-        if len(names) < 2:
-            continue
+    for names in _tied_names(model):
         holders = {}
         for name in names:
             stage = names_by_stage.get(name.rsplit(".", 1)[0])
