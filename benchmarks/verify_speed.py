@@ -1,9 +1,11 @@
-"""Wall and CPU time of every ``autoplan verify`` case of the test suite (tests/verify/cases.py).
+"""Wall and CPU time of every ``autoplan verify`` case of the test suite (tests/verify/cases.py),
+and how far each rank's measured peak memory is from the prediction.
 
 The goal is a few seconds per case on a 2-core machine, so that all of them run in the default
-test suite. Prints one line per case: wall seconds, CPU seconds of this process and its forked
-ranks together, and the largest relative loss difference. Wall time is noisy on a shared
-machine; CPU time is the steadier figure.
+test suite, and every rank's memory within about 15%. Prints one line per case: wall seconds,
+CPU seconds of this process and its forked ranks together, the largest relative loss
+difference, and the measured/predicted-1 of every rank. Wall time is noisy on a shared machine;
+CPU time is the steadier figure.
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ def main() -> None:
             wall, cpu = time.perf_counter(), cpu_seconds()
             doc = api.verify(model_path(model), plan, steps=STEPS, seq_len=SEQ_LEN)
             wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
+            errors = " ".join(f"{r['peak_bytes_measured'] / r['peak_bytes_predicted'] - 1:+.0%}"
+                              for r in doc["ranks"])
             print(f"{model:15s} {case:22s} {plan.world_size} ranks  {STEPS} steps  "
                   f"wall {wall:5.1f} s  cpu {cpu:5.1f} s  "
-                  f"max rel loss diff {doc['max_rel_loss_diff']:.1e}", flush=True)
+                  f"max rel loss diff {doc['max_rel_loss_diff']:.1e}  memory {errors}", flush=True)
 
 
 if __name__ == "__main__":
