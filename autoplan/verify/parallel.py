@@ -12,7 +12,9 @@ One rank's view of a plan:
   sequence parallelism. Column outputs stay DTensors (``use_local_output=False``) so that the
   model's own reshapes, written for the full head count, stay correct; DTensor inserts what the
   code needs (see :func:`autoplan.verify.tp_check.local_tp_problem` for code that would also run
-  on local shards);
+  on local shards); vocabulary-sized embedding tables and the LM head are vocab-parallel as in
+  Megatron (rows of the table, columns of the head; tied weights stay one sharded parameter),
+  the logits gathered for model.py's loss;
 * activation checkpointing of every block (full) or of everything but matmuls (selective);
 * data parallelism: ZeRO-3 is FSDP2 ``fully_shard`` (parameters resharded after forward),
   ZeRO-1/2 ``fully_shard(reshard_after_forward=False)`` (gradients and optimizer state sharded,
@@ -35,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autoplan.graph.layer_graph import LayerGraph, TpSplit
+from autoplan.graph.layer_graph import LayerGraph, LayerKind, TpSplit
 from autoplan.graph.loader import ModelSource
 from autoplan.plan import Plan, Recompute
 from autoplan.verify.chain import LOSS, Chain, StageModule
@@ -150,7 +152,9 @@ class RankModel:
                 self._pipeline_step(tokens, losses)
         self._sync_gradients()
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        # Gradient buffers stay allocated between steps, as Megatron's do (and as the memory
+        # model counts them, all step long).
+        self.optimizer.zero_grad(set_to_none=False)
         return float(torch.stack(losses).mean()) if losses else None
 
     def _accumulate(self, tokens, losses) -> None:
@@ -220,9 +224,71 @@ def _sequence_fns(tp_mesh):
     return shard, gather
 
 
+def vocab_styles(graph: LayerGraph, stage: StageModule) -> dict[str, object]:
+    """The ``parallelize_module`` plan of the vocabulary-sized layers a stage owns, as Megatron
+    splits them (and as the trace counts them, ``Layer.params_sharded``): embedding tables with
+    the vocabulary's rows split across TP ranks (RowwiseParallel: each rank looks up its rows,
+    an all-reduce sums), the LM head column-parallel with its logits gathered for model.py's
+    loss."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    vocab = graph.dims.vocab_size if graph.dims else None
+    named = dict(stage.model.named_modules())
+    styles = {}
+    for unit, module in stage.owned_modules():
+        for sub_name, sub in module.named_modules():
+            name = f"{unit}.{sub_name}" if sub_name else unit
+            if isinstance(sub, nn.Embedding) and vocab and sub.num_embeddings == vocab:
+                styles[name] = RowwiseParallel(input_layouts=Replicate(),
+                                               output_layouts=Replicate())
+    for layer in graph.layers:
+        if layer.kind is LayerKind.HEAD:
+            for gemm in layer.gemms:
+                if gemm.name in named and any(gemm.name == u or gemm.name.startswith(u + ".")
+                                              for u in stage.owned):
+                    styles[gemm.name] = ColwiseParallel(output_layouts=Replicate())
+    return styles
+
+
+def _grad_as_param(param) -> None:
+    """Lay a gradient out as its parameter: DTensor computes an embedding table's gradient
+    replicated (every TP rank the whole table); a vocab-parallel rank keeps its own rows, as
+    Megatron's does (slicing, no communication)."""
+    if param.grad.placements != param.placements:
+        param.grad = param.grad.redistribute(param.device_mesh, param.placements)
+
+
+def _retie(model: nn.Module, tied: list[list[str]]) -> None:
+    """Point every module of a tied group at the first one's (now sharded) parameter:
+    ``parallelize_module`` gives each module a parameter of its own. Tied modules shard the
+    vocabulary the same way (rows of the table, columns of the head), so one DTensor serves
+    both."""
+    for names in tied:
+        real = [n for n in names if model.get_parameter(n).device.type != "meta"]
+        for name in real[1:]:
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent), attr, model.get_parameter(real[0]))
+
+
+def _tied_names(model: nn.Module) -> list[list[str]]:
+    """Names of the parameters shared by several modules, one list per shared parameter."""
+    owners: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(param), []).append(name)
+    return [names for names in owners.values() if len(names) > 1]
+
+
 def _parallelize_stage(stage: StageModule, graph: LayerGraph, plan: Plan, mesh) -> None:
     """TP, activation checkpointing and FSDP on the layers a stage owns."""
     from torch.distributed.tensor.parallel import parallelize_module
+    if plan.tp > 1:
+        tied = _tied_names(stage.model)
+        styles = vocab_styles(graph, stage)
+        parallelize_module(stage.model, mesh["tp"], styles)
+        _retie(stage.model, tied)
+        for name in styles:
+            for param in stage.model.get_submodule(name).parameters():
+                param.register_post_accumulate_grad_hook(_grad_as_param)
     named = dict(stage.model.named_modules())
     block_names = {stage.chain.names[i] for i in stage.chain.blocks}
     owned_blocks = [n for n in stage.owned if n in block_names]
@@ -253,16 +319,11 @@ def _tied_groups(model: nn.Module, plan: Plan, mesh, stages: dict[int, StageModu
                  chain: Chain) -> list[tuple[object, list[nn.Parameter]]]:
     """Process groups and local parameters of weights shared by modules on different pipeline
     ranks; every rank creates every group, in the same order (``new_group`` is collective)."""
-    owners_of = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        owners_of.setdefault(id(param), []).append(name)
     out = []
     names_by_stage = _unit_stage(model, chain, plan)
     coords = mesh.mesh  # global ranks, dims outermost first
     pp_dim = mesh.mesh_dim_names.index("pp")
-    for names in owners_of.values():
-        if len(names) < 2:
-            continue
+    for names in _tied_names(model):
         holders = {}
         for name in names:
             stage = names_by_stage.get(name.rsplit(".", 1)[0])

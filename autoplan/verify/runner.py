@@ -13,20 +13,23 @@ What is compared:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import multiprocessing
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import torch
 
 from autoplan.errors import VerifyError
-from autoplan.graph.loader import load_model_source
+from autoplan.graph.layer_graph import LayerGraph
+from autoplan.graph.loader import ModelSource, load_model_source
 from autoplan.graph.trace import trace_model
 from autoplan.plan import Plan
 
@@ -47,44 +50,71 @@ def vocab_of(graph) -> int:
     return graph.dims.vocab_size if graph.dims and graph.dims.vocab_size else 2
 
 
-def reference_losses(model_path: str, plan: Plan, seq_len: int, steps: int) -> list[float]:
+@contextlib.contextmanager
+def one_thread():
+    """Run torch on one intra-op thread (tiny matmuls; threads would only contend with the
+    ranks for the cores), restoring the caller's setting after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def reference_losses(source: ModelSource, graph: LayerGraph, plan: Plan, seq_len: int,
+                     steps: int) -> list[float]:
     """Losses of the single-process run: the whole global batch, the plan's micro-batches."""
     from autoplan.verify.parallel import LEARNING_RATE, build_reference, loss_of, math_attention
-    source = load_model_source(model_path)
-    graph = trace_model(source, seq_len=seq_len, precision="fp32")
     model = build_reference(source, seed=SEED)
     optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE, foreach=False)
     count = plan.dp * plan.num_microbatches
     out = []
-    for tokens in batches(vocab_of(graph), plan, seq_len, steps):
-        losses = []
-        with math_attention():
+    with math_attention(), one_thread():
+        for tokens in batches(vocab_of(graph), plan, seq_len, steps):
+            losses = []
             for chunk in tokens.chunk(count):
                 loss = loss_of(source, model(chunk), chunk)
                 (loss / count).backward()
                 losses.append(loss.detach())
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        out.append(float(torch.stack(losses).mean()))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            out.append(float(torch.stack(losses).mean()))
     return out
 
 
-def _worker(rank: int, spec: dict) -> None:
-    """One rank of the parallel run; writes ``rank<N>.json`` into ``spec["out_dir"]``."""
+@dataclass(frozen=True)
+class _Run:
+    """What every rank of one parallel run shares (inherited through ``fork``)."""
+
+    source: ModelSource
+    graph: LayerGraph
+    plan: Plan
+    seq_len: int
+    steps: int
+    out_dir: Path
+    timeout_s: float
+
+
+def _rank_main(rank: int, run: _Run) -> None:
+    """One rank of the parallel run, in a forked child; writes ``rank<N>.json`` (its report)
+    and ``rank<N>.log`` (its output) into ``run.out_dir``."""
+    log = open(run.out_dir / f"rank{rank}.log", "w", buffering=1)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = log
     import torch.distributed as dist
 
     from autoplan.verify.memory import PeakMemory
     from autoplan.verify.parallel import build_rank
-    torch.set_num_threads(1)
-    plan = Plan.model_validate_json(spec["plan"])
-    seq_len, steps, world = spec["seq_len"], spec["steps"], plan.world_size
-    source = load_model_source(spec["model"])
-    graph = trace_model(source, seq_len=seq_len, precision="fp32")
-    store = dist.TCPStore("127.0.0.1", spec["port"], world, is_master=rank == 0)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    torch.set_num_threads(1)  # up to 8 ranks share this machine's cores
+    plan, world = run.plan, run.plan.world_size
+    store = dist.FileStore(str(run.out_dir / "store"), world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=run.timeout_s))
     try:
-        rank_model = build_rank(source, graph, plan, seed=SEED, seq_len=seq_len)
-        data = batches(vocab_of(graph), plan, seq_len, steps)
+        rank_model = build_rank(run.source, run.graph, plan, seed=SEED, seq_len=run.seq_len)
+        data = batches(vocab_of(run.graph), plan, run.seq_len, run.steps)
         per_dp = plan.global_batch_size // plan.dp
         losses = []
         with PeakMemory(rank_model) as memory:
@@ -94,38 +124,28 @@ def _worker(rank: int, spec: dict) -> None:
         report = {"rank": rank, "pp_rank": rank_model.pp_rank, "dp_rank": rank_model.dp_rank,
                   "tp_rank": rank_model.mesh.get_local_rank("tp"), "losses": losses,
                   "peak_bytes_measured": memory.peak_bytes}
-        Path(spec["out_dir"], f"rank{rank}.json").write_text(json.dumps(report))
+        (run.out_dir / f"rank{rank}.json").write_text(json.dumps(report))
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def parallel_reports(model_path: str, plan: Plan, seq_len: int, steps: int, *,
-                     timeout_s: float = 600.0) -> list[dict]:
-    """Run the plan with one process per rank (``python -m autoplan.verify.runner``, gloo on
-    127.0.0.1); each rank's report, by rank.
+def parallel_reports(source: ModelSource, graph: LayerGraph, plan: Plan, seq_len: int,
+                     steps: int, *, timeout_s: float = 600.0) -> list[dict]:
+    """Run the plan with one process per rank, forked from this one (which has imported torch
+    and traced the model already, so a rank starts in milliseconds), gloo over a FileStore;
+    each rank's report, by rank.
 
     Raises:
         VerifyError: a rank failed; the message carries the end of its error output.
     """
+    context = multiprocessing.get_context("fork")
     with tempfile.TemporaryDirectory(prefix="autoplan-verify-") as out_dir:
-        spec = {"model": str(Path(model_path).resolve()), "plan": plan.model_dump_json(),
-                "seq_len": seq_len, "steps": steps, "out_dir": out_dir, "port": _free_port()}
-        spec_path = Path(out_dir, "spec.json")
-        spec_path.write_text(json.dumps(spec))
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        procs = []
-        for rank in range(plan.world_size):
-            log = open(Path(out_dir, f"rank{rank}.log"), "w")
-            procs.append((subprocess.Popen(
-                [sys.executable, "-m", "autoplan.verify.runner", str(spec_path), str(rank)],
-                stdout=log, stderr=subprocess.STDOUT, env=env), log))
+        run = _Run(source, graph, plan, seq_len, steps, Path(out_dir), timeout_s)
+        procs = [context.Process(target=_rank_main, args=(rank, run), daemon=True)
+                 for rank in range(plan.world_size)]
+        for proc in procs:
+            proc.start()
         failed = _wait(procs, timeout_s)
         if failed is not None:
             text = Path(out_dir, f"rank{failed}.log").read_text()
@@ -136,22 +156,21 @@ def parallel_reports(model_path: str, plan: Plan, seq_len: int, steps: int, *,
 
 def _wait(procs, timeout_s: float) -> int | None:
     """Wait for every rank; on the first failure stop the others (each by its own pid) and
-    return the failed rank, preferring one whose error is not a broken connection."""
+    return the failed rank."""
     deadline = time.monotonic() + timeout_s
     failed = None
-    while any(p.poll() is None for p, _ in procs) and failed is None:
+    while failed is None and any(p.is_alive() for p in procs):
         if time.monotonic() > deadline:
-            failed = next(r for r, (p, _) in enumerate(procs) if p.poll() is None)
+            failed = next(r for r, p in enumerate(procs) if p.is_alive())
             break
-        failed = next((r for r, (p, _) in enumerate(procs) if p.poll() not in (None, 0)), None)
-        time.sleep(0.05)
+        failed = next((r for r, p in enumerate(procs) if p.exitcode not in (None, 0)), None)
+        time.sleep(0.02)
     if failed is None:
-        failed = next((r for r, (p, _) in enumerate(procs) if p.returncode), None)
-    for proc, log in procs:
-        if proc.poll() is None:
+        failed = next((r for r, p in enumerate(procs) if p.exitcode), None)
+    for proc in procs:
+        if proc.is_alive():
             proc.kill()
-        proc.wait()
-        log.close()
+        proc.join()
     return failed
 
 
@@ -164,10 +183,6 @@ def parallel_losses(plan: Plan, reports: list[dict], steps: int) -> list[float]:
     ranks (every TP rank computes the same loss; rank 0 of TP is read)."""
     holders = [r for r in reports if r["pp_rank"] == plan.pp - 1 and r["tp_rank"] == 0]
     return [sum(r["losses"][s] for r in holders) / len(holders) for s in range(steps)]
-
-
-if __name__ == "__main__":
-    _worker(int(sys.argv[2]), json.loads(Path(sys.argv[1]).read_text()))
 
 
 def relative_differences(reference: list[float], parallel: list[float]) -> list[float]:
@@ -185,8 +200,10 @@ def verify_plan(model_path: str, plan: Plan, *, seq_len: int, steps: int,
         The ``autoplan verify --json`` document.
     """
     _check_runnable(plan)
-    reference = reference_losses(model_path, plan, seq_len, steps)
-    reports = parallel_reports(model_path, plan, seq_len, steps)
+    source = load_model_source(model_path)
+    graph = trace_model(source, seq_len=seq_len, precision="fp32")
+    reference = reference_losses(source, graph, plan, seq_len, steps)
+    reports = parallel_reports(source, graph, plan, seq_len, steps)
     parallel = parallel_losses(plan, reports, steps)
     return {
         "world_size": plan.world_size, "steps": steps,

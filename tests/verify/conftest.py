@@ -1,5 +1,6 @@
-"""Multi-process verification cases take 10-60 s each on 2 cores; those marked ``slow`` run only
-with ``AUTOPLAN_SLOW=1`` in the environment."""
+"""Tests that take longer than a few seconds on 2 cores are marked ``slow`` and run only with
+``AUTOPLAN_SLOW=1`` in the environment: the verification cases fork their ranks and are fast;
+launching the exported script with torchrun starts fresh interpreters and is not."""
 
 import os
 

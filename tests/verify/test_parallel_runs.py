@@ -5,69 +5,51 @@ PyTorch (model.py's model, Adam, the same batches); the parallel run must reprod
 to 1e-4 relative in fp32.
 """
 
-from pathlib import Path
-
 import pytest
 
 from autoplan import api
+from autoplan.errors import VerifyError
 from autoplan.plan import Plan
+from tests.verify.cases import CASES, MODELS, SEQ_LEN, STEPS, model_path, plan_of
 
-MODELS = Path(__file__).parent / "models"
-SEQ_LEN = 32
 TOLERANCE = 1e-4
+MEMORY_TOLERANCE = 0.3
+"""Measured per-rank peaks (PyTorch's allocator records) against the memory model's prediction
+for this runtime: the worst case seen is about 16% (GPT under TP, whose fused-QKV split makes
+DTensor replicate attention), and the peak moves a few percent between runs with the timing of
+gloo's asynchronous collectives. Errors of 20-120% were what this caught before the runtime
+sharded the vocabulary and the prediction counted pipelining's buffers."""
+# Both tiny models reshape with global sizes (read in autoplan/zoo): GPT splits its fused QKV
+# output by the hidden size, Llama views with cfg.num_heads. A TP run must name the line and
+# still verify.
+NOT_TP_READY = {"tiny_gpt": "autoplan/zoo/gpt.py:39", "tiny_llama_gqa": "autoplan/zoo/llama.py:59"}
 
 
-def stages(*sizes: int) -> list[dict]:
-    """Consecutive stages of the 8-layer chain (embedding, 4 blocks, norm, head, loss)."""
-    out, first = [], 0
-    for size in sizes:
-        out.append({"first_layer": first, "num_layers": size})
-        first += size
-    assert first == 8
-    return out
-
-
-CASES = {
-    # name: (plan fields, slow?)
-    "tp2_pp2_dp2": (dict(tp=2, pp=2, dp=2, micro_batch_size=1, global_batch_size=8,
-                         num_microbatches=4, world_size=8, stages=stages(3, 5)), True),
-    "tp2_sp": (dict(tp=2, pp=1, dp=1, sequence_parallel=True, micro_batch_size=2,
-                    global_batch_size=4, num_microbatches=2, world_size=2,
-                    recompute="full", stages=stages(8)), False),
-    "pp4_interleaved": (dict(tp=1, pp=4, dp=1, vpp=2, micro_batch_size=1, global_batch_size=4,
-                             num_microbatches=4, world_size=4, stages=stages(*[1] * 8)), True),
-    "zero3_dp4": (dict(tp=1, pp=1, dp=4, zero_stage=3, micro_batch_size=1, global_batch_size=8,
-                       num_microbatches=2, world_size=4, stages=stages(8)), True),
-    "dp2_pp2_uneven": (dict(tp=1, pp=2, dp=2, micro_batch_size=1, global_batch_size=8,
-                            num_microbatches=4, world_size=4, recompute="selective",
-                            stages=stages(2, 6)), True),
-    "dp2_partial_recompute": (dict(tp=1, pp=1, dp=2, micro_batch_size=1, global_batch_size=4,
-                                   num_microbatches=2, world_size=2, recompute="full",
-                                   recompute_num_layers=2, stages=stages(8)), True),
-}
-FAST = {("tiny_llama_gqa", "tp2_sp"), ("tiny_gpt", "zero3_dp4"),
-        ("tiny_gpt", "dp2_partial_recompute")}
-
-
-def _params():
-    for model in ("tiny_gpt", "tiny_llama_gqa"):
-        for name, (_, slow) in CASES.items():
-            marks = [pytest.mark.slow] if (model, name) not in FAST else []
-            yield pytest.param(model, name, marks=marks, id=f"{model}-{name}")
-
-
-@pytest.mark.parametrize("model,case", list(_params()))
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("case", list(CASES))
 def test_losses_match_single_process(model, case):
-    plan = Plan(**CASES[case][0])
-    doc = api.verify(MODELS / f"{model}.py", plan, steps=5, seq_len=SEQ_LEN)
-    assert doc["world_size"] == plan.world_size and doc["steps"] == 5
-    assert len(doc["losses_parallel"]) == len(doc["losses_reference"]) == 5
+    plan = plan_of(case)
+    doc = api.verify(model_path(model), plan, steps=STEPS, seq_len=SEQ_LEN)
+    assert doc["world_size"] == plan.world_size and doc["steps"] == STEPS
+    assert len(doc["losses_parallel"]) == len(doc["losses_reference"]) == STEPS
     assert doc["max_rel_loss_diff"] < TOLERANCE, doc
     # the weights moved: losses are not all the same
     assert len({round(x, 4) for x in doc["losses_reference"]}) > 1
     ranks = doc["ranks"]
     assert [r["rank"] for r in ranks] == list(range(plan.world_size))
     for rank in ranks:
-        assert rank["peak_bytes_measured"] > 0 and rank["peak_bytes_predicted"] > 0
-        print(case, model, rank)
-    print(case, model, "max_rel_loss_diff", doc["max_rel_loss_diff"])
+        error = rank["peak_bytes_measured"] / rank["peak_bytes_predicted"] - 1
+        assert abs(error) < MEMORY_TOLERANCE, (rank, error)
+    if plan.tp > 1:
+        assert any("cannot be tensor-parallelized as written" in note
+                   and NOT_TP_READY[model] in note for note in doc["notes"]), doc["notes"]
+
+
+def test_a_failing_rank_is_reported_and_the_others_stopped():
+    """Rank 1 raises inside model.py's forward; rank 0 would wait for it in the gradient
+    all-reduce until the gloo timeout, so only stopping it ends the run."""
+    plan = Plan(**{**CASES["dp2_partial_recompute"], "recompute": "none",
+                   "recompute_num_layers": None})
+    with pytest.raises(VerifyError, match=r"rank 1 of the parallel run failed(.|\n)*"
+                                          r"rank 1 broke on purpose"):
+        api.verify(model_path("fails_on_rank1"), plan, steps=1, seq_len=SEQ_LEN)
