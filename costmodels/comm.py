@@ -188,6 +188,12 @@ def all_gather_time(message_bytes: float, links: GroupLinks, *, algorithm: str =
     return reduce_scatter_time(message_bytes, links, algorithm=algorithm)
 
 
+def ring_latency(links: GroupLinks) -> float:
+    """Latency of one ring all-gather or reduce-scatter over the group beyond its launch floor:
+    NCCL runs these two only as rings (its tree serves all-reduce), n - 1 steps of one hop."""
+    return (links.size - 1) * _hop(links)
+
+
 def all_to_all_time(message_bytes: float, links: GroupLinks) -> float:
     """All-to-all where every rank holds ``message_bytes`` and sends 1/n of it to each peer.
 

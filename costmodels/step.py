@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from autoplan.cluster.spec import Cluster
 from autoplan.cluster.topology import GroupLinks, group_links
 from autoplan.costmodels import comm
-from autoplan.costmodels.compute import Split, layer_time
+from autoplan.costmodels.compute import LayerTime, Split, layer_time
 from autoplan.costmodels.memory import (
     WEIGHT_BYTES, ModelStates, in_flight_chunks, layer_activation_bytes, layer_params_on_gpu,
     model_state_bytes, backward_working_bytes,
@@ -111,6 +111,8 @@ class _LayerCost:
     act_bytes: float
     working_bytes: float
     params: float
+    gathered: float
+    gathers: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +129,7 @@ class _RankCost:
     params: float
     acts_per_chunk: float
     largest: float
+    gathers: int
 
     @property
     def memory(self) -> float:
@@ -158,13 +161,7 @@ def _layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
     fwd_n, bwd_n, message = _tp_messages(layer, split)
     one = comm.all_reduce_time(message, tp_links) if split.tp > 1 else 0.0
     full = recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK
-    bwd_comm = bwd_n * one
-    if split.sp and layer.kind is LayerKind.BLOCK:
-        # SP re-gathers the sequence-sharded input of each column-parallel Linear in backward
-        # for its weight gradient instead of keeping it (Korthikanti et al. 2022, sec. 4.2.2).
-        bwd_comm += bwd_n * comm.all_gather_time(message, tp_links)
-    if problem.runtime.tp_bwd_overlap and not full:
-        bwd_comm = max(0.0, bwd_comm - t.wgrad_s)
+    bwd_comm = _tp_backward_comm(problem, layer, split, t, bwd_n, message, tp_links)
     tp_comm = fwd_n * one * (2 if full else 1) + bwd_comm
     cost = _LayerCost(
         compute_s=t.fwd_s + t.bwd_s + t.recompute_s, backward_s=t.bwd_s + t.recompute_s,
@@ -172,9 +169,55 @@ def _layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
         act_bytes=layer_activation_bytes(layer, split, recompute),
         working_bytes=backward_working_bytes(layer, split),
         params=layer_params_on_gpu(layer, split.tp),
+        gathered=_gathered_params(problem, layer, split.tp), gathers=_gather_units(problem, layer),
     )
     problem._cache[key] = cost
     return cost
+
+
+def _gathered_params(problem: Problem, layer: Layer, tp: int) -> float:
+    """Parameters of ``layer`` one GPU holds gathered at once under ZeRO-3: the whole layer
+    (FSDP wraps each block) or its largest parameter-owning module (DeepSpeed fetches module by
+    module), of which TP leaves 1/tp as of the whole layer."""
+    on_gpu = layer_params_on_gpu(layer, tp)
+    if problem.runtime.zero3_gather_unit != "module" or not layer.num_params:
+        return on_gpu
+    return layer.largest_module_params * on_gpu / layer.num_params
+
+
+def _gather_units(problem: Problem, layer: Layer) -> int:
+    """ZeRO-3 collectives per gather of ``layer``: one per parameter-owning module (DeepSpeed) or
+    one for the layer (FSDP)."""
+    if not layer.num_params:
+        return 0
+    return layer.param_modules or 1 if problem.runtime.zero3_gather_unit == "module" else 1
+
+
+def _tp_backward_comm(problem: Problem, layer: Layer, split: Split, t: LayerTime, count: int,
+                      message: float, tp_links: GroupLinks) -> float:
+    """Exposed TP communication of one layer's backward for one micro-batch.
+
+    Without SP each column-parallel Linear all-reduces its input gradient. With SP (Korthikanti
+    et al. 2022, sec. 4.2.2) each row-parallel Linear all-gathers its output gradient (the
+    backward of its forward reduce-scatter), and each column-parallel Linear re-gathers its
+    sequence-sharded input for the weight gradient and reduce-scatters its input gradient. With
+    asynchronous TP communication (``tp_bwd_overlap``: Megatron-LM's async all-reduce) the
+    column-parallel collectives run under that Linear's input-gradient (the gather) and
+    weight-gradient (the reduction) GEMMs; the output-gradient gathers stay exposed. Full
+    recompute keeps this overlap: its backward costs the baseline's plus one forward
+    (Korthikanti et al. 2022, Table 4: 11.9 + 7.7 = 19.5 ms).
+    """
+    if count == 0 or split.tp == 1:
+        return 0.0
+    if split.sp and layer.kind is LayerKind.BLOCK:
+        gather = comm.all_gather_time(message, tp_links)
+        exposed = count * gather
+        hideable, window = count * (gather + comm.reduce_scatter_time(message, tp_links)), 2 * t.column_gemm_s
+    else:
+        exposed, hideable, window = 0.0, count * comm.all_reduce_time(message, tp_links), t.column_gemm_s
+    if problem.runtime.tp_bwd_overlap:
+        hideable = max(0.0, hideable - window)
+    return exposed + hideable
 
 
 def axis_stride(plan: Plan, axis: str) -> int:
@@ -220,6 +263,7 @@ class _ChunkSums:
     acts_per_chunk: float
     working: float
     largest: float
+    gathers: int
 
 
 def _chunk_compositions(problem: Problem, plan: Plan,
@@ -259,6 +303,7 @@ def _chunk_sums(problem: Problem, compositions: tuple, split: Split,
     if cached is not None:
         return cached
     compute_s = backward_s = tp_comm_s = params = acts = working = largest = 0.0
+    gathers = 0
     for composition in compositions:
         for class_id, count, recompute in composition:
             layer = problem.layer_class(class_id)
@@ -269,8 +314,10 @@ def _chunk_sums(problem: Problem, compositions: tuple, split: Split,
             params += count * cost.params
             acts += count * cost.act_bytes
             working = max(working, cost.working_bytes)
-            largest = max(largest, cost.params)
-    sums = _ChunkSums(compute_s, backward_s, tp_comm_s, params, acts / len(compositions), working, largest)
+            largest = max(largest, cost.gathered)
+            gathers += count * cost.gathers
+    sums = _ChunkSums(compute_s, backward_s, tp_comm_s, params, acts / len(compositions), working,
+                      largest, gathers)
     problem._cache[key] = sums
     return sums
 
@@ -303,15 +350,17 @@ def _rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLi
     other = _other_bytes(problem, plan, activations, sums.largest)
     return _RankCost(rank, sums.compute_s + sums.tp_comm_s + pp_comm_s, sums.compute_s,
                      sums.backward_s, sums.tp_comm_s, pp_comm_s, states, activations, other, params,
-                     sums.acts_per_chunk, sums.largest)
+                     sums.acts_per_chunk, sums.largest, sums.gathers)
 
 
-def _other_bytes(problem: Problem, plan: Plan, activations: float, largest_layer: float) -> float:
+def _other_bytes(problem: Problem, plan: Plan, activations: float, largest_gathered: float) -> float:
     """The stated allowance: CUDA context and workspaces, allocator fragmentation, and with
-    ZeRO-3 the gathered weights of the running and the prefetched layer."""
+    ZeRO-3 two 16-bit copies of the largest unit gathered at once: the running and the
+    prefetched layer (FSDP), or a module's weights and their gradient (DeepSpeed's own
+    estimator: 4 bytes per parameter of the largest module)."""
     other = problem.runtime.cuda_context_bytes + problem.runtime.fragmentation * activations
     if plan.zero_stage >= 3:
-        other += 2 * WEIGHT_BYTES * largest_layer
+        other += 2 * WEIGHT_BYTES * largest_gathered
     return other
 
 
@@ -341,11 +390,13 @@ def _overlapped(comm_s: float, compute_s: float, overlap: float) -> float:
 
 
 def _dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
-             backward_s: float, compute_s: float) -> float:
+             backward_s: float, compute_s: float, gathers: int = 0) -> float:
     """Exposed gradient reduction (and ZeRO gathers) per step for one GPU's parameters.
 
     Gradient reduction can overlap the last micro-batch's backward (``backward_s``); ZeRO-3
     parameter gathers and reduce-scatters run every micro-batch and can overlap all compute.
+    ZeRO-3 issues them per gather unit (``gathers`` per pass over the GPU's layers), each a
+    ring over the DP group that pays its latency (:func:`comm.ring_latency`).
     """
     if plan.dp == 1:
         return 0.0
@@ -357,9 +408,15 @@ def _dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
     if plan.zero_stage < 3:
         sync = comm.reduce_scatter_time(grads, links) + comm.all_gather_time(weights, links)
         return _overlapped(sync, backward_s, runtime.dp_overlap)
-    per_microbatch = 2 * comm.all_gather_time(weights, links) + comm.reduce_scatter_time(grads, links)
-    total = plan.num_microbatches * per_microbatch / runtime.zero3_collective_efficiency
-    return _overlapped(total, compute_s, runtime.zero3_overlap)
+    per_microbatch = (2 * comm.all_gather_time(weights, links) + comm.reduce_scatter_time(grads, links)) \
+        / runtime.zero3_collective_efficiency + ZERO3_PASSES * gathers * comm.ring_latency(links)
+    return _overlapped(plan.num_microbatches * per_microbatch, compute_s, runtime.zero3_overlap)
+
+
+ZERO3_PASSES = 3
+"""ZeRO-3 collectives per gather unit and micro-batch: the weights are gathered for the forward
+and again for the backward (with its recompute), and the gradients reduce-scattered (3x the
+model bytes, Rajbhandari et al. 2020)."""
 
 
 def _host_link(problem: Problem) -> float:
@@ -465,7 +522,7 @@ def _evaluate(problem: Problem, plan: Plan) -> _Evaluation:
     params = max(c.params for c in costs)
     slow = max(costs, key=lambda c: c.micro_batch_s)
     dp_s = _dp_time(problem, plan, params, links["dp"], backward_s=slow.backward_s,
-                    compute_s=m * slow.compute_s)
+                    compute_s=m * slow.compute_s, gathers=slow.gathers)
     opt_s = _optimizer_time(problem, plan, params) + _offload_param_time(problem, plan, params)
     return _Evaluation(pipe + dp_s + opt_s, pipe, dp_s, opt_s, groups, costs)
 
