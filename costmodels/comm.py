@@ -231,7 +231,7 @@ NETWORK_BOUND_SHARE = 0.5
 """A step is network-bound when exposed communication is at least this share of it: the links,
 not the GPUs, then set the pace, and a faster fabric (not more GPUs) is what speeds it up."""
 
-COMM_PARTS = ("tp_comm", "pp_comm", "dp_comm")
+COMM_PARTS = ("tp_comm", "cp_comm", "pp_comm", "dp_comm")
 
 
 def communication_share(estimate) -> float:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from autoplan.cluster.spec import Cluster
 from autoplan.cluster.topology import GroupLinks, group_links
 from autoplan.costmodels import comm
+from autoplan.costmodels.context import ring_attention_time
 from autoplan.costmodels.compute import LayerTime, Split, layer_time
 from autoplan.costmodels.memory import (
     WEIGHT_BYTES, ModelStates, in_flight_chunks, layer_activation_bytes, layer_params_on_gpu,
@@ -108,6 +109,7 @@ class _LayerCost:
     compute_s: float
     backward_s: float
     tp_comm_s: float
+    cp_comm_s: float
     act_bytes: float
     working_bytes: float
     params: float
@@ -122,6 +124,7 @@ class _RankCost:
     compute_s: float
     backward_s: float
     tp_comm_s: float
+    cp_comm_s: float
     pp_comm_s: float
     states: ModelStates
     activations: float
@@ -151,8 +154,8 @@ def _tp_messages(layer: Layer, split: Split) -> tuple[int, int, float]:
 
 
 def _layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
-                recompute: Recompute, tp_links: GroupLinks) -> _LayerCost:
-    key = (class_id, split, recompute, tp_links)
+                recompute: Recompute, tp_links: GroupLinks, cp_links: GroupLinks) -> _LayerCost:
+    key = (class_id, split, recompute, tp_links, cp_links)
     cached = problem._cache.get(key)
     if cached is not None:
         return cached
@@ -166,6 +169,8 @@ def _layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
     cost = _LayerCost(
         compute_s=t.fwd_s + t.bwd_s + t.recompute_s, backward_s=t.bwd_s + t.recompute_s,
         tp_comm_s=tp_comm,
+        cp_comm_s=ring_attention_time(layer, split, t, cp_links,
+                                      recomputed=full or recompute is Recompute.SELECTIVE),
         act_bytes=layer_activation_bytes(layer, split, recompute),
         working_bytes=backward_working_bytes(layer, split),
         params=layer_params_on_gpu(layer, split.tp),
@@ -245,6 +250,20 @@ def _axis_links(problem: Problem, plan: Plan, axis: str) -> GroupLinks:
     return links
 
 
+def _replica_links(problem: Problem, plan: Plan) -> GroupLinks:
+    """The group that reduces gradients and shards ZeRO states: DP and CP ranks hold the same
+    weights, so it spans dp*cp GPUs (Megatron's data-parallel group with CP, torchtitan's
+    dp_shard_cp mesh); with the axes adjacent it starts at the inner one's stride."""
+    if plan.cp == 1:
+        return _axis_links(problem, plan, "dp")
+    size, stride = plan.dp * plan.cp, min(axis_stride(plan, "cp"), axis_stride(plan, "dp"))
+    key = ("links", "replicas", size, stride)
+    links = problem._cache.get(key)
+    if links is None:
+        links = problem._cache[key] = group_links(problem.cluster, size, stride)
+    return links
+
+
 def _rank_stages(plan: Plan, rank: int) -> tuple[tuple[int, int], ...]:
     """The model chunks ``(first_layer, num_layers)`` a pipeline rank runs (chunk c is virtual
     stage c*pp + rank)."""
@@ -259,6 +278,7 @@ class _ChunkSums:
     compute_s: float
     backward_s: float
     tp_comm_s: float
+    cp_comm_s: float
     params: float
     acts_per_chunk: float
     working: float
@@ -297,27 +317,28 @@ def _recomputed_prefix(problem: Problem, first: int, num: int, n: int) -> int:
 
 
 def _chunk_sums(problem: Problem, compositions: tuple, split: Split,
-                tp_links: GroupLinks) -> _ChunkSums:
-    key = ("sums", compositions, split, tp_links)
+                tp_links: GroupLinks, cp_links: GroupLinks) -> _ChunkSums:
+    key = ("sums", compositions, split, tp_links, cp_links)
     cached = problem._cache.get(key)
     if cached is not None:
         return cached
-    compute_s = backward_s = tp_comm_s = params = acts = working = largest = 0.0
+    compute_s = backward_s = tp_comm_s = cp_comm_s = params = acts = working = largest = 0.0
     gathers = 0
     for composition in compositions:
         for class_id, count, recompute in composition:
             layer = problem.layer_class(class_id)
-            cost = _layer_cost(problem, layer, class_id, split, recompute, tp_links)
+            cost = _layer_cost(problem, layer, class_id, split, recompute, tp_links, cp_links)
             compute_s += count * cost.compute_s
             backward_s += count * cost.backward_s
             tp_comm_s += count * cost.tp_comm_s
+            cp_comm_s += count * cost.cp_comm_s
             params += count * cost.params
             acts += count * cost.act_bytes
             working = max(working, cost.working_bytes)
             largest = max(largest, cost.gathered)
             gathers += count * cost.gathers
-    sums = _ChunkSums(compute_s, backward_s, tp_comm_s, params, acts / len(compositions), working,
-                      largest, gathers)
+    sums = _ChunkSums(compute_s, backward_s, tp_comm_s, cp_comm_s, params, acts / len(compositions),
+                      working, largest, gathers)
     problem._cache[key] = sums
     return sums
 
@@ -328,11 +349,11 @@ def _rank_base(problem: Problem, plan: Plan, rank: int, split: Split,
     stages = _rank_stages(plan, rank)
     last = rank == plan.pp - 1 and plan.pp > 1
     key = ("rank", stages, last, split, plan.recompute, plan.recompute_num_layers, links["tp"],
-           links["pp"])
+           links["pp"], links["cp"])
     cached = problem._cache.get(key)
     if cached is None:
         compositions = _chunk_compositions(problem, plan, stages)
-        sums = _chunk_sums(problem, compositions, split, links["tp"])
+        sums = _chunk_sums(problem, compositions, split, links["tp"], links["cp"])
         pp_comm_s = _pp_comm(problem, plan, stages, links["pp"]) if plan.pp > 1 else 0.0
         params = sums.params + (_tied_params(problem) / plan.tp if last else 0.0)
         cached = problem._cache[key] = (sums, pp_comm_s, params)
@@ -343,13 +364,14 @@ def _rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLi
     split = Split(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel, mbs=plan.micro_batch_size,
                   flash=problem.flash_attention)
     sums, pp_comm_s, params = _rank_base(problem, plan, rank, split, links)
-    states = model_state_bytes(params, zero_stage=plan.zero_stage, dp=plan.dp,
+    states = model_state_bytes(params, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp,
                                offload=plan.offload, runtime=problem.runtime)
     held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp, num_microbatches=plan.num_microbatches)
     activations = held * sums.acts_per_chunk + sums.working
     other = _other_bytes(problem, plan, activations, sums.largest)
-    return _RankCost(rank, sums.compute_s + sums.tp_comm_s + pp_comm_s, sums.compute_s,
-                     sums.backward_s, sums.tp_comm_s, pp_comm_s, states, activations, other, params,
+    return _RankCost(rank, sums.compute_s + sums.tp_comm_s + sums.cp_comm_s + pp_comm_s,
+                     sums.compute_s, sums.backward_s, sums.tp_comm_s, sums.cp_comm_s, pp_comm_s,
+                     states, activations, other, params,
                      sums.acts_per_chunk, sums.largest, sums.gathers)
 
 
@@ -398,7 +420,7 @@ def _dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
     ZeRO-3 issues them per gather unit (``gathers`` per pass over the GPU's layers), each a
     ring over the DP group that pays its latency (:func:`comm.ring_latency`).
     """
-    if plan.dp == 1:
+    if plan.dp * plan.cp == 1:
         return 0.0
     runtime = problem.runtime
     grads = runtime.grad_bytes * params
@@ -425,7 +447,7 @@ def _host_link(problem: Problem) -> float:
 
 def _optimizer_time(problem: Problem, plan: Plan, params: float) -> float:
     """Adam step over the GPU's shard: memory-bound on the GPU, or CPUAdam plus PCIe copies."""
-    shard = params / (plan.dp if plan.zero_stage >= 1 else 1)
+    shard = params / (plan.dp * plan.cp if plan.zero_stage >= 1 else 1)
     if plan.offload is not Offload.NONE:
         copies = shard * (problem.runtime.grad_bytes + WEIGHT_BYTES) / _host_link(problem)
         return shard / CPU_ADAM_PARAMS_PER_S + copies
@@ -512,7 +534,8 @@ class _Evaluation:
 
 
 def _evaluate(problem: Problem, plan: Plan) -> _Evaluation:
-    links = {axis: _axis_links(problem, plan, axis) for axis in ("tp", "dp", "pp")}
+    links = {axis: _axis_links(problem, plan, axis) for axis in ("tp", "cp", "pp")}
+    links["dp"] = _replica_links(problem, plan)
     groups = _rank_groups(problem, plan)
     costs = [_rank_cost(problem, plan, ranks[0], links) for ranks in groups]
     slowest = max(c.micro_batch_s for c in costs)
@@ -563,13 +586,14 @@ def estimate(problem: Problem, plan: Plan) -> Estimate:
     evaluation = _evaluate(problem, plan)
     slow, m = evaluation.slowest, plan.num_microbatches
     worst = max(evaluation.costs, key=lambda c: c.memory)
+    breakdown = {"compute": m * slow.compute_s, "tp_comm": m * slow.tp_comm_s}
+    if plan.cp > 1:  # the ring-attention transfers; absent without CP
+        breakdown["cp_comm"] = m * slow.cp_comm_s
+    breakdown |= {"pp_comm": m * slow.pp_comm_s, "dp_comm": evaluation.dp_s,
+                  "bubble": evaluation.pipeline_s - m * slow.micro_batch_s,
+                  "optimizer": evaluation.optimizer_s}
     return _summarize(problem, plan, step=evaluation.step_s, worst=worst,
-                      memories=_rank_memories(problem, plan, evaluation), breakdown={
-        "compute": m * slow.compute_s, "tp_comm": m * slow.tp_comm_s,
-        "pp_comm": m * slow.pp_comm_s, "dp_comm": evaluation.dp_s,
-        "bubble": evaluation.pipeline_s - m * slow.micro_batch_s,
-        "optimizer": evaluation.optimizer_s,
-    })
+                      memories=_rank_memories(problem, plan, evaluation), breakdown=breakdown)
 
 
 def _summarize(problem: Problem, plan: Plan, *, step: float, worst: _RankCost,

@@ -15,10 +15,19 @@ from itertools import product
 from autoplan.errors import ConstraintError
 from autoplan.graph.layer_graph import LayerGraph, LayerKind
 from autoplan.plan import Offload, Plan, Recompute, Stage
-from autoplan.training import Bounds, Pins, Runtime, TrainingSpec
+from autoplan.training import AttentionKernel, Bounds, Pins, Runtime, TrainingSpec
 
 MAX_MICRO_BATCH = 64
 """Micro-batches beyond this only add activation memory; no published plan uses more."""
+
+CP_MIN_TOKENS = 4096
+"""Context parallelism is searched while each GPU keeps at least this many tokens of a
+sequence: shorter blocks leave too little attention per ring step to hide the next KV block's
+transfer (NeMo's Llama 3 405B recipe runs cp=2 at 8192 tokens, Llama 3 cp=16 at 128K)."""
+
+CP_RUNTIMES = (Runtime.MEGATRON, Runtime.FSDP)
+"""Runtimes with ring-attention context parallelism: Megatron-LM ``--context-parallel-size``,
+torchtitan ``context_parallel_degree`` (DeepSpeed's Ulysses is a different scheme)."""
 
 ZERO_STAGES = {Runtime.MEGATRON: (0, 1), Runtime.DEEPSPEED: (0, 1, 2, 3), Runtime.FSDP: (0, 2, 3)}
 """What each runtime implements: Megatron's distributed optimizer is ZeRO-1; FSDP's
@@ -152,13 +161,29 @@ def vpp_options(graph: LayerGraph, pp: int, num_microbatches: int, pinned: int |
     return [v for v in options if pinned is None or v == pinned]
 
 
+def cp_options(training: TrainingSpec, pinned: int | None) -> list[int]:
+    """Context-parallel degrees: 1, and for runtimes with ring attention over flash kernels the
+    powers of two that split the sequence into 2*cp equal chunks (Megatron's load balancing of
+    causal attention) of at least CP_MIN_TOKENS tokens per GPU."""
+    if pinned is not None:
+        return [pinned]
+    if training.runtime not in CP_RUNTIMES or training.attention is not AttentionKernel.FLASH:
+        return [1]
+    options, cp = [1], 2
+    while training.seq_len % (2 * cp) == 0 and training.seq_len // cp >= CP_MIN_TOKENS:
+        options.append(cp)
+        cp *= 2
+    return options
+
+
 def shapes(graph: LayerGraph, *, world: int, gpus_per_node: int, training: TrainingSpec,
            pins: Pins, bounds: Bounds | None = None, every_dp: bool = False) -> list[Shape]:
     """All legal (tp, pp, dp, cp, mbs, vpp) on at most ``world`` GPUs for the global batch,
     within the user's ``bounds``; ``every_dp`` lifts the DP dominance (see dp_options)."""
     shapes_ = []
-    cp = pins.cp or 1
-    for tp in tp_options(graph, gpus_per_node, pins.tp):
+    for cp, tp in product(cp_options(training, pins.cp), tp_options(graph, gpus_per_node, pins.tp)):
+        if tp * cp > world:
+            continue
         for pp in pp_options(graph, world // (tp * cp), pins.pp):
             for dp in dp_options(training.global_batch, world // (tp * pp * cp), pins.dp,
                                  every=every_dp):
@@ -170,7 +195,7 @@ def shapes(graph: LayerGraph, *, world: int, gpus_per_node: int, training: Train
                         shapes_.append(Shape(tp, pp, dp, cp, mbs, vpp))
     if bounds is not None:
         shapes_ = [s for s in shapes_ if bounds.admits(tp=s.tp, pp=s.pp, dp=s.dp, mbs=s.mbs,
-                                                        vpp=s.vpp)]
+                                                        vpp=s.vpp, cp=s.cp)]
     return shapes_
 
 
@@ -256,6 +281,22 @@ def candidate_plans(graph: LayerGraph, *, world: int, gpus_per_node: int, traini
                 yield make_plan(shape, sw, stages, training)
 
 
+def _check_cp(training: TrainingSpec, cp: int) -> None:
+    """Reject a context-parallel degree the runtime or the sequence cannot take."""
+    if training.runtime not in CP_RUNTIMES:
+        raise ConstraintError(
+            f"--cp {cp}: the {training.runtime.value} runtime has no ring-attention context "
+            f"parallelism; use --runtime megatron or fsdp, or leave --cp unset.")
+    if training.attention is not AttentionKernel.FLASH:
+        raise ConstraintError(
+            f"--cp {cp} needs flash attention kernels (ring attention passes softmax statistics "
+            "between blocks); use attention 'flash' or leave --cp unset.")
+    if training.seq_len % (2 * cp):
+        raise ConstraintError(
+            f"--seq-len {training.seq_len} is not divisible by 2*cp = {2 * cp}: context "
+            "parallelism splits each sequence into 2*cp equal chunks. Change --cp or --seq-len.")
+
+
 def check_pins(graph: LayerGraph, *, world: int, training: TrainingSpec, pins: Pins) -> None:
     """Reject pins that no plan can satisfy, saying why, before any search."""
     degrees = [d for d in (pins.tp, pins.pp, pins.dp, pins.cp) if d is not None]
@@ -271,8 +312,7 @@ def check_pins(graph: LayerGraph, *, world: int, training: TrainingSpec, pins: P
             f"--tp {pins.tp} does not divide the model's attention heads / KV heads "
             f"{graph.tp_divisors}; pick a TP degree that divides them.")
     if pins.cp not in (None, 1):
-        raise ConstraintError(
-            "--cp > 1: context parallelism is not modelled yet; leave --cp unset or 1.")
+        _check_cp(training, pins.cp)
     if pins.dp is not None and training.global_batch % pins.dp:
         raise ConstraintError(
             f"--global-batch {training.global_batch} is not divisible by --dp {pins.dp}; each "
