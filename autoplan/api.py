@@ -17,7 +17,8 @@ from pydantic import ValidationError
 
 from autoplan.cluster.spec import Cluster, load_cluster_spec, require_homogeneous, resolve
 from autoplan.calibrate import MeasuredProfile, fitted_profile, load_profile, measure, write_profile
-from autoplan.costmodels.profiles import ComputeProfile, RuntimeProfile, compute_profile, runtime_profile
+from autoplan.costmodels.profiles import (ComputeProfile, RuntimeProfile, compute_profile,
+                                          runtime_profile)
 from autoplan.costmodels.step import Problem
 from autoplan.costmodels.step import estimate as estimate_plan
 from autoplan.errors import ConstraintError, ModelFileError, PlanFileError
@@ -32,7 +33,7 @@ from autoplan.inference import place_for_inference as inference_placement
 from autoplan.plan import ModelInfo, Plan, Result, SolverInfo, TrainingInfo
 from autoplan.plugins.importers import ImportedRun, read_run  # noqa: F401 (API)
 from autoplan.search.solver import solve_search
-from autoplan.search.space import balanced_stages, check_pins, dp_options
+from autoplan.search.space import balanced_stages, check_pins, dp_options, pipeline_schedule
 from autoplan.options import as_options, global_batches, merge_options, options_mem_limit
 from autoplan.training import AttentionKernel, Constraints, Pins, Precision, Runtime, TrainingSpec
 from autoplan.units import parse_quantity
@@ -246,7 +247,7 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
             (``["gpus", "time"]``).
         min_tokens_per_s: a throughput every plan must reach (the target of ``"gpus"``).
         price_per_gpu_hour: $ per GPU-hour for the ``"cost"`` report (default 2).
-        bounds: ``{"tp": {"max": 4}, "pp": {"min": 2}}`` on tp, pp, dp, mbs, vpp.
+        bounds: ``{"tp": {"max": 4}, "pp": {"min": 2}}`` on tp, pp, dp, mbs, vpp, cp.
         max_gpus: a GPU budget: plans use at most this many GPUs.
         tp_within_node: TP at most a node's GPUs, even when pinned.
         forbid_offload: no CPU offload.
@@ -325,6 +326,7 @@ def plan_from_pins(problem: Problem, pins: Pins, *, first: int | None = None,
         recompute_num_layers=pins.recompute_num_layers, sequence_parallel=bool(pins.sp), vpp=vpp,
         offload=pins.offload or "none", world_size=tp * pp * dp * cp,
         stages=balanced_stages(problem.graph, pp, vpp, first=first, last=last),
+        pipeline_schedule=pipeline_schedule(problem.training.runtime, vpp),
     )
 
 

@@ -55,6 +55,7 @@ class LayerTime:
     column_gemm_s: float
     attention_fwd_s: float
     attention_bwd_s: float = 0.0
+    wgrad_s: float = 0.0  # weight-gradient GEMMs of backward (as long as the forward GEMMs)
 
 
 def _gemm_time(flops: float, peak: float, profile: ComputeProfile) -> float:
@@ -132,4 +133,4 @@ def layer_time(layer: Layer, split: Split, recompute: Recompute, *, gpu: GpuSpec
         recomputed = att_fwd
     return LayerTime(fwd_s=fwd, bwd_s=bwd, recompute_s=recomputed,
                      column_gemm_s=column_gemm_time(layer, split, peak, profile),
-                     attention_fwd_s=att_fwd, attention_bwd_s=att_bwd)
+                     attention_fwd_s=att_fwd, attention_bwd_s=att_bwd, wgrad_s=gemm)

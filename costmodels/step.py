@@ -25,7 +25,7 @@ from autoplan.costmodels.memory import (
 from autoplan.costmodels.pipeline import pipeline_time
 from autoplan.costmodels.profiles import ComputeProfile, RuntimeProfile
 from autoplan.graph.layer_graph import Layer, LayerGraph, LayerKind
-from autoplan.plan import Estimate, Offload, Plan, Recompute
+from autoplan.plan import Estimate, Offload, PipelineSchedule, Plan, Recompute
 from autoplan.training import AttentionKernel, TrainingSpec
 from autoplan.units import GIB
 
@@ -110,6 +110,7 @@ class _LayerCost:
     backward_s: float
     tp_comm_s: float
     cp_comm_s: float
+    wgrad_s: float
     act_bytes: float
     working_bytes: float
     params: float
@@ -125,6 +126,7 @@ class _RankCost:
     backward_s: float
     tp_comm_s: float
     cp_comm_s: float
+    wgrad_s: float
     pp_comm_s: float
     states: ModelStates
     activations: float
@@ -171,6 +173,7 @@ def _layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
         tp_comm_s=tp_comm,
         cp_comm_s=ring_attention_time(layer, split, t, cp_links,
                                       recomputed=full or recompute is Recompute.SELECTIVE),
+        wgrad_s=t.wgrad_s,
         act_bytes=layer_activation_bytes(layer, split, recompute),
         working_bytes=backward_working_bytes(layer, split),
         params=layer_params_on_gpu(layer, split.tp),
@@ -195,7 +198,7 @@ def _gather_units(problem: Problem, layer: Layer) -> int:
     one for the layer (FSDP)."""
     if not layer.num_params:
         return 0
-    return layer.param_modules or 1 if problem.runtime.zero3_gather_unit == "module" else 1
+    return (layer.param_modules or 1) if problem.runtime.zero3_gather_unit == "module" else 1
 
 
 def _tp_backward_comm(problem: Problem, layer: Layer, split: Split, t: LayerTime, count: int,
@@ -217,9 +220,12 @@ def _tp_backward_comm(problem: Problem, layer: Layer, split: Split, t: LayerTime
     if split.sp and layer.kind is LayerKind.BLOCK:
         gather = comm.all_gather_time(message, tp_links)
         exposed = count * gather
-        hideable, window = count * (gather + comm.reduce_scatter_time(message, tp_links)), 2 * t.column_gemm_s
+        hideable = count * (gather + comm.reduce_scatter_time(message, tp_links))
+        window = 2 * t.column_gemm_s
     else:
-        exposed, hideable, window = 0.0, count * comm.all_reduce_time(message, tp_links), t.column_gemm_s
+        exposed = 0.0
+        hideable = count * comm.all_reduce_time(message, tp_links)
+        window = t.column_gemm_s
     if problem.runtime.tp_bwd_overlap:
         hideable = max(0.0, hideable - window)
     return exposed + hideable
@@ -279,6 +285,7 @@ class _ChunkSums:
     backward_s: float
     tp_comm_s: float
     cp_comm_s: float
+    wgrad_s: float
     params: float
     acts_per_chunk: float
     working: float
@@ -322,7 +329,8 @@ def _chunk_sums(problem: Problem, compositions: tuple, split: Split,
     cached = problem._cache.get(key)
     if cached is not None:
         return cached
-    compute_s = backward_s = tp_comm_s = cp_comm_s = params = acts = working = largest = 0.0
+    compute_s = backward_s = tp_comm_s = cp_comm_s = wgrad_s = params = acts = working = 0.0
+    largest = 0.0
     gathers = 0
     for composition in compositions:
         for class_id, count, recompute in composition:
@@ -332,13 +340,14 @@ def _chunk_sums(problem: Problem, compositions: tuple, split: Split,
             backward_s += count * cost.backward_s
             tp_comm_s += count * cost.tp_comm_s
             cp_comm_s += count * cost.cp_comm_s
+            wgrad_s += count * cost.wgrad_s
             params += count * cost.params
             acts += count * cost.act_bytes
             working = max(working, cost.working_bytes)
             largest = max(largest, cost.gathered)
             gathers += count * cost.gathers
-    sums = _ChunkSums(compute_s, backward_s, tp_comm_s, cp_comm_s, params, acts / len(compositions),
-                      working, largest, gathers)
+    sums = _ChunkSums(compute_s, backward_s, tp_comm_s, cp_comm_s, wgrad_s, params,
+                      acts / len(compositions), working, largest, gathers)
     problem._cache[key] = sums
     return sums
 
@@ -370,12 +379,13 @@ def _rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLi
     activations = held * sums.acts_per_chunk + sums.working
     other = _other_bytes(problem, plan, activations, sums.largest)
     return _RankCost(rank, sums.compute_s + sums.tp_comm_s + sums.cp_comm_s + pp_comm_s,
-                     sums.compute_s, sums.backward_s, sums.tp_comm_s, sums.cp_comm_s, pp_comm_s,
-                     states, activations, other, params,
+                     sums.compute_s, sums.backward_s, sums.tp_comm_s, sums.cp_comm_s, sums.wgrad_s,
+                     pp_comm_s, states, activations, other, params,
                      sums.acts_per_chunk, sums.largest, sums.gathers)
 
 
-def _other_bytes(problem: Problem, plan: Plan, activations: float, largest_gathered: float) -> float:
+def _other_bytes(problem: Problem, plan: Plan, activations: float,
+                 largest_gathered: float) -> float:
     """The stated allowance: CUDA context and workspaces, allocator fragmentation, and with
     ZeRO-3 two 16-bit copies of the largest unit gathered at once: the running and the
     prefetched layer (FSDP), or a module's weights and their gradient (DeepSpeed's own
@@ -411,6 +421,12 @@ def _overlapped(comm_s: float, compute_s: float, overlap: float) -> float:
     return comm_s - overlap * min(comm_s, compute_s)
 
 
+ZERO3_PASSES = 3
+"""ZeRO-3 collectives per gather unit and micro-batch: the weights are gathered for the forward
+and again for the backward (with its recompute), and the gradients reduce-scattered (3x the
+model bytes, Rajbhandari et al. 2020)."""
+
+
 def _dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
              backward_s: float, compute_s: float, gathers: int = 0) -> float:
     """Exposed gradient reduction (and ZeRO gathers) per step for one GPU's parameters.
@@ -430,15 +446,10 @@ def _dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
     if plan.zero_stage < 3:
         sync = comm.reduce_scatter_time(grads, links) + comm.all_gather_time(weights, links)
         return _overlapped(sync, backward_s, runtime.dp_overlap)
-    per_microbatch = (2 * comm.all_gather_time(weights, links) + comm.reduce_scatter_time(grads, links)) \
-        / runtime.zero3_collective_efficiency + ZERO3_PASSES * gathers * comm.ring_latency(links)
+    volume = 2 * comm.all_gather_time(weights, links) + comm.reduce_scatter_time(grads, links)
+    latency = ZERO3_PASSES * gathers * comm.ring_latency(links)
+    per_microbatch = volume / runtime.zero3_collective_efficiency + latency
     return _overlapped(plan.num_microbatches * per_microbatch, compute_s, runtime.zero3_overlap)
-
-
-ZERO3_PASSES = 3
-"""ZeRO-3 collectives per gather unit and micro-batch: the weights are gathered for the forward
-and again for the backward (with its recompute), and the gradients reduce-scattered (3x the
-model bytes, Rajbhandari et al. 2020)."""
 
 
 def _host_link(problem: Problem) -> float:
@@ -512,6 +523,15 @@ def _rank_groups(problem: Problem, plan: Plan) -> list[list[int]]:
     return groups
 
 
+def _deferred_share(plan: Plan, costs: list[_RankCost]) -> float:
+    """Share of the slowest rank's micro-batch that a zero-bubble schedule defers into the
+    bubble: its weight-gradient GEMMs (0 for the default schedules)."""
+    if plan.pipeline_schedule is not PipelineSchedule.ZERO_BUBBLE:
+        return 0.0
+    slow = max(costs, key=lambda c: c.micro_batch_s)
+    return slow.wgrad_s / slow.micro_batch_s if slow.micro_batch_s else 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class _Evaluation:
     """What estimate() and the solver's tables share: the step and each rank group's cost."""
@@ -533,15 +553,22 @@ class _Evaluation:
         return max(c.memory for c in self.costs)
 
 
-def _evaluate(problem: Problem, plan: Plan) -> _Evaluation:
+def _plan_links(problem: Problem, plan: Plan) -> dict[str, GroupLinks]:
+    """The links of each of the plan's groups; "dp" is the gradient-reduction group."""
     links = {axis: _axis_links(problem, plan, axis) for axis in ("tp", "cp", "pp")}
     links["dp"] = _replica_links(problem, plan)
+    return links
+
+
+def _evaluate(problem: Problem, plan: Plan) -> _Evaluation:
+    links = _plan_links(problem, plan)
     groups = _rank_groups(problem, plan)
     costs = [_rank_cost(problem, plan, ranks[0], links) for ranks in groups]
     slowest = max(c.micro_batch_s for c in costs)
     total = sum(c.micro_batch_s * len(ranks) for ranks, c in zip(groups, costs))
     m = plan.num_microbatches
-    pipe = pipeline_time(slowest_s=slowest, total_s=total, num_microbatches=m, vpp=plan.vpp)
+    pipe = pipeline_time(slowest_s=slowest, total_s=total, num_microbatches=m, vpp=plan.vpp,
+                         deferred_share=_deferred_share(plan, costs))
     params = max(c.params for c in costs)
     slow = max(costs, key=lambda c: c.micro_batch_s)
     dp_s = _dp_time(problem, plan, params, links["dp"], backward_s=slow.backward_s,

@@ -14,7 +14,7 @@ from itertools import product
 
 from autoplan.errors import ConstraintError
 from autoplan.graph.layer_graph import LayerGraph, LayerKind
-from autoplan.plan import Offload, Plan, Recompute, Stage
+from autoplan.plan import Offload, PipelineSchedule, Plan, Recompute, Stage
 from autoplan.training import AttentionKernel, Bounds, Pins, Runtime, TrainingSpec
 
 MAX_MICRO_BATCH = 64
@@ -260,6 +260,20 @@ def _pinned_out(pins: Pins, **values) -> bool:
     return any(getattr(pins, k) is not None and getattr(pins, k) != v for k, v in values.items())
 
 
+ZERO_BUBBLE_RUNTIMES = (Runtime.FSDP,)
+"""Runtimes with a zero-bubble schedule: torchtitan's InterleavedZeroBubble (torch.distributed.
+pipelining), for two or more model chunks per rank."""
+
+
+def pipeline_schedule(runtime: Runtime, vpp: int) -> PipelineSchedule | None:
+    """The schedule a plan runs: zero-bubble where the runtime has it for interleaved plans
+    (it holds the interleaved schedule's memory and only shortens the bubble, Qi et al. 2023),
+    else the default 1F1B / interleaved 1F1B (None)."""
+    if runtime in ZERO_BUBBLE_RUNTIMES and vpp >= 2:
+        return PipelineSchedule.ZERO_BUBBLE
+    return None
+
+
 def make_plan(shape: Shape, sw: Switches, stages: tuple[Stage, ...], training: TrainingSpec) -> Plan:
     return Plan(
         tp=shape.tp, pp=shape.pp, dp=shape.dp, cp=shape.cp, zero_stage=sw.zero,
@@ -267,6 +281,7 @@ def make_plan(shape: Shape, sw: Switches, stages: tuple[Stage, ...], training: T
         num_microbatches=shape.num_microbatches(training.global_batch), recompute=sw.recompute,
         recompute_num_layers=sw.recompute_num_layers, sequence_parallel=sw.sp, vpp=shape.vpp, offload=sw.offload,
         world_size=shape.tp * shape.pp * shape.dp * shape.cp, stages=stages,
+        pipeline_schedule=pipeline_schedule(training.runtime, shape.vpp),
     )
 
 

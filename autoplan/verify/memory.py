@@ -88,8 +88,8 @@ class PeakMemory:
 
 def predicted_rank_bytes(problem, plan) -> list[float]:
     """Bytes the memory model predicts for each pipeline rank (fp32 weights, see above)."""
-    from autoplan.costmodels.step import _axis_links, _rank_cost
-    links = {axis: _axis_links(problem, plan, axis) for axis in ("tp", "dp", "pp")}
+    from autoplan.costmodels.step import _plan_links, _rank_cost
+    links = _plan_links(problem, plan)
     out = []
     for rank in range(plan.pp):
         cost = _rank_cost(problem, plan, rank, links)

@@ -187,7 +187,8 @@ def test_zero3_is_megatron_fsdp_without_single_cuda_connection():
 
 
 def test_context_parallelism_is_exported():
-    result = changed(load_plan("llama8b_3d_vpp_sp"), plan={"cp": 2, "dp": 1, "num_microbatches": 64})
+    result = changed(load_plan("llama8b_3d_vpp_sp"),
+                     plan={"cp": 2, "dp": 1, "num_microbatches": 64})
     args = megatron_args(result)
     assert args[args.index("--context-parallel-size") + 1] == "2"
     assert transformer_config(args).context_parallel_size == 2

@@ -95,7 +95,16 @@ def test_fp16_is_refused():
 
 
 def test_context_parallel_degree_is_exported():
-    result = changed(load_plan("llama8b_3d_vpp_sp"), plan={"cp": 2, "dp": 1, "num_microbatches": 64})
+    result = changed(load_plan("llama8b_3d_vpp_sp"),
+                     plan={"cp": 2, "dp": 1, "num_microbatches": 64})
     config = parse(torchtitan_overrides(result))
     dims = parallel_dims.ParallelDims.from_config(config.parallelism, result.plan.world_size)
     assert dims.cp == config.parallelism.context_parallel_degree == 2
+
+
+def test_zero_bubble_schedule_is_one_torch_pipelining_knows():
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    result = changed(load_plan("llama8b_3d_vpp_sp"), plan={"pipeline_schedule": "zero_bubble"})
+    config = parse(torchtitan_overrides(result))
+    name = config.parallelism.pipeline_parallel_schedule
+    assert schedules.get_schedule_class(name) is schedules.ScheduleInterleavedZeroBubble
