@@ -4,6 +4,7 @@ model.py -> LayerGraph, cluster.yaml -> Cluster, then Problem -> CP-SAT -> Plan 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 import types
@@ -16,7 +17,8 @@ from pydantic import ValidationError
 
 from autoplan.cluster.spec import Cluster, load_cluster_spec, require_homogeneous, resolve
 from autoplan.calibrate import MeasuredProfile, fitted_profile, load_profile, measure, write_profile
-from autoplan.costmodels.profiles import ComputeProfile, compute_profile, runtime_profile
+from autoplan.costmodels.profiles import (ComputeProfile, RuntimeProfile, compute_profile,
+                                          runtime_profile)
 from autoplan.costmodels.step import Problem
 from autoplan.costmodels.step import estimate as estimate_plan
 from autoplan.errors import ConstraintError, ModelFileError, PlanFileError
@@ -31,7 +33,7 @@ from autoplan.inference import place_for_inference as inference_placement
 from autoplan.plan import ModelInfo, Plan, Result, SolverInfo, TrainingInfo
 from autoplan.plugins.importers import ImportedRun, read_run  # noqa: F401 (API)
 from autoplan.search.solver import solve_search
-from autoplan.search.space import balanced_stages, check_pins, dp_options
+from autoplan.search.space import balanced_stages, check_pins, dp_options, pipeline_schedule
 from autoplan.options import as_options, global_batches, merge_options, options_mem_limit
 from autoplan.training import (
     DEFAULT_PLACEMENT, AttentionKernel, Constraints, Pins, Precision, Runtime, TrainingSpec,
@@ -138,18 +140,37 @@ def _compute(cluster: Cluster, profile: str | Path | ComputeProfile | None) -> C
 
 def make_problem(model: Model, cluster: LoadedCluster, training: TrainingSpec,
                  mem_limit: str | float | None = None, *,
-                 profile: str | Path | ComputeProfile | None = None) -> Problem:
+                 profile: str | Path | ComputeProfile | None = None,
+                 runtime_settings: Mapping[str, Any] | None = None) -> Problem:
     """Trace the model and gather the cost-model inputs for one question. ``profile`` (a
     profile YAML from ``autoplan calibrate`` or a ComputeProfile) replaces the catalog's
-    compute profile of the cluster's GPU."""
+    compute profile of the cluster's GPU; ``runtime_settings`` replaces fields of the
+    runtime's profile (see :func:`runtime_with`)."""
     require_homogeneous(cluster.cluster)
     graph = model.trace(training.seq_len, training.precision.value)
+    runtime = runtime_with(runtime_profile(training.runtime.value, training.precision.value),
+                           runtime_settings)
     return Problem(
         graph=graph, cluster=cluster.cluster, training=training,
-        runtime=runtime_profile(training.runtime.value, training.precision.value),
+        runtime=runtime,
         compute=_compute(cluster.cluster, profile),
         mem_limit_bytes=_mem_limit_bytes(mem_limit, cluster.cluster),
     )
+
+
+def runtime_with(runtime: RuntimeProfile, settings: Mapping[str, Any] | None) -> RuntimeProfile:
+    """The runtime's profile with some fields replaced: how a particular run was configured or
+    what its framework version could do, e.g. ``{"tp_bwd_overlap": False}`` for Megatron-LM
+    before its asynchronous TP all-reduce or ``{"dp_overlap": 0.0}`` without
+    ``--overlap-grad-reduce``."""
+    if not settings:
+        return runtime
+    known = {f.name for f in dataclasses.fields(RuntimeProfile)} - {"name", "source"}
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise ConstraintError(f"runtime settings {', '.join(unknown)} are not known; choose from "
+                              f"{', '.join(sorted(known))}.")
+    return dataclasses.replace(runtime, **settings)
 
 
 def _training(seq_len: int, global_batch: int, precision: str, runtime: str,
@@ -228,7 +249,7 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
             (``["gpus", "time"]``).
         min_tokens_per_s: a throughput every plan must reach (the target of ``"gpus"``).
         price_per_gpu_hour: $ per GPU-hour for the ``"cost"`` report (default 2).
-        bounds: ``{"tp": {"max": 4}, "pp": {"min": 2}}`` on tp, pp, dp, mbs, vpp.
+        bounds: ``{"tp": {"max": 4}, "pp": {"min": 2}}`` on tp, pp, dp, mbs, vpp, cp.
         max_gpus: a GPU budget: plans use at most this many GPUs.
         tp_within_node: TP at most a node's GPUs, even when pinned.
         forbid_offload: no CPU offload.
@@ -308,6 +329,7 @@ def plan_from_pins(problem: Problem, pins: Pins, *, first: int | None = None,
         offload=pins.offload or "none", world_size=tp * pp * dp * cp,
         placement=pins.placement or DEFAULT_PLACEMENT,
         stages=balanced_stages(problem.graph, pp, vpp, first=first, last=last),
+        pipeline_schedule=pipeline_schedule(problem.training.runtime, vpp),
     )
 
 
@@ -345,18 +367,21 @@ def _settings(run: ImportedRun | None, seq_len, global_batch, precision, runtime
 
 def estimate(model, cluster, plan_or_pins, *, seq_len: int | None = None,
              global_batch: int | None = None, mem_limit=None, precision: str | None = None,
-             runtime: str | None = None, attention: str = "flash", profile=None) -> Result:
+             runtime: str | None = None, attention: str = "flash", profile=None,
+             runtime_settings: Mapping[str, Any] | None = None) -> Result:
     """Evaluate one plan: a Plan, pins completed with documented defaults, or an
     :class:`ImportedRun` read from a Megatron-LM, DeepSpeed or torchtitan configuration
     (``read_run(path)``), which may also supply the sequence length and global batch.
-    ``profile`` replaces the compute profile as in :func:`solve`."""
+    ``profile`` replaces the compute profile as in :func:`solve`; ``runtime_settings`` fields
+    of the runtime's profile (:func:`runtime_with`)."""
     start = time.perf_counter()
     model, cluster = load_model(model), load_cluster(cluster)
     run = plan_or_pins if isinstance(plan_or_pins, ImportedRun) else None
     seq_len, global_batch, precision, runtime = _settings(run, seq_len, global_batch, precision,
                                                          runtime)
     training = _training(seq_len, global_batch, precision, runtime, attention)
-    problem = make_problem(model, cluster, training, mem_limit, profile=profile)
+    problem = make_problem(model, cluster, training, mem_limit, profile=profile,
+                           runtime_settings=runtime_settings)
     plan = _plan_for(problem, cluster, model, plan_or_pins)
     est = estimate_plan(problem, plan)
     info = SolverInfo(status="ESTIMATE", objective=est.step_time_s, bound=est.step_time_s, gap=0.0,

@@ -171,7 +171,7 @@ def bottleneck(problem: Problem, result: Result) -> str:
     share = f"{seconds:.3f} s, {seconds / est.step_time_s:.0%} of the step"
     head = (f"compute is {compute / est.step_time_s:.0%} of the step (MFU {est.mfu:.0%}); "
             "the largest other part is ")
-    if part in ("tp_comm", "dp_comm", "pp_comm"):
+    if part in ("tp_comm", "cp_comm", "dp_comm", "pp_comm"):
         axis = part[:2]
         links = axis_links(problem.cluster, plan, axis)
         return (head + f"{axis.upper()} communication ({share}) over "

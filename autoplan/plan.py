@@ -8,7 +8,7 @@ from __future__ import annotations
 from enum import Enum
 from functools import cached_property
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 
 class Recompute(str, Enum):
@@ -25,6 +25,15 @@ class Offload(str, Enum):
     NONE = "none"
     OPTIMIZER = "optimizer"
     PARAMS = "params"  # optimizer state and parameters (ZeRO-3 offload)
+
+
+class PipelineSchedule(str, Enum):
+    """A pipeline schedule other than the default (1F1B, or Megatron's interleaved 1F1B when
+    vpp > 1). ZERO_BUBBLE: backward split into input-gradient (B) and deferred weight-gradient
+    (W) passes that fill the bubble (Qi et al. 2023, arXiv 2401.10241), interleaved over the
+    vpp chunks (torch.distributed.pipelining ScheduleInterleavedZeroBubble)."""
+
+    ZERO_BUBBLE = "zero_bubble"
 
 
 PLACEMENT_AXES = ("tp", "cp", "dp", "pp")
@@ -65,6 +74,16 @@ class Plan(BaseModel):
     world_size: int = Field(ge=1)
     placement: str = "tp-cp-dp-pp"
     stages: tuple[Stage, ...]
+    pipeline_schedule: PipelineSchedule | None = None
+    """None: 1F1B (interleaved when vpp > 1). Left out of the JSON when None, so plans without
+    it read and print as before."""
+
+    @model_serializer(mode="wrap")
+    def _without_default_schedule(self, handler):
+        data = handler(self)
+        if isinstance(data, dict) and data.get("pipeline_schedule") is None:
+            data.pop("pipeline_schedule", None)
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> "Plan":
@@ -90,6 +109,9 @@ class Plan(BaseModel):
         if self.recompute_num_layers is not None and self.recompute is not Recompute.FULL:
             raise ValueError(f"recompute_num_layers = {self.recompute_num_layers} needs "
                              f"recompute = full, not {self.recompute.value}")
+        if self.pipeline_schedule is PipelineSchedule.ZERO_BUBBLE and self.vpp < 2:
+            raise ValueError("pipeline_schedule zero_bubble interleaves model chunks: it needs "
+                             f"vpp >= 2, not {self.vpp}")
         if sorted(self.placement.split("-")) != sorted(PLACEMENT_AXES):
             raise ValueError(f"placement {self.placement!r} must order the axes "
                              f"{'-'.join(PLACEMENT_AXES)}, innermost first")

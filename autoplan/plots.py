@@ -19,7 +19,7 @@ from autoplan.files import replacing  # noqa: E402
 from autoplan.plan import Result  # noqa: E402
 from autoplan.sweep import FRONTS  # noqa: E402
 
-TIME_PARTS = ("compute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer")
+TIME_PARTS = ("compute", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "bubble", "optimizer")
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "other")
 FRONT_TITLES = {
     "time_vs_gpus": ("GPUs", "step time (s)"),
@@ -99,6 +99,8 @@ def step_breakdown(doc: dict, path: str | Path) -> Path:
     fig, ax = plt.subplots(figsize=(max(6.4, 0.22 * len(points) + 2), 4.2))
     bottoms = [0.0] * len(points)
     for part in TIME_PARTS:
+        if not any(part in p["estimate"]["time_breakdown_s"] for p in points):
+            continue  # cp_comm exists only for plans with context parallelism
         shares = [p["estimate"]["time_breakdown_s"].get(part, 0.0) / p["estimate"]["step_time_s"]
                   for p in points]
         ax.bar(range(len(points)), shares, bottom=bottoms, label=part.replace("_", " "))

@@ -150,12 +150,13 @@ class Bounds(BaseModel):
     dp: Range | None = None
     mbs: Range | None = None
     vpp: Range | None = None
+    cp: Range | None = None
 
     def admits(self, **degrees: int) -> bool:
         return all(r is None or r.admits(degrees[name]) for name, r in self.set().items())
 
     def set(self) -> dict[str, Range]:
-        return {k: getattr(self, k) for k in ("tp", "pp", "dp", "mbs", "vpp")
+        return {k: getattr(self, k) for k in ("tp", "pp", "dp", "mbs", "vpp", "cp")
                 if getattr(self, k) is not None}
 
     def labels(self) -> dict[str, str]:

@@ -2,7 +2,8 @@
 
 Each run is estimated with the plan its authors used, on the hardware they used, with the
 software of the time: Megatron-LM without FlashAttention (explicit attention scores) and
-DeepSpeed for the ZeRO-3 rows. Prints a table and the mean absolute percentage error.
+DeepSpeed for the ZeRO-3 rows, with what the row says of its framework's settings (see
+published_runs.py). Prints a table and the mean absolute percentage error.
 
     .venv/bin/python benchmarks/accuracy.py
 """
@@ -21,7 +22,8 @@ from published_runs import published_runs  # noqa: E402
 def predict(run) -> autoplan.Result:
     return autoplan.estimate(run.model, run.cluster, run.pins, seq_len=run.seq_len,
                              global_batch=run.global_batch, runtime=run.runtime,
-                             precision=run.precision, attention="explicit")
+                             precision=run.precision, attention="explicit",
+                             runtime_settings=run.runtime_settings)
 
 
 def main() -> None:

@@ -31,11 +31,44 @@ class PublishedRun:
     runtime: str
     precision: str
     step_time_s: float
+    runtime_settings: dict
 
 
 def _vpp(text: str) -> int:
     match = re.search(r"=> (\d+) chunks|(\d+) stages/chunks|m=(\d+)", text)
     return int(next(g for g in match.groups() if g)) if match else 1
+
+
+ASYNC_TP_ALLREDUCE_YEAR = 2022
+"""Megatron-LM overlaps the TP all-reduce of input gradients with the weight-gradient GEMM since
+its asynchronous ColumnParallelLinear backward (late 2021): Korthikanti et al. 2022 ran with it
+(their Table 4), the SC'21 runs of Narayanan et al. (arXiv 2104.04473, April 2021) without."""
+
+
+def _runtime_settings(row: dict, zero3: bool) -> dict:
+    """What the row says of how its framework ran: the software of its year, and stated
+    settings such as a DP gradient all-reduce not overlapped with backward."""
+    settings = {}
+    year = int(re.search(r"\b(20\d\d)\b", row["source"]).group(1))
+    if not zero3 and year < ASYNC_TP_ALLREDUCE_YEAR:
+        settings["tp_bwd_overlap"] = False
+    if "no overlap of DP gradient all-reduce" in row["notes"]:
+        settings["dp_overlap"] = 0.0
+    return settings
+
+
+def _same_config_row(row: dict, rows: list[dict]) -> dict:
+    """The row whose configuration a row says it shares ("config assumed same as Sec 6.3 row"),
+    or the row itself."""
+    match = re.search(r"config assumed same as (.+?) row", row["exactness"] + row["notes"])
+    if not match:
+        return row
+    key = _squeezed(match.group(1))
+    return next(r for r in rows if key in _squeezed(r["table_or_fig"]))
+
+
+def _squeezed(text: str) -> str:
+    return re.sub(r"[\s.]", "", text)
 
 
 def _recompute(text: str) -> str:
@@ -60,10 +93,11 @@ def selene(num_gpus: int) -> dict:
                            "latency": "5us"}}
 
 
-def _run(row: dict) -> PublishedRun:
+def _run(row: dict, rows: list[dict]) -> PublishedRun:
     zero3 = row["zero_or_dist_opt"].startswith("ZeRO-3")
+    layout = _same_config_row(row, rows)["VPP_or_layers_per_virtual_stage"]
     pins = {"tp": int(row["TP"]), "pp": int(row["PP"]), "dp": int(row["DP"]),
-            "mbs": int(row["micro_batch"]), "vpp": _vpp(row["VPP_or_layers_per_virtual_stage"]),
+            "mbs": int(row["micro_batch"]), "vpp": _vpp(layout),
             "recompute": _recompute(row["recompute"]), "sp": row["sequence_parallel"] == "y",
             "zero": 3 if zero3 else 0}
     layers, seq = int(row["num_layers"]), int(row["seq_len"])
@@ -74,7 +108,7 @@ def _run(row: dict) -> PublishedRun:
         global_batch=int(row["global_batch_seqs"]), pins=pins,
         runtime="deepspeed" if zero3 else "megatron",
         precision="fp16" if "fp16" in row["precision"] else "bf16",
-        step_time_s=float(row["step_time_s"]),
+        step_time_s=float(row["step_time_s"]), runtime_settings=_runtime_settings(row, zero3),
     )
 
 
@@ -83,4 +117,4 @@ def published_runs() -> list[PublishedRun]:
     TP nor PP and is skipped)."""
     with CSV.open() as f:
         rows = list(csv.DictReader(f))
-    return [_run(r) for r in rows if r["TP"] and r["step_time_s"]]
+    return [_run(r, rows) for r in rows if r["TP"] and r["step_time_s"]]

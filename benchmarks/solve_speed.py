@@ -47,7 +47,7 @@ def main() -> None:
         p = result.plan
         print(f"{name:30} {traced - start:8.2f} {solved - traced:8.2f} {solved - start:8.2f} "
               f"{enumerated:12.2f} {enumerated / (solved - traced):6.2f}  "
-              f"TP{p.tp} PP{p.pp} DP{p.dp} mbs{p.micro_batch_size} vpp{p.vpp} "
+              f"TP{p.tp} PP{p.pp} DP{p.dp} CP{p.cp} mbs{p.micro_batch_size} vpp{p.vpp} "
               f"{p.recompute.value} ZeRO-{p.zero_stage} {result.status} {result.estimate.step_time_s:.2f}s")
     print("heterogeneous 64 A100 + 64 V100: not supported yet (the solver plans one GPU type)")
 

@@ -188,6 +188,12 @@ def all_gather_time(message_bytes: float, links: GroupLinks, *, algorithm: str =
     return reduce_scatter_time(message_bytes, links, algorithm=algorithm)
 
 
+def ring_latency(links: GroupLinks) -> float:
+    """Latency of one ring all-gather or reduce-scatter over the group beyond its launch floor:
+    NCCL runs these two only as rings (its tree serves all-reduce), n - 1 steps of one hop."""
+    return (links.size - 1) * _hop(links)
+
+
 def all_to_all_time(message_bytes: float, links: GroupLinks) -> float:
     """All-to-all where every rank holds ``message_bytes`` and sends 1/n of it to each peer.
 
@@ -225,7 +231,7 @@ NETWORK_BOUND_SHARE = 0.5
 """A step is network-bound when exposed communication is at least this share of it: the links,
 not the GPUs, then set the pace, and a faster fabric (not more GPUs) is what speeds it up."""
 
-COMM_PARTS = ("tp_comm", "pp_comm", "dp_comm")
+COMM_PARTS = ("tp_comm", "cp_comm", "pp_comm", "dp_comm")
 
 
 def communication_share(estimate) -> float:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from autoplan.cluster.catalog import GpuSpec
 from autoplan.costmodels.profiles import ComputeProfile
-from autoplan.graph.layer_graph import Layer, LayerKind, TpSplit
+from autoplan.graph.layer_graph import Gemm, Layer, LayerKind, TpSplit
 from autoplan.plan import Recompute
 
 BACKWARD_TRAFFIC_FACTOR = 2.0
@@ -45,14 +45,17 @@ class Split:
 
 @dataclass(frozen=True, slots=True)
 class LayerTime:
-    """Seconds for one micro-batch: forward, backward, the backward's recompute, and the
-    weight-gradient part of backward (the window in which TP gradient all-reduces can hide)."""
+    """Seconds for one micro-batch: forward, backward, the backward's recompute, and the forward
+    time of the column-parallel Linears (each of their input- and weight-gradient GEMMs takes as
+    long: the window in which their TP gradient collectives can hide)."""
 
     fwd_s: float
     bwd_s: float
     recompute_s: float
-    wgrad_s: float
+    column_gemm_s: float
     attention_fwd_s: float
+    attention_bwd_s: float = 0.0
+    wgrad_s: float = 0.0  # weight-gradient GEMMs of backward (as long as the forward GEMMs)
 
 
 def _gemm_time(flops: float, peak: float, profile: ComputeProfile) -> float:
@@ -66,15 +69,23 @@ def gemm_times(layer: Layer, split: Split, peak: float, profile: ComputeProfile)
     """Forward time of the layer's Linears (and other matmul-like ops, unsplit) for one
     micro-batch."""
     total = _gemm_time(layer.other_fwd_flops * split.mbs, peak, profile)
-    for gemm in layer.gemms:
-        n, k = gemm.out_features, gemm.in_features
-        if gemm.split is TpSplit.COLUMN:
-            n = n / split.tp
-        elif gemm.split is TpSplit.ROW:
-            k = k / split.tp
-        rows = split.mbs * gemm.rows / split.cp
-        total += gemm.count * _gemm_time(2.0 * rows * n * k, peak, profile)
-    return total
+    return total + sum(_linear_time(g, split, peak, profile) for g in layer.gemms)
+
+
+def column_gemm_time(layer: Layer, split: Split, peak: float, profile: ComputeProfile) -> float:
+    """Forward time of the layer's column-parallel Linears for one micro-batch."""
+    return sum(_linear_time(g, split, peak, profile) for g in layer.gemms
+               if g.split is TpSplit.COLUMN)
+
+
+def _linear_time(gemm: Gemm, split: Split, peak: float, profile: ComputeProfile) -> float:
+    n, k = gemm.out_features, gemm.in_features
+    if gemm.split is TpSplit.COLUMN:
+        n = n / split.tp
+    elif gemm.split is TpSplit.ROW:
+        k = k / split.tp
+    rows = split.mbs * gemm.rows / split.cp
+    return gemm.count * _gemm_time(2.0 * rows * n * k, peak, profile)
 
 
 def attention_time(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
@@ -120,5 +131,6 @@ def layer_time(layer: Layer, split: Split, recompute: Recompute, *, gpu: GpuSpec
         recomputed = fwd
     elif recompute is Recompute.SELECTIVE:
         recomputed = att_fwd
-    return LayerTime(fwd_s=fwd, bwd_s=bwd, recompute_s=recomputed, wgrad_s=gemm,
-                     attention_fwd_s=att_fwd)
+    return LayerTime(fwd_s=fwd, bwd_s=bwd, recompute_s=recomputed,
+                     column_gemm_s=column_gemm_time(layer, split, peak, profile),
+                     attention_fwd_s=att_fwd, attention_bwd_s=att_bwd, wgrad_s=gemm)

@@ -44,6 +44,7 @@ class RuntimeProfile:
     pp_scatter_gather: bool
     cuda_context_bytes: float
     fragmentation: float
+    zero3_gather_unit: str = "layer"
     source: str = ""
 
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, fields
 from autoplan.cluster.spec import Cluster
 from autoplan.cluster.topology import GroupLinks, group_links
 from autoplan.costmodels import comm
-from autoplan.costmodels.compute import Split, layer_time
+from autoplan.costmodels.context import ring_attention_time
+from autoplan.costmodels.compute import LayerTime, Split, layer_time
 from autoplan.costmodels.memory import (
     WEIGHT_BYTES, ModelStates, in_flight_chunks, layer_activation_bytes, layer_params_on_gpu,
     model_state_bytes, backward_working_bytes,
@@ -24,7 +25,7 @@ from autoplan.costmodels.memory import (
 from autoplan.costmodels.pipeline import pipeline_time
 from autoplan.costmodels.profiles import ComputeProfile, RuntimeProfile
 from autoplan.graph.layer_graph import Layer, LayerGraph, LayerKind
-from autoplan.plan import Estimate, Offload, Plan, Recompute
+from autoplan.plan import Estimate, Offload, PipelineSchedule, Plan, Recompute
 from autoplan.training import AttentionKernel, TrainingSpec
 from autoplan.units import GIB
 
@@ -108,9 +109,13 @@ class _LayerCost:
     compute_s: float
     backward_s: float
     tp_comm_s: float
+    cp_comm_s: float
+    wgrad_s: float
     act_bytes: float
     working_bytes: float
     params: float
+    gathered: float
+    gathers: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +125,8 @@ class _RankCost:
     compute_s: float
     backward_s: float
     tp_comm_s: float
+    cp_comm_s: float
+    wgrad_s: float
     pp_comm_s: float
     states: ModelStates
     activations: float
@@ -127,6 +134,7 @@ class _RankCost:
     params: float
     acts_per_chunk: float
     largest: float
+    gathers: int
 
     @property
     def memory(self) -> float:
@@ -152,8 +160,8 @@ def _tp_messages(layer: Layer, split: Split) -> tuple[int, int, float]:
 
 
 def _layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
-                recompute: Recompute, tp_links: GroupLinks) -> _LayerCost:
-    key = (class_id, split, recompute, tp_links)
+                recompute: Recompute, tp_links: GroupLinks, cp_links: GroupLinks) -> _LayerCost:
+    key = (class_id, split, recompute, tp_links, cp_links)
     cached = problem._cache.get(key)
     if cached is not None:
         return cached
@@ -162,23 +170,69 @@ def _layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
     fwd_n, bwd_n, message = _tp_messages(layer, split)
     one = comm.all_reduce_time(message, tp_links) if split.tp > 1 else 0.0
     full = recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK
-    bwd_comm = bwd_n * one
-    if split.sp and layer.kind is LayerKind.BLOCK:
-        # SP re-gathers the sequence-sharded input of each column-parallel Linear in backward
-        # for its weight gradient instead of keeping it (Korthikanti et al. 2022, sec. 4.2.2).
-        bwd_comm += bwd_n * comm.all_gather_time(message, tp_links)
-    if problem.runtime.tp_bwd_overlap and not full:
-        bwd_comm = max(0.0, bwd_comm - t.wgrad_s)
+    bwd_comm = _tp_backward_comm(problem, layer, split, t, bwd_n, message, tp_links)
     tp_comm = fwd_n * one * (2 if full else 1) + bwd_comm
     cost = _LayerCost(
         compute_s=t.fwd_s + t.bwd_s + t.recompute_s, backward_s=t.bwd_s + t.recompute_s,
         tp_comm_s=tp_comm,
+        cp_comm_s=ring_attention_time(layer, split, t, cp_links,
+                                      recomputed=full or recompute is Recompute.SELECTIVE),
+        wgrad_s=t.wgrad_s,
         act_bytes=layer_activation_bytes(layer, split, recompute),
         working_bytes=backward_working_bytes(layer, split),
         params=layer_params_on_gpu(layer, split.tp),
+        gathered=_gathered_params(problem, layer, split.tp), gathers=_gather_units(problem, layer),
     )
     problem._cache[key] = cost
     return cost
+
+
+def _gathered_params(problem: Problem, layer: Layer, tp: int) -> float:
+    """Parameters of ``layer`` one GPU holds gathered at once under ZeRO-3: the whole layer
+    (FSDP wraps each block) or its largest parameter-owning module (DeepSpeed fetches module by
+    module), of which TP leaves 1/tp as of the whole layer."""
+    on_gpu = layer_params_on_gpu(layer, tp)
+    if problem.runtime.zero3_gather_unit != "module" or not layer.num_params:
+        return on_gpu
+    return layer.largest_module_params * on_gpu / layer.num_params
+
+
+def _gather_units(problem: Problem, layer: Layer) -> int:
+    """ZeRO-3 collectives per gather of ``layer``: one per parameter-owning module (DeepSpeed) or
+    one for the layer (FSDP)."""
+    if not layer.num_params:
+        return 0
+    return (layer.param_modules or 1) if problem.runtime.zero3_gather_unit == "module" else 1
+
+
+def _tp_backward_comm(problem: Problem, layer: Layer, split: Split, t: LayerTime, count: int,
+                      message: float, tp_links: GroupLinks) -> float:
+    """Exposed TP communication of one layer's backward for one micro-batch.
+
+    Without SP each column-parallel Linear all-reduces its input gradient. With SP (Korthikanti
+    et al. 2022, sec. 4.2.2) each row-parallel Linear all-gathers its output gradient (the
+    backward of its forward reduce-scatter), and each column-parallel Linear re-gathers its
+    sequence-sharded input for the weight gradient and reduce-scatters its input gradient. With
+    asynchronous TP communication (``tp_bwd_overlap``: Megatron-LM's async all-reduce) the
+    column-parallel collectives run under that Linear's input-gradient (the gather) and
+    weight-gradient (the reduction) GEMMs; the output-gradient gathers stay exposed. Full
+    recompute keeps this overlap: its backward costs the baseline's plus one forward
+    (Korthikanti et al. 2022, Table 4: 11.9 + 7.7 = 19.5 ms).
+    """
+    if count == 0 or split.tp == 1:
+        return 0.0
+    if split.sp and layer.kind is LayerKind.BLOCK:
+        gather = comm.all_gather_time(message, tp_links)
+        exposed = count * gather
+        hideable = count * (gather + comm.reduce_scatter_time(message, tp_links))
+        window = 2 * t.column_gemm_s
+    else:
+        exposed = 0.0
+        hideable = count * comm.all_reduce_time(message, tp_links)
+        window = t.column_gemm_s
+    if problem.runtime.tp_bwd_overlap:
+        hideable = max(0.0, hideable - window)
+    return exposed + hideable
 
 
 def axis_stride(plan: Plan, axis: str) -> int:
@@ -206,6 +260,20 @@ def _axis_links(problem: Problem, plan: Plan, axis: str) -> GroupLinks:
     return links
 
 
+def _replica_links(problem: Problem, plan: Plan) -> GroupLinks:
+    """The group that reduces gradients and shards ZeRO states: DP and CP ranks hold the same
+    weights, so it spans dp*cp GPUs (Megatron's data-parallel group with CP, torchtitan's
+    dp_shard_cp mesh); with the axes adjacent it starts at the inner one's stride."""
+    if plan.cp == 1:
+        return _axis_links(problem, plan, "dp")
+    size, stride = plan.dp * plan.cp, min(axis_stride(plan, "cp"), axis_stride(plan, "dp"))
+    key = ("links", "replicas", size, stride)
+    links = problem._cache.get(key)
+    if links is None:
+        links = problem._cache[key] = group_links(problem.cluster, size, stride)
+    return links
+
+
 def _rank_stages(plan: Plan, rank: int) -> tuple[tuple[int, int], ...]:
     """The model chunks ``(first_layer, num_layers)`` a pipeline rank runs (chunk c is virtual
     stage c*pp + rank)."""
@@ -220,10 +288,13 @@ class _ChunkSums:
     compute_s: float
     backward_s: float
     tp_comm_s: float
+    cp_comm_s: float
+    wgrad_s: float
     params: float
     acts_per_chunk: float
     working: float
     largest: float
+    gathers: int
 
 
 def _chunk_compositions(problem: Problem, plan: Plan,
@@ -257,24 +328,30 @@ def _recomputed_prefix(problem: Problem, first: int, num: int, n: int) -> int:
 
 
 def _chunk_sums(problem: Problem, compositions: tuple, split: Split,
-                tp_links: GroupLinks) -> _ChunkSums:
-    key = ("sums", compositions, split, tp_links)
+                tp_links: GroupLinks, cp_links: GroupLinks) -> _ChunkSums:
+    key = ("sums", compositions, split, tp_links, cp_links)
     cached = problem._cache.get(key)
     if cached is not None:
         return cached
-    compute_s = backward_s = tp_comm_s = params = acts = working = largest = 0.0
+    compute_s = backward_s = tp_comm_s = cp_comm_s = wgrad_s = params = acts = working = 0.0
+    largest = 0.0
+    gathers = 0
     for composition in compositions:
         for class_id, count, recompute in composition:
             layer = problem.layer_class(class_id)
-            cost = _layer_cost(problem, layer, class_id, split, recompute, tp_links)
+            cost = _layer_cost(problem, layer, class_id, split, recompute, tp_links, cp_links)
             compute_s += count * cost.compute_s
             backward_s += count * cost.backward_s
             tp_comm_s += count * cost.tp_comm_s
+            cp_comm_s += count * cost.cp_comm_s
+            wgrad_s += count * cost.wgrad_s
             params += count * cost.params
             acts += count * cost.act_bytes
             working = max(working, cost.working_bytes)
-            largest = max(largest, cost.params)
-    sums = _ChunkSums(compute_s, backward_s, tp_comm_s, params, acts / len(compositions), working, largest)
+            largest = max(largest, cost.gathered)
+            gathers += count * cost.gathers
+    sums = _ChunkSums(compute_s, backward_s, tp_comm_s, cp_comm_s, wgrad_s, params,
+                      acts / len(compositions), working, largest, gathers)
     problem._cache[key] = sums
     return sums
 
@@ -285,11 +362,11 @@ def _rank_base(problem: Problem, plan: Plan, rank: int, split: Split,
     stages = _rank_stages(plan, rank)
     last = rank == plan.pp - 1 and plan.pp > 1
     key = ("rank", stages, last, split, plan.recompute, plan.recompute_num_layers, links["tp"],
-           links["pp"])
+           links["pp"], links["cp"])
     cached = problem._cache.get(key)
     if cached is None:
         compositions = _chunk_compositions(problem, plan, stages)
-        sums = _chunk_sums(problem, compositions, split, links["tp"])
+        sums = _chunk_sums(problem, compositions, split, links["tp"], links["cp"])
         pp_comm_s = _pp_comm(problem, plan, stages, links["pp"]) if plan.pp > 1 else 0.0
         params = sums.params + (_tied_params(problem) / plan.tp if last else 0.0)
         cached = problem._cache[key] = (sums, pp_comm_s, params)
@@ -300,22 +377,26 @@ def _rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLi
     split = Split(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel, mbs=plan.micro_batch_size,
                   flash=problem.flash_attention)
     sums, pp_comm_s, params = _rank_base(problem, plan, rank, split, links)
-    states = model_state_bytes(params, zero_stage=plan.zero_stage, dp=plan.dp,
+    states = model_state_bytes(params, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp,
                                offload=plan.offload, runtime=problem.runtime)
     held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp, num_microbatches=plan.num_microbatches)
     activations = held * sums.acts_per_chunk + sums.working
     other = _other_bytes(problem, plan, activations, sums.largest)
-    return _RankCost(rank, sums.compute_s + sums.tp_comm_s + pp_comm_s, sums.compute_s,
-                     sums.backward_s, sums.tp_comm_s, pp_comm_s, states, activations, other, params,
-                     sums.acts_per_chunk, sums.largest)
+    return _RankCost(rank, sums.compute_s + sums.tp_comm_s + sums.cp_comm_s + pp_comm_s,
+                     sums.compute_s, sums.backward_s, sums.tp_comm_s, sums.cp_comm_s, sums.wgrad_s,
+                     pp_comm_s, states, activations, other, params,
+                     sums.acts_per_chunk, sums.largest, sums.gathers)
 
 
-def _other_bytes(problem: Problem, plan: Plan, activations: float, largest_layer: float) -> float:
+def _other_bytes(problem: Problem, plan: Plan, activations: float,
+                 largest_gathered: float) -> float:
     """The stated allowance: CUDA context and workspaces, allocator fragmentation, and with
-    ZeRO-3 the gathered weights of the running and the prefetched layer."""
+    ZeRO-3 two 16-bit copies of the largest unit gathered at once: the running and the
+    prefetched layer (FSDP), or a module's weights and their gradient (DeepSpeed's own
+    estimator: 4 bytes per parameter of the largest module)."""
     other = problem.runtime.cuda_context_bytes + problem.runtime.fragmentation * activations
     if plan.zero_stage >= 3:
-        other += 2 * WEIGHT_BYTES * largest_layer
+        other += 2 * WEIGHT_BYTES * largest_gathered
     return other
 
 
@@ -344,14 +425,22 @@ def _overlapped(comm_s: float, compute_s: float, overlap: float) -> float:
     return comm_s - overlap * min(comm_s, compute_s)
 
 
+ZERO3_PASSES = 3
+"""ZeRO-3 collectives per gather unit and micro-batch: the weights are gathered for the forward
+and again for the backward (with its recompute), and the gradients reduce-scattered (3x the
+model bytes, Rajbhandari et al. 2020)."""
+
+
 def _dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
-             backward_s: float, compute_s: float) -> float:
+             backward_s: float, compute_s: float, gathers: int = 0) -> float:
     """Exposed gradient reduction (and ZeRO gathers) per step for one GPU's parameters.
 
     Gradient reduction can overlap the last micro-batch's backward (``backward_s``); ZeRO-3
     parameter gathers and reduce-scatters run every micro-batch and can overlap all compute.
+    ZeRO-3 issues them per gather unit (``gathers`` per pass over the GPU's layers), each a
+    ring over the DP group that pays its latency (:func:`comm.ring_latency`).
     """
-    if plan.dp == 1:
+    if plan.dp * plan.cp == 1:
         return 0.0
     runtime = problem.runtime
     grads = runtime.grad_bytes * params
@@ -361,9 +450,10 @@ def _dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
     if plan.zero_stage < 3:
         sync = comm.reduce_scatter_time(grads, links) + comm.all_gather_time(weights, links)
         return _overlapped(sync, backward_s, runtime.dp_overlap)
-    per_microbatch = 2 * comm.all_gather_time(weights, links) + comm.reduce_scatter_time(grads, links)
-    total = plan.num_microbatches * per_microbatch / runtime.zero3_collective_efficiency
-    return _overlapped(total, compute_s, runtime.zero3_overlap)
+    volume = 2 * comm.all_gather_time(weights, links) + comm.reduce_scatter_time(grads, links)
+    latency = ZERO3_PASSES * gathers * comm.ring_latency(links)
+    per_microbatch = volume / runtime.zero3_collective_efficiency + latency
+    return _overlapped(plan.num_microbatches * per_microbatch, compute_s, runtime.zero3_overlap)
 
 
 def _host_link(problem: Problem) -> float:
@@ -372,7 +462,7 @@ def _host_link(problem: Problem) -> float:
 
 def _optimizer_time(problem: Problem, plan: Plan, params: float) -> float:
     """Adam step over the GPU's shard: memory-bound on the GPU, or CPUAdam plus PCIe copies."""
-    shard = params / (plan.dp if plan.zero_stage >= 1 else 1)
+    shard = params / (plan.dp * plan.cp if plan.zero_stage >= 1 else 1)
     if plan.offload is not Offload.NONE:
         copies = shard * (problem.runtime.grad_bytes + WEIGHT_BYTES) / _host_link(problem)
         return shard / CPU_ADAM_PARAMS_PER_S + copies
@@ -437,6 +527,15 @@ def _rank_groups(problem: Problem, plan: Plan) -> list[list[int]]:
     return groups
 
 
+def _deferred_share(plan: Plan, costs: list[_RankCost]) -> float:
+    """Share of the slowest rank's micro-batch that a zero-bubble schedule defers into the
+    bubble: its weight-gradient GEMMs (0 for the default schedules)."""
+    if plan.pipeline_schedule is not PipelineSchedule.ZERO_BUBBLE:
+        return 0.0
+    slow = max(costs, key=lambda c: c.micro_batch_s)
+    return slow.wgrad_s / slow.micro_batch_s if slow.micro_batch_s else 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class _Evaluation:
     """What estimate() and the solver's tables share: the step and each rank group's cost."""
@@ -458,18 +557,26 @@ class _Evaluation:
         return max(c.memory for c in self.costs)
 
 
+def _plan_links(problem: Problem, plan: Plan) -> dict[str, GroupLinks]:
+    """The links of each of the plan's groups; "dp" is the gradient-reduction group."""
+    links = {axis: _axis_links(problem, plan, axis) for axis in ("tp", "cp", "pp")}
+    links["dp"] = _replica_links(problem, plan)
+    return links
+
+
 def _evaluate(problem: Problem, plan: Plan) -> _Evaluation:
-    links = {axis: _axis_links(problem, plan, axis) for axis in ("tp", "dp", "pp")}
+    links = _plan_links(problem, plan)
     groups = _rank_groups(problem, plan)
     costs = [_rank_cost(problem, plan, ranks[0], links) for ranks in groups]
     slowest = max(c.micro_batch_s for c in costs)
     total = sum(c.micro_batch_s * len(ranks) for ranks, c in zip(groups, costs))
     m = plan.num_microbatches
-    pipe = pipeline_time(slowest_s=slowest, total_s=total, num_microbatches=m, vpp=plan.vpp)
+    pipe = pipeline_time(slowest_s=slowest, total_s=total, num_microbatches=m, vpp=plan.vpp,
+                         deferred_share=_deferred_share(plan, costs))
     params = max(c.params for c in costs)
     slow = max(costs, key=lambda c: c.micro_batch_s)
     dp_s = _dp_time(problem, plan, params, links["dp"], backward_s=slow.backward_s,
-                    compute_s=m * slow.compute_s)
+                    compute_s=m * slow.compute_s, gathers=slow.gathers)
     opt_s = _optimizer_time(problem, plan, params) + _offload_param_time(problem, plan, params)
     return _Evaluation(pipe + dp_s + opt_s, pipe, dp_s, opt_s, groups, costs)
 
@@ -506,34 +613,38 @@ def lower_bound_s(problem: Problem) -> float:
 
 
 def shape_lower_bound_s(problem: Problem, *, tp: int, pp: int, cp: int, mbs: int, vpp: int,
-                        num_microbatches: int) -> float:
+                        num_microbatches: int, zero_bubble: bool = False) -> float:
     """A step time no plan of this shape can beat, whatever its stages and switches.
 
     Every layer runs once per micro-batch on some pipeline rank, so the ranks' micro-batch
     times sum to at least S, the layers' compute and TP collectives without recomputation
     (the cheaper of with and without SP); the slowest rank takes at least S / pp, and the
-    schedule ``m * max + (sum - max) / v`` is then at least ``(m - 1/v) S / pp + S / v``.
-    Pipeline sends, data-parallel reduction and the optimizer only add time.
+    schedule ``m * max + (sum - max) / v`` is then at least ``(m - 1/v) S / pp + S / v``
+    (``m S / pp`` under a ``zero_bubble`` schedule, which may hide all of its fill and drain).
+    Pipeline sends, ring attention, data-parallel reduction and the optimizer only add time.
     """
     key = ("shape-bound", tp, cp, mbs)
     per_microbatch = problem._cache.get(key)
     if per_microbatch is None:
-        links = group_links(problem.cluster, tp, 1)  # TP innermost: its fastest links
+        links = (group_links(problem.cluster, tp, 1),  # TP innermost: its fastest links
+                 group_links(problem.cluster, cp, tp))  # (ring attention is left out)
         counts = problem.layer_counts(0, len(problem.graph.layers))
         per_microbatch = min(
             sum(k * _layer_time_and_tp_comm(problem, c, Split(tp=tp, cp=cp, sp=sp, mbs=mbs,
                                                                flash=problem.flash_attention),
-                                            links) for c, k in counts)
+                                            *links) for c, k in counts)
             for sp in ((False, True) if tp > 1 else (False,)))
         problem._cache[key] = per_microbatch
     m = num_microbatches
+    if zero_bubble:
+        return m * per_microbatch / pp
     return (m - 1 / vpp) * per_microbatch / pp + per_microbatch / vpp
 
 
 def _layer_time_and_tp_comm(problem: Problem, class_id: int, split: Split,
-                            links: GroupLinks) -> float:
+                            tp_links: GroupLinks, cp_links: GroupLinks) -> float:
     cost = _layer_cost(problem, problem.layer_class(class_id), class_id, split, Recompute.NONE,
-                       links)
+                       tp_links, cp_links)
     return cost.compute_s + cost.tp_comm_s
 
 
@@ -542,13 +653,14 @@ def estimate(problem: Problem, plan: Plan) -> Estimate:
     evaluation = _evaluate(problem, plan)
     slow, m = evaluation.slowest, plan.num_microbatches
     worst = max(evaluation.costs, key=lambda c: c.memory)
+    breakdown = {"compute": m * slow.compute_s, "tp_comm": m * slow.tp_comm_s}
+    if plan.cp > 1:  # the ring-attention transfers; absent without CP
+        breakdown["cp_comm"] = m * slow.cp_comm_s
+    breakdown |= {"pp_comm": m * slow.pp_comm_s, "dp_comm": evaluation.dp_s,
+                  "bubble": evaluation.pipeline_s - m * slow.micro_batch_s,
+                  "optimizer": evaluation.optimizer_s}
     return _summarize(problem, plan, step=evaluation.step_s, worst=worst,
-                      memories=_rank_memories(problem, plan, evaluation), breakdown={
-        "compute": m * slow.compute_s, "tp_comm": m * slow.tp_comm_s,
-        "pp_comm": m * slow.pp_comm_s, "dp_comm": evaluation.dp_s,
-        "bubble": evaluation.pipeline_s - m * slow.micro_batch_s,
-        "optimizer": evaluation.optimizer_s,
-    })
+                      memories=_rank_memories(problem, plan, evaluation), breakdown=breakdown)
 
 
 def _summarize(problem: Problem, plan: Plan, *, step: float, worst: _RankCost,

@@ -19,7 +19,8 @@ import yaml
 from autoplan.errors import ExportError
 from autoplan.plan import Offload, Recompute, Result
 from autoplan.plugins.exporter import Exporter
-from autoplan.plugins.launch import DEFAULT_MASTER_PORT, nodes_of, require_target_placement
+from autoplan.plugins.launch import (DEFAULT_MASTER_PORT, nodes_of, require_default_schedule,
+                                     require_target_placement)
 from autoplan.plugins.megatron import check as check_megatron
 from autoplan.plugins.stages import blocks_per_stage
 from autoplan.plugins.summary import comment_header, precision
@@ -153,6 +154,7 @@ def accelerate_config(result: Result) -> dict:
         ExportError: no accelerate backend can run the plan.
     """
     require_target_placement(result, "accelerate")
+    require_default_schedule(result, "accelerate")
     distributed_type, section = choose_backend(result)
     nodes = nodes_of(result)
     return {

@@ -22,7 +22,8 @@ import shlex
 from autoplan.errors import ExportError
 from autoplan.plan import Offload, Recompute, Result
 from autoplan.plugins.exporter import Exporter
-from autoplan.plugins.launch import Nodes, nodes_of, require_target_placement
+from autoplan.plugins.launch import (Nodes, nodes_of, require_default_schedule,
+                                     require_target_placement)
 from autoplan.plugins.summary import comment_header, precision
 
 CONFIG_FILE = "ds_config.json"
@@ -38,6 +39,7 @@ def check(result: Result) -> None:
         ExportError: saying which rule fails and what to change.
     """
     require_target_placement(result, "DeepSpeed")
+    require_default_schedule(result, "DeepSpeed")
     plan = result.plan
     problems = []
     if plan.recompute_num_layers is not None:

@@ -88,6 +88,20 @@ def require_target_placement(result: Result, target: str,
             f"--placement {orders[0]}.")
 
 
+def require_default_schedule(result: Result, target: str) -> None:
+    """Refuse a plan made for a pipeline schedule ``target`` does not have (zero-bubble is
+    torchtitan's).
+
+    Raises:
+        ExportError: the plan has a ``pipeline_schedule``.
+    """
+    schedule = result.plan.pipeline_schedule
+    if schedule is not None:
+        raise ExportError(
+            f"the plan uses the {schedule.value} pipeline schedule, which {target} does not "
+            "run; export it for torchtitan, or re-plan for this target's runtime.")
+
+
 def _rendezvous_lines(nodes: Nodes) -> list[str]:
     """Shell lines that set MASTER_ADDR, MASTER_PORT and NODE_RANK (overridable from the
     environment); node ranks follow the host order of cluster.yaml."""

@@ -14,7 +14,8 @@ from __future__ import annotations
 from autoplan.errors import ExportError
 from autoplan.plan import Offload, Recompute, Result
 from autoplan.plugins.exporter import Exporter
-from autoplan.plugins.launch import args_file_text, require_target_placement, torchrun_script
+from autoplan.plugins.launch import (args_file_text, require_default_schedule,
+                                     require_target_placement, torchrun_script)
 from autoplan.plugins.stages import blocks_per_stage, require_ends, stage_kinds
 from autoplan.plugins.summary import comment_header, precision, require_model, seq_len
 from autoplan.training import PIPELINE_INSIDE_PLACEMENT, RUNTIME_PLACEMENTS, Runtime
@@ -30,6 +31,7 @@ def check(result: Result) -> None:
         ExportError: saying which rule fails and what to change.
     """
     require_target_placement(result, "Megatron-LM", RUNTIME_PLACEMENTS[Runtime.MEGATRON])
+    require_default_schedule(result, "Megatron-LM")
     plan, model = result.plan, require_model(result)
     problems = []
     if plan.vpp > 1 and plan.pp == 1:

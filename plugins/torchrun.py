@@ -17,8 +17,8 @@ import shlex
 from autoplan.errors import ExportError
 from autoplan.plan import Offload, Result
 from autoplan.plugins.exporter import Exporter
-from autoplan.plugins.launch import (args_file_text, nodes_of, require_target_placement,
-                                     torchrun_script)
+from autoplan.plugins.launch import (args_file_text, nodes_of, require_default_schedule,
+                                     require_target_placement, torchrun_script)
 from autoplan.plugins.stages import stage_kinds
 from autoplan.plugins.summary import comment_header, seq_len
 
@@ -89,6 +89,7 @@ def check(result: Result) -> None:
         ExportError: naming the rule and what to change.
     """
     require_target_placement(result, "the torchrun script")
+    require_default_schedule(result, "the torchrun script")
     plan = result.plan
     problems = []
     if plan.cp > 1:

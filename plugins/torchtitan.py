@@ -14,7 +14,7 @@ comes from ``training.global_batch_size`` exceeding ``local_batch_size * dp``.
 from __future__ import annotations
 
 from autoplan.errors import ExportError
-from autoplan.plan import Offload, Result
+from autoplan.plan import Offload, PipelineSchedule, Result
 from autoplan.plugins.exporter import Exporter
 from autoplan.plugins.launch import args_file_text, require_target_placement, torchrun_script
 from autoplan.plugins.stages import require_ends, stage_kinds
@@ -77,6 +77,13 @@ def module_fqns_per_stage(result: Result) -> list[list[str]]:
     return parts
 
 
+def _schedule_name(plan) -> str:
+    """torchtitan's name of the plan's pipeline schedule (torch.distributed.pipelining)."""
+    if plan.pipeline_schedule is PipelineSchedule.ZERO_BUBBLE:
+        return "InterleavedZeroBubble"
+    return "Interleaved1F1B" if plan.vpp > 1 else "1F1B"
+
+
 def _pipeline_args(result: Result) -> list[str]:
     plan = result.plan
     if plan.pp == 1:
@@ -84,7 +91,7 @@ def _pipeline_args(result: Result) -> list[str]:
     parts = [",".join(names) for names in module_fqns_per_stage(result)]
     return ["--parallelism.pipeline_parallel_degree", str(plan.pp),
             "--parallelism.pipeline_parallel_schedule",
-            "Interleaved1F1B" if plan.vpp > 1 else "1F1B",
+            _schedule_name(plan),
             "--parallelism.pipeline_parallel_microbatch_size", str(plan.micro_batch_size),
             "--parallelism.module_fqns_per_model_part", *parts]
 

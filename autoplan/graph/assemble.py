@@ -81,6 +81,16 @@ def _params(modules: list[nn.Module], seen: set[int]) -> tuple[int, int, int]:
     return count, nbytes, tied
 
 
+def _param_modules(modules: list[nn.Module], seen: set[int]) -> tuple[int, int]:
+    """(how many, largest) of the submodules that own parameters not seen earlier in the chain,
+    counting only their own (DeepSpeed ZeRO-3 gathers and frees each such module's parameters
+    around its forward and backward; its estimators call the largest one the "largest layer")."""
+    sizes = [sum(p.numel() for p in m.parameters(recurse=False) if id(p) not in seen)
+             for module in modules for m in module.modules()]
+    sizes = [n for n in sizes if n]
+    return len(sizes), max(sizes, default=0)
+
+
 def _sharded_params(modules: list[nn.Module], stats: LayerStats, gemms: dict[str, Gemm],
                     vocab: int | None, named: dict[str, nn.Module]) -> int:
     """Parameters TP splits: paired weight matmuls (column bias too), all experts (expert
@@ -141,6 +151,7 @@ def _layer(run: TraceRun, name: str, members: list[str], position: str, *, seen:
     module_names = tuple(m for m in ([name] if position == "block" else members) if m in named)
     modules = [named[m] for m in module_names]
     stats = _merged(run, members)
+    param_modules, largest_module = _param_modules(modules, seen)
     count, nbytes, tied = _params(modules, seen)
     fwd, bwd = _flops(run, [f"{root}.{m}" for m in members if m in named])
     kind = _kind_of(name, modules, position)
@@ -162,6 +173,7 @@ def _layer(run: TraceRun, name: str, members: list[str], position: str, *, seen:
         tp_allreduces=sum(g.count for g in gemms.values() if g.split is TpSplit.ROW)
         + (1 if kind is LayerKind.EMBEDDING and vocab else 0),
         tied_params=tied, experts=tuple(stats.experts), modules=module_names,
+        param_modules=param_modules, largest_module_params=largest_module,
     )
 
 

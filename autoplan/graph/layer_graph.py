@@ -101,6 +101,8 @@ class Layer:
     tied_params: int = 0  # parameters shared with an earlier layer (counted there)
     modules: tuple[str, ...] = ()  # module names the layer consists of (for device maps)
     experts: tuple[Experts, ...] = ()  # MoE layers inside (empty for dense layers)
+    param_modules: int = 0  # submodules owning parameters (ZeRO-3 per-module gathers)
+    largest_module_params: int = 0  # parameters of the largest of them
 
     @property
     def other_fwd_flops(self) -> float:

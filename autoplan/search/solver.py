@@ -76,7 +76,8 @@ from autoplan.search.objective import meets_throughput
 from autoplan.search.objective import value as objective_value
 from autoplan.search.runners_up import best_by_shape
 from autoplan.search.space import (
-    Shape, leanest, make_plan, max_chunk_blocks, shapes, stage_variants, switches,
+    Shape, leanest, make_plan, max_chunk_blocks, pipeline_schedule, shapes, stage_variants,
+    switches,
 )
 from autoplan.training import RUNTIME_PLACEMENTS, Bounds, Objective, ObjectiveTerm, Pins
 
@@ -225,9 +226,10 @@ class Table:
             if time.perf_counter() > deadline:
                 self.open_bound_s = min(self.open_bound_s, lower_bound_s(problem))
                 break
-            bound = shape_lower_bound_s(problem, tp=shape.tp, pp=shape.pp, cp=shape.cp,
-                                        mbs=shape.mbs, vpp=shape.vpp,
-                                        num_microbatches=shape.num_microbatches(batch))
+            bound = shape_lower_bound_s(
+                problem, tp=shape.tp, pp=shape.pp, cp=shape.cp, mbs=shape.mbs, vpp=shape.vpp,
+                num_microbatches=shape.num_microbatches(batch),
+                zero_bubble=pipeline_schedule(problem.training.runtime, shape.vpp) is not None)
             items.append(self._new_pending(bound, source, shape))
         return items
 

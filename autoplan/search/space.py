@@ -14,11 +14,23 @@ from itertools import product
 
 from autoplan.errors import ConstraintError
 from autoplan.graph.layer_graph import LayerGraph, LayerKind
-from autoplan.plan import Offload, Plan, Recompute, Stage
-from autoplan.training import DEFAULT_PLACEMENT, RUNTIME_PLACEMENTS, Bounds, Pins, Runtime, TrainingSpec
+from autoplan.plan import Offload, PipelineSchedule, Plan, Recompute, Stage
+from autoplan.training import (
+    DEFAULT_PLACEMENT, RUNTIME_PLACEMENTS, AttentionKernel, Bounds, Pins, Runtime,
+    TrainingSpec,
+)
 
 MAX_MICRO_BATCH = 64
 """Micro-batches beyond this only add activation memory; no published plan uses more."""
+
+CP_MIN_TOKENS = 4096
+"""Context parallelism is searched while each GPU keeps at least this many tokens of a
+sequence: shorter blocks leave too little attention per ring step to hide the next KV block's
+transfer (NeMo's Llama 3 405B recipe runs cp=2 at 8192 tokens, Llama 3 cp=16 at 128K)."""
+
+CP_RUNTIMES = (Runtime.MEGATRON, Runtime.FSDP)
+"""Runtimes with ring-attention context parallelism: Megatron-LM ``--context-parallel-size``,
+torchtitan ``context_parallel_degree`` (DeepSpeed's Ulysses is a different scheme)."""
 
 ZERO_STAGES = {Runtime.MEGATRON: (0, 1), Runtime.DEEPSPEED: (0, 1, 2, 3), Runtime.FSDP: (0, 2, 3)}
 """What each runtime implements: Megatron's distributed optimizer is ZeRO-1; FSDP's
@@ -161,13 +173,29 @@ def placement_options(runtime: Runtime, pp: int, dp: int, pinned: str | None) ->
     return list(RUNTIME_PLACEMENTS[runtime]) if pp > 1 and dp > 1 else [DEFAULT_PLACEMENT]
 
 
+def cp_options(training: TrainingSpec, pinned: int | None) -> list[int]:
+    """Context-parallel degrees: 1, and for runtimes with ring attention over flash kernels the
+    powers of two that split the sequence into 2*cp equal chunks (Megatron's load balancing of
+    causal attention) of at least CP_MIN_TOKENS tokens per GPU."""
+    if pinned is not None:
+        return [pinned]
+    if training.runtime not in CP_RUNTIMES or training.attention is not AttentionKernel.FLASH:
+        return [1]
+    options, cp = [1], 2
+    while training.seq_len % (2 * cp) == 0 and training.seq_len // cp >= CP_MIN_TOKENS:
+        options.append(cp)
+        cp *= 2
+    return options
+
+
 def shapes(graph: LayerGraph, *, world: int, gpus_per_node: int, training: TrainingSpec,
            pins: Pins, bounds: Bounds | None = None, every_dp: bool = False) -> list[Shape]:
     """All legal (tp, pp, dp, cp, mbs, vpp) on at most ``world`` GPUs for the global batch,
     within the user's ``bounds``; ``every_dp`` lifts the DP dominance (see dp_options)."""
     shapes_ = []
-    cp = pins.cp or 1
-    for tp in tp_options(graph, gpus_per_node, pins.tp):
+    for cp, tp in product(cp_options(training, pins.cp), tp_options(graph, gpus_per_node, pins.tp)):
+        if tp * cp > world:
+            continue
         for pp in pp_options(graph, world // (tp * cp), pins.pp):
             for dp in dp_options(training.global_batch, world // (tp * pp * cp), pins.dp,
                                  every=every_dp):
@@ -180,7 +208,7 @@ def shapes(graph: LayerGraph, *, world: int, gpus_per_node: int, training: Train
                                     in placement_options(training.runtime, pp, dp, pins.placement)]
     if bounds is not None:
         shapes_ = [s for s in shapes_ if bounds.admits(tp=s.tp, pp=s.pp, dp=s.dp, mbs=s.mbs,
-                                                        vpp=s.vpp)]
+                                                        vpp=s.vpp, cp=s.cp)]
     return shapes_
 
 
@@ -259,6 +287,20 @@ def _pinned_out(pins: Pins, **values) -> bool:
     return any(getattr(pins, k) is not None and getattr(pins, k) != v for k, v in values.items())
 
 
+ZERO_BUBBLE_RUNTIMES = (Runtime.FSDP,)
+"""Runtimes with a zero-bubble schedule: torchtitan's InterleavedZeroBubble (torch.distributed.
+pipelining), for two or more model chunks per rank."""
+
+
+def pipeline_schedule(runtime: Runtime, vpp: int) -> PipelineSchedule | None:
+    """The schedule a plan runs: zero-bubble where the runtime has it for interleaved plans
+    (it holds the interleaved schedule's memory and only shortens the bubble, Qi et al. 2023),
+    else the default 1F1B / interleaved 1F1B (None)."""
+    if runtime in ZERO_BUBBLE_RUNTIMES and vpp >= 2:
+        return PipelineSchedule.ZERO_BUBBLE
+    return None
+
+
 def make_plan(shape: Shape, sw: Switches, stages: tuple[Stage, ...], training: TrainingSpec) -> Plan:
     return Plan(
         tp=shape.tp, pp=shape.pp, dp=shape.dp, cp=shape.cp, zero_stage=sw.zero,
@@ -266,7 +308,7 @@ def make_plan(shape: Shape, sw: Switches, stages: tuple[Stage, ...], training: T
         num_microbatches=shape.num_microbatches(training.global_batch), recompute=sw.recompute,
         recompute_num_layers=sw.recompute_num_layers, sequence_parallel=sw.sp, vpp=shape.vpp, offload=sw.offload,
         world_size=shape.tp * shape.pp * shape.dp * shape.cp, placement=shape.placement,
-        stages=stages,
+        stages=stages, pipeline_schedule=pipeline_schedule(training.runtime, shape.vpp),
     )
 
 
@@ -279,6 +321,22 @@ def candidate_plans(graph: LayerGraph, *, world: int, gpus_per_node: int, traini
             for sw in switches(shape, runtime=training.runtime, pins=pins,
                                blocks_per_chunk=max_chunk_blocks(graph, stages)):
                 yield make_plan(shape, sw, stages, training)
+
+
+def _check_cp(training: TrainingSpec, cp: int) -> None:
+    """Reject a context-parallel degree the runtime or the sequence cannot take."""
+    if training.runtime not in CP_RUNTIMES:
+        raise ConstraintError(
+            f"--cp {cp}: the {training.runtime.value} runtime has no ring-attention context "
+            f"parallelism; use --runtime megatron or fsdp, or leave --cp unset.")
+    if training.attention is not AttentionKernel.FLASH:
+        raise ConstraintError(
+            f"--cp {cp} needs flash attention kernels (ring attention passes softmax statistics "
+            "between blocks); use attention 'flash' or leave --cp unset.")
+    if training.seq_len % (2 * cp):
+        raise ConstraintError(
+            f"--seq-len {training.seq_len} is not divisible by 2*cp = {2 * cp}: context "
+            "parallelism splits each sequence into 2*cp equal chunks. Change --cp or --seq-len.")
 
 
 def check_pins(graph: LayerGraph, *, world: int, training: TrainingSpec, pins: Pins) -> None:
@@ -296,8 +354,7 @@ def check_pins(graph: LayerGraph, *, world: int, training: TrainingSpec, pins: P
             f"--tp {pins.tp} does not divide the model's attention heads / KV heads "
             f"{graph.tp_divisors}; pick a TP degree that divides them.")
     if pins.cp not in (None, 1):
-        raise ConstraintError(
-            "--cp > 1: context parallelism is not modelled yet; leave --cp unset or 1.")
+        _check_cp(training, pins.cp)
     if pins.dp is not None and training.global_batch % pins.dp:
         raise ConstraintError(
             f"--global-batch {training.global_batch} is not divisible by --dp {pins.dp}; each "

@@ -160,8 +160,8 @@ def gloo_staging_bytes(plan, largest_layer_params: float) -> float:
 def predicted_rank_bytes(problem, plan) -> list[float]:
     """Bytes predicted for each pipeline rank: the memory model's (fp32 weights, see above)
     plus what this runtime adds to it: pipeline receive buffers and gloo's staging copies."""
-    from autoplan.costmodels.step import _axis_links, _rank_cost
-    links = {axis: _axis_links(problem, plan, axis) for axis in ("tp", "dp", "pp")}
+    from autoplan.costmodels.step import _plan_links, _rank_cost
+    links = _plan_links(problem, plan)
     out = []
     for rank in range(plan.pp):
         cost = _rank_cost(problem, plan, rank, links)

@@ -5,6 +5,8 @@ import types
 
 import pytest
 
+import autoplan
+
 from autoplan.costmodels.compute import Split
 from autoplan.costmodels.memory import layer_activation_bytes, model_state_bytes
 from autoplan.costmodels.profiles import runtime_profile
@@ -105,8 +107,47 @@ def test_deepspeed_zero3_matches_deepspeeds_own_estimator(gpus):
     psi, largest = 7_000_000_000, 200_000_000
     _, expected, _ = stage3.estimate_zero3_model_states_mem_needs(
         psi, largest, num_gpus_per_node=8, num_nodes=gpus // 8, cpu_offload=False)
-    # DeepSpeed counts the gathered largest layer (4 bytes/param); our memory model puts the
-    # same 2 x 2 bytes (running and prefetched layer) in "other". Its 18/N leaves out the fp16
-    # parameter partition ZeRO-3 keeps on every GPU (2/N): we count 20/N, on purpose.
+    # DeepSpeed counts its largest layer (the largest parameter-owning module, see the test
+    # below) at 4 bytes/param, weights and gradient; our memory model puts the same 2 x 2
+    # bytes in "other". Its 18/N leaves out the fp16 parameter partition ZeRO-3 keeps on every
+    # GPU (2/N): we count 20/N, on purpose.
     ours = states(psi, zero=3, dp=gpus, runtime=DEEPSPEED) + 2 * 2 * largest
     assert ours == pytest.approx(expected + 2 * psi / gpus, abs=1)
+
+
+def test_traced_largest_module_is_deepspeeds_largest_layer(block):
+    stage3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
+    config = GPTConfig(num_layers=2, hidden_size=H, num_heads=A, vocab_size=1024, max_seq_len=S)
+    _, largest = stage3.model_to_params(GPT(config).h[0])
+    assert block.largest_module_params == largest == 4 * H * H + 4 * H  # the MLP's c_fc
+
+
+def test_zero3_memory_holds_the_gathered_unit_of_each_runtime(examples):
+    # DeepSpeed: the largest module (c_fc, 4h^2 + 4h) at 4 bytes/param (weights and gradient,
+    # its estimator); FSDP: a whole block (12h^2 + 13h) running and another prefetched, 2 bytes
+    # each. h = 1024, ZeRO-3 over 8 GPUs of one node.
+    h = 1024
+    module = types.ModuleType("gpt_zero3_test")
+    config = GPTConfig(num_layers=2, hidden_size=h, num_heads=16, vocab_size=1024, max_seq_len=256)
+    module.build_model = lambda: GPT(config)
+    module.loss = next_token_loss
+    other = {}
+    for runtime in ("deepspeed", "fsdp"):
+        result = autoplan.estimate(module, examples / "clusters/dgx-a100-x1.yaml",
+                                   {"tp": 1, "pp": 1, "dp": 8, "mbs": 1, "zero": 3}, seq_len=256,
+                                   global_batch=8, runtime=runtime)
+        breakdown = result.estimate.memory_breakdown_gib
+        other[runtime] = breakdown["other"] - 0.10 * breakdown["activations"]  # less fragmentation
+    assert (other["fsdp"] - other["deepspeed"]) * 2**30 == pytest.approx(
+        2 * 2 * (12 * h * h + 13 * h) - 4 * (4 * h * h + 4 * h), rel=1e-6)
+
+
+def test_the_530b_zero3_run_fits_the_80gb_gpus_it_ran_on(examples, monkeypatch):
+    # published_runs.csv row N21-T2-04: ZeRO-3, MBS 4, on 640 A100-80GB (it did not fit on 560).
+    from published_runs import published_runs
+    monkeypatch.chdir(examples.parent)
+    run = next(r for r in published_runs() if r.row_id == "N21-T2-04")
+    result = autoplan.estimate(run.model, run.cluster, run.pins, seq_len=run.seq_len,
+                               global_batch=run.global_batch, runtime=run.runtime,
+                               precision=run.precision, attention="explicit")
+    assert result.estimate.feasible

@@ -185,3 +185,11 @@ def test_zero3_is_megatron_fsdp_without_single_cuda_connection():
     assert "--use-megatron-fsdp" in args
     transformer_config(args)
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in render(result)["launch_megatron.sh"]
+
+
+def test_context_parallelism_is_exported():
+    result = changed(load_plan("llama8b_3d_vpp_sp"),
+                     plan={"cp": 2, "dp": 1, "num_microbatches": 64})
+    args = megatron_args(result)
+    assert args[args.index("--context-parallel-size") + 1] == "2"
+    assert transformer_config(args).context_parallel_size == 2

@@ -92,3 +92,19 @@ def test_fp16_is_refused():
                                "runtime": "fsdp"})
     with pytest.raises(ExportError, match="bf16 only"):
         torchtitan_overrides(result)
+
+
+def test_context_parallel_degree_is_exported():
+    result = changed(load_plan("llama8b_3d_vpp_sp"),
+                     plan={"cp": 2, "dp": 1, "num_microbatches": 64})
+    config = parse(torchtitan_overrides(result))
+    dims = parallel_dims.ParallelDims.from_config(config.parallelism, result.plan.world_size)
+    assert dims.cp == config.parallelism.context_parallel_degree == 2
+
+
+def test_zero_bubble_schedule_is_one_torch_pipelining_knows():
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    result = changed(load_plan("llama8b_3d_vpp_sp"), plan={"pipeline_schedule": "zero_bubble"})
+    config = parse(torchtitan_overrides(result))
+    name = config.parallelism.pipeline_parallel_schedule
+    assert schedules.get_schedule_class(name) is schedules.ScheduleInterleavedZeroBubble

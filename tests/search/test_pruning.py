@@ -44,7 +44,8 @@ def test_no_plan_beats_its_shape_bound(case):
     for plan in _plans(problem):
         bound = shape_lower_bound_s(problem, tp=plan.tp, pp=plan.pp, cp=plan.cp,
                                     mbs=plan.micro_batch_size, vpp=plan.vpp,
-                                    num_microbatches=plan.num_microbatches)
+                                    num_microbatches=plan.num_microbatches,
+                                    zero_bubble=plan.pipeline_schedule is not None)
         assert bound <= step_and_peak(problem, plan)[0] * (1 + 1e-12)
 
 

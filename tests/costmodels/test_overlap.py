@@ -1,0 +1,106 @@
+"""TP backward overlap and ZeRO-3 collectives, worked by hand from the communication primitives
+(tests/cluster/test_comm.py checks those against nccl-tests figures)."""
+
+import pytest
+
+from autoplan.api import _training, load_cluster, load_model, make_problem, plan_from_pins
+from autoplan.api import runtime_with
+from autoplan.cluster.topology import group_links
+from autoplan.costmodels import comm
+from autoplan.costmodels.compute import Split, column_gemm_time
+from autoplan.costmodels.step import estimate
+from autoplan.errors import ConstraintError
+from autoplan.graph.layer_graph import LayerKind
+from autoplan.plan import Recompute
+from autoplan.training import Pins
+from published_runs import _gpt_module, selene
+
+L, H, A, V, S = 2, 12288, 96, 51200, 1024  # a GPT whose GEMMs outlast its TP messages
+TP, MBS = 8, 8
+
+
+@pytest.fixture(scope="module")
+def megatron():
+    model = load_model(_gpt_module(L, H, A, V, S))
+    cluster = load_cluster(selene(8))
+    return make_problem(model, cluster, _training(S, 4 * MBS, "bf16", "megatron", "flash"))
+
+
+def _tp_comm(problem, *, overlap: bool, sp: bool = False, recompute=Recompute.NONE) -> float:
+    problem = problem.__class__(**{**{f: getattr(problem, f) for f in (
+        "graph", "cluster", "training", "compute", "mem_limit_bytes")},
+        "runtime": runtime_with(problem.runtime, {"tp_bwd_overlap": overlap})})
+    plan = plan_from_pins(problem, Pins(tp=TP, pp=1, dp=1, mbs=MBS, sp=sp, recompute=recompute))
+    return estimate(problem, plan).time_breakdown_s["tp_comm"]
+
+
+def _all_reduce(problem) -> float:
+    """One all-reduce of a micro-batch's hidden states (s*b*h bf16) over the node's TP group."""
+    return comm.all_reduce_time(2 * S * MBS * H, group_links(problem.cluster, TP, 1))
+
+
+def test_column_gemms_are_long_enough_to_hide_the_gradient_all_reduces(megatron):
+    # Precondition of the tests below: each column-parallel Linear's GEMM outlasts its
+    # all-reduce, so with overlap none of the backward's is exposed.
+    block = next(l for l in megatron.graph.layers if l.kind is LayerKind.BLOCK)
+    peak = megatron.cluster.gpu.peak_flops("bf16")
+    window = column_gemm_time(block, Split(TP, 1, False, MBS), peak, megatron.compute)
+    assert window > 2 * _all_reduce(megatron)
+
+
+def test_async_tp_all_reduce_leaves_only_the_forward_exposed(megatron):
+    # Per micro-batch (4 of them): forward 2 all-reduces per block + 1 for the vocab-parallel
+    # embedding; backward 2 per block (column-parallel input gradients) + 1 for the head.
+    m, ar = 4, _all_reduce(megatron)
+    assert _tp_comm(megatron, overlap=False) == pytest.approx(m * (4 * L + 2) * ar, rel=1e-9)
+    assert _tp_comm(megatron, overlap=True) == pytest.approx(m * (2 * L + 1) * ar, rel=1e-9)
+
+
+def test_full_recompute_keeps_the_overlap(megatron):
+    # Korthikanti et al. 2022 Table 4: full recompute adds one forward (with its all-reduces)
+    # to the backward, which hides its gradient all-reduces as before.
+    m, ar = 4, _all_reduce(megatron)
+    assert _tp_comm(megatron, overlap=True, recompute=Recompute.FULL) == pytest.approx(
+        m * (4 * L + 1) * ar, rel=1e-9)
+
+
+def test_sequence_parallel_exposes_the_output_gradient_gathers(megatron):
+    # With SP each row-parallel Linear all-gathers its output gradient in backward (2 per
+    # block); the column-parallel gathers and reduce-scatters hide under their GEMMs.
+    m, ar = 4, _all_reduce(megatron)
+    gather = comm.all_gather_time(2 * S * MBS * H, group_links(megatron.cluster, TP, 1))
+    assert _tp_comm(megatron, overlap=True, sp=True) == pytest.approx(
+        m * ((2 * L + 1) * ar + 2 * L * gather), rel=1e-9)
+
+
+def test_unknown_runtime_settings_are_refused(megatron):
+    with pytest.raises(ConstraintError, match="tp_overlap_bwd"):
+        runtime_with(megatron.runtime, {"tp_overlap_bwd": True})
+
+
+def test_ring_latency_is_one_hop_per_step():
+    cluster = load_cluster(selene(64)).cluster
+    links = group_links(cluster, 64, 1)  # 8 nodes
+    assert comm.ring_latency(links) == pytest.approx(63 * 5e-6)
+
+
+def test_deepspeed_zero3_pays_one_ring_per_module_and_pass():
+    # DeepSpeed gathers each parameter-owning module separately: a GPT block has 6 (ln_1,
+    # c_attn, attention c_proj, ln_2, c_fc, MLP c_proj), the embedding 2 (wte, wpe), ln_f 1,
+    # the tied head none. Each is gathered twice (forward, backward) and its gradients
+    # reduce-scattered once: 3 rings of 15 hops (16 GPUs on 2 nodes) per module.
+    model = load_model(_gpt_module(L, 1024, 16, 1024, 256))
+    cluster = load_cluster(selene(16))
+    modules = 6 * L + 2 + 1
+    times = {}
+    for runtime in ("deepspeed", "fsdp"):
+        problem = make_problem(model, cluster, _training(256, 16, "bf16", runtime, "flash"),
+                               runtime_settings={"zero3_collective_efficiency": 1.0,
+                                                 "zero3_overlap": 0.0})
+        plan = plan_from_pins(problem, Pins(tp=1, pp=1, dp=16, mbs=1, zero=3))
+        times[runtime] = estimate(problem, plan).time_breakdown_s["dp_comm"]
+    # FSDP gathers a layer at once: embedding, 2 blocks, ln_f (the head has no own weights).
+    fsdp_units = 1 + L + 1
+    hop_latency = 15 * 5e-6
+    assert times["deepspeed"] - times["fsdp"] == pytest.approx(
+        3 * (modules - fsdp_units) * hop_latency, rel=1e-6)

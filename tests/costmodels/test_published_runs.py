@@ -1,0 +1,25 @@
+"""How benchmarks/published_runs.py reads a row of ../shared/data/published_runs.csv into a plan
+and the settings of the framework that ran it."""
+
+from published_runs import published_runs
+
+
+def _row(row_id):
+    return next(r for r in published_runs() if r.row_id == row_id)
+
+
+def test_a_row_that_shares_another_rows_config_takes_its_interleaving():
+    # K22-ABS-01 leaves VPP empty and says "config assumed same as Sec 6.3 row"; K22-S63-01
+    # (Sec. 6.3 text) is "interleaved, m=3".
+    assert _row("K22-ABS-01").pins["vpp"] == _row("K22-S63-01").pins["vpp"] == 3
+
+
+def test_runs_of_2021_megatron_have_no_async_tp_all_reduce():
+    assert _row("N21-T1-05").runtime_settings == {"tp_bwd_overlap": False}
+    assert _row("K22-T5-02-sel").runtime_settings == {}
+    assert _row("N21-T2-04").runtime_settings == {}  # DeepSpeed ZeRO-3 has no TP
+
+
+def test_a_stated_dp_all_reduce_without_overlap_is_a_runtime_setting():
+    # K22-S63-01 notes: "no overlap of DP gradient all-reduce with backprop".
+    assert _row("K22-S63-01").runtime_settings == {"dp_overlap": 0.0}
