@@ -1,0 +1,341 @@
+"""Exact search for the best plan on a heterogeneous cluster (stages on node groups).
+
+For each (shape, switches, assignment of groups along the pipeline) of ``groups_space``, the
+blocks per stage are chosen by a dynamic program over the stages in pipeline order. With t_r a
+stage's micro-batch time and e_r what it adds after the pipeline drains (groups.py), the step is
+    (m - 1) * max_r t_r + sum_r t_r + max_r e_r,
+nondecreasing in each of (max t, running sum t, max e), and a stage's costs depend only on its
+position, group and blocks (not on how the earlier stages were cut). So the DP keeps, per
+number of blocks used, the Pareto front of those three partial values over the stages so far;
+a dominated partial split cannot end better (float addition and max are monotone), which makes
+the DP exact with respect to ``estimate()``: it evaluates stages with the same ``stage_cost`` and
+the final step with the same ``step_time``. Stages over their own group's memory limit are
+never extended. (A CP-SAT model of the same choice would need the step rounded to integers and
+give up that exactness; the DP needs no rounding.)
+
+Order and pruning (best bound first, like ``solver.Table.build``): a shape's bound holds for
+every assignment and switch: per stage the fastest group's compute and TP time (pipeline
+sends and post-drain time dropped), recompute off, and the blocks spread fluidly, so
+    max t >= (B + sum_r a_r / c_r) / sum_r 1 / c_r,     sum t >= sum_r a_r + B min_r c_r
+with c_r the per-block time and a_r the rest of stage r. Assignments get the same bound with
+their own groups, switches with their own recompute. Anything whose bound's key is worse than
+the best plan found is not expanded; inside the DP a partial split is dropped once its partial
+step already is. With a deadline the search stops and reports the best plan with the smallest
+open bound (or the cluster's physics bound for shapes never bounded): status FEASIBLE, with gap.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from autoplan.costmodels.compute import Split
+from autoplan.costmodels.groups import stage_cost
+from autoplan.costmodels.pipeline import pipeline_time
+from autoplan.costmodels.step import Problem, _layer_cost, _axis_links, estimate, lower_bound_s
+from autoplan.errors import InfeasibleError, NoPlanInTimeError
+from autoplan.plan import Estimate, Plan, Recompute, SolverInfo
+from autoplan.search.groups_space import (
+    Assignment, assignments, capacity, group_plan, group_shapes, shape_switches, stage_groups,
+    stage_span,
+)
+from autoplan.search.objective import key as objective_key
+from autoplan.search.objective import meets_throughput
+from autoplan.search.objective import value as objective_value
+from autoplan.search.space import Shape, Switches, balanced_stages, make_plan
+from autoplan.training import Bounds, Objective, ObjectiveTerm, Pins
+
+BOUND_SLACK = 1e-9
+"""Relative margin taken off every bound: they are computed in a different float order than
+the steps they bound."""
+
+
+@dataclass(frozen=True)
+class GroupSolution:
+    """The best plan found, its estimate, the search report and the problem it was made for."""
+
+    plan: Plan
+    estimate: Estimate
+    info: SolverInfo
+    problem: Problem
+
+
+@dataclass(frozen=True, slots=True)
+class _Split:
+    """The DP's answer for one (shape, switches, assignment)."""
+
+    step_s: float
+    blocks: tuple[int, ...]
+
+
+def _settings(problem: Problem, shape: Shape, sw: Switches) -> Plan:
+    """A plan carrying the shape and switches (stage_cost reads only those)."""
+    return make_plan(shape, sw, balanced_stages(problem.graph, shape.pp), problem.training)
+
+
+class _Bounds:
+    """Lower bounds on the step from per-block and per-stage compute+TP times per group."""
+
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+        graph = problem.graph
+        blocks = graph.block_indices()
+        classes = {problem.layer_counts(i, 1)[0][0] for i in blocks}
+        self.uniform = len(classes) == 1 and blocks == list(range(blocks[0], blocks[-1] + 1))
+        self.num_blocks = len(blocks)
+
+    def _layer_time(self, group: str, plan: Plan, recompute: Recompute, first: int,
+                    num: int) -> float:
+        sub = self.problem.on_group(group)
+        split = Split(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel,
+                      mbs=plan.micro_batch_size, flash=self.problem.flash_attention)
+        links, total = _axis_links(sub, plan, "tp"), 0.0
+        for class_id, count in sub.layer_counts(first, num):
+            layer = sub.layer_class(class_id)
+            cost = _layer_cost(sub, layer, class_id, split, recompute, links)
+            total += count * (cost.compute_s + cost.tp_comm_s)
+        return total
+
+    def stage_terms(self, group: str, plan: Plan, recompute: Recompute, rank: int,
+                    pp: int) -> tuple[float, float]:
+        """(a, c): a stage at ``rank`` on ``group`` with b blocks takes at least a + b*c."""
+        blocks = self.problem.graph.block_indices()
+        c = self._layer_time(group, plan, recompute, blocks[0], 1)
+        a = 0.0
+        if rank == 0:
+            a += self._layer_time(group, plan, recompute, 0, blocks[0]) if blocks[0] else 0.0
+        if rank == pp - 1:
+            tail = len(self.problem.graph.layers) - blocks[-1] - 1
+            a += self._layer_time(group, plan, recompute, blocks[-1] + 1, tail) if tail else 0.0
+        return a, c
+
+    def bound(self, terms: list[tuple[float, float]], m: int) -> float:
+        """(m - 1) * fluid bottleneck + least total work, less the slack."""
+        if not self.uniform:
+            return 0.0
+        b = self.num_blocks
+        slowest = (b + sum(a / c for a, c in terms)) / sum(1 / c for _, c in terms)
+        total = sum(a for a, _ in terms) + b * min(c for _, c in terms)
+        return ((m - 1) * slowest + total) * (1 - BOUND_SLACK)
+
+    def for_groups(self, plan: Plan, recompute: Recompute, candidates: list[list[str]],
+                   m: int) -> float:
+        """Bound when rank r runs on the fastest of ``candidates[r]``."""
+        if not self.uniform:
+            return 0.0
+        pp, terms = len(candidates), []
+        for rank, names in enumerate(candidates):
+            options = [self.stage_terms(g, plan, recompute, rank, pp) for g in names]
+            terms.append((min(a for a, _ in options), min(c for _, c in options)))
+        return self.bound(terms, m)
+
+
+class _Search:
+    """Best-bound-first search over shapes, assignments and switches of one problem list."""
+
+    def __init__(self, problems: list[Problem], pins: Pins, objective: Objective,
+                 bounds: Bounds | None, max_gpus: int | None, deadline: float) -> None:
+        self.problems, self.pins, self.objective = problems, pins, objective
+        self.user_bounds, self.max_gpus, self.deadline = bounds, max_gpus, deadline
+        self.best: tuple | None = None  # (order key, plan, problem)
+        self.open_bound_s = math.inf
+        self.order = 0
+
+    def key(self, step_s: float, shape: Shape, problem: Problem) -> tuple[int, ...]:
+        world = shape.tp * shape.pp * shape.dp * shape.cp
+        return objective_key(self.objective, step_s, world, problem.training.tokens_per_step)
+
+    def beaten(self, bound_s: float, shape: Shape, problem: Problem) -> bool:
+        """The best plan so far is strictly better than anything with this bound."""
+        return self.best is not None and self.key(bound_s, shape, problem) > self.best[0][0]
+
+    def late(self, bound_s: float) -> bool:
+        if time.perf_counter() <= self.deadline:
+            return False
+        self.open_bound_s = min(self.open_bound_s, bound_s)
+        return True
+
+    def run(self) -> None:
+        shapes = []
+        for problem in self.problems:
+            limits = _Bounds(problem)
+            every = self.objective.needs_every_dp
+            for shape in group_shapes(problem.graph, problem.cluster, problem.training,
+                                      self.pins, self.user_bounds, self.max_gpus, every):
+                if time.perf_counter() > self.deadline:  # never bounded: only physics bounds it
+                    self.open_bound_s = min(self.open_bound_s, lower_bound_s(problem))
+                    break
+                caps = capacity(problem.cluster, problem.graph, shape.tp, shape.dp, self.pins)
+                options = shape_switches(shape, problem.training, self.pins)
+                if not options:
+                    continue
+                names = [n for n, k in caps.items() if k]
+                bound = min(limits.for_groups(_settings(problem, shape, sw), Recompute.NONE,
+                                              [names] * shape.pp, shape.num_microbatches(
+                                                  problem.training.global_batch))
+                            for sw in _by_sp(options))
+                shapes.append((bound, len(shapes), problem, limits, shape, caps, options))
+        shapes.sort(key=lambda s: (s[0], s[1]))
+        for position, (bound, _, problem, limits, shape, caps, options) in enumerate(shapes):
+            if self.beaten(bound, shape, problem):
+                continue
+            if self.late(bound):
+                self.open_bound_s = min([self.open_bound_s] + [s[0] for s in shapes[position:]])
+                return
+            self.expand_shape(problem, limits, shape, caps, options)
+
+    def expand_shape(self, problem: Problem, limits: _Bounds, shape: Shape,
+                     caps: dict[str, int], options: list[Switches]) -> None:
+        m = shape.num_microbatches(problem.training.global_batch)
+        fast = [(sw, _settings(problem, shape, sw)) for sw in _by_sp(options)]
+        ranked = []
+        for assignment in assignments(caps, shape.pp):
+            per_rank = [[g] for g in stage_groups(assignment)]
+            bound = min(limits.for_groups(plan, Recompute.NONE, per_rank, m) for _, plan in fast)
+            ranked.append((bound, len(ranked), assignment))
+        ranked.sort()
+        for position, (bound, _, assignment) in enumerate(ranked):
+            if self.beaten(bound, shape, problem):
+                continue
+            if self.late(bound):
+                self.open_bound_s = min([self.open_bound_s] + [r[0] for r in ranked[position:]])
+                return
+            self.expand_assignment(problem, limits, shape, assignment, options, m)
+
+    def expand_assignment(self, problem: Problem, limits: _Bounds, shape: Shape,
+                          assignment: Assignment, options: list[Switches], m: int) -> None:
+        groups = stage_groups(assignment)
+        per_rank = [[g] for g in groups]
+        for sw in options:
+            plan = _settings(problem, shape, sw)
+            recompute = sw.recompute if sw.recompute_num_layers is None else Recompute.NONE
+            bound = limits.for_groups(plan, recompute, per_rank, m)
+            if self.beaten(bound, shape, problem):
+                continue
+            if self.late(bound):
+                return
+            self.order += 1
+            best = _best_split(problem, plan, groups, m, self.cutoff(shape, problem))
+            if best is None:
+                continue
+            tokens = problem.training.tokens_per_step
+            if not meets_throughput(self.objective, best.step_s, tokens):
+                continue
+            world = plan.world_size
+            order = (self.key(best.step_s, shape, problem), world, shape.tp * shape.pp, self.order)
+            if self.best is None or order < self.best[0]:
+                chosen = group_plan(shape, sw, problem.graph, best.blocks, assignment,
+                                    problem.training)
+                self.best = (order, chosen, problem)
+
+    def cutoff(self, shape: Shape, problem: Problem):
+        """A test on partial steps: True when they cannot reach the best key any more."""
+        if self.best is None:
+            return lambda step_s: False
+        best_key = self.best[0][0]
+        return lambda step_s: self.key(step_s, shape, problem) > best_key
+
+
+def _by_sp(options: list[Switches]) -> list[Switches]:
+    """One switch per SP setting: the bounds depend on nothing else (recompute off)."""
+    return list({sw.sp: sw for sw in options}.values())
+
+
+def _best_split(problem: Problem, plan: Plan, groups: tuple[str, ...], m: int,
+                cut) -> _Split | None:
+    """The blocks per stage with the smallest step, every stage within its own limit (the DP
+    described in the module docstring); None when no split fits or none can beat ``cut``."""
+    graph, pp = problem.graph, plan.pp
+    total = len(graph.block_indices())
+    fronts: dict[int, list[tuple]] = {0: [(0.0, 0.0, 0.0, ())]}  # used -> (max t, sum t, max e, blocks)
+    for rank in range(pp):
+        after: dict[int, list[tuple]] = {}
+        for used, front in fronts.items():
+            left = total - used - (pp - rank - 1)
+            counts = [left] if rank == pp - 1 else range(1, left + 1)
+            for count in counts:
+                stage = stage_cost(problem, plan, rank, groups,
+                                   stage_span(graph, rank, pp, used, count))
+                if not stage.fits:
+                    continue
+                t, e = stage.cost.micro_batch_s, stage.after_s
+                for slowest, summed, worst, blocks in front:
+                    point = (max(slowest, t), summed + t, max(worst, e), blocks + (count,))
+                    if not cut(_step(point, m)):
+                        after.setdefault(used + count, []).append(point)
+        fronts = {used: _pareto(points) for used, points in after.items()}
+    finals = fronts.get(total, [])
+    if not finals:
+        return None
+    best = min(finals, key=lambda p: (_step(p, m), p[3]))
+    return _Split(_step(best, m), best[3])
+
+
+def _step(point: tuple, m: int) -> float:
+    """groups.step_time of a (max t, sum t, max e) point: the same floats in the same order."""
+    return pipeline_time(slowest_s=point[0], total_s=point[1], num_microbatches=m, vpp=1) + point[2]
+
+
+def _pareto(points: list[tuple]) -> list[tuple]:
+    """The points no other point beats on all of (max t, sum t, max e); of equal points, the
+    one with the lexicographically smallest blocks."""
+    points.sort()
+    kept: list[tuple] = []
+    for point in points:
+        if not any(k[0] <= point[0] and k[1] <= point[1] and k[2] <= point[2] for k in kept):
+            kept.append(point)
+    return kept
+
+
+def solve_on_groups(problems: list[Problem], pins: Pins, *, time_limit_s: float,
+                    objective: Objective | None = None, bounds: Bounds | None = None,
+                    max_gpus: int | None = None) -> GroupSolution:
+    """The best plan across the node groups of a heterogeneous cluster (see module docstring).
+
+    Raises:
+        InfeasibleError: no plan of the space fits.
+        NoPlanInTimeError: the time limit passed before any plan that fits was found.
+    """
+    start = time.perf_counter()
+    objective = objective or Objective()
+    search = _Search(problems, pins, objective, bounds, max_gpus, start + time_limit_s)
+    search.run()
+    wall = time.perf_counter() - start
+    if search.best is None:
+        if search.open_bound_s < math.inf:
+            raise NoPlanInTimeError(
+                f"no plan that fits was found within --time-limit {time_limit_s:g}s on this "
+                "heterogeneous cluster; raise the limit or pin more dimensions (tp, pp, dp).")
+        raise InfeasibleError(_nothing_fits(problems[0], pins))
+    _, plan, problem = search.best
+    est = estimate(problem, plan)
+    return GroupSolution(plan, est, _info(search, plan, problem, est, wall), problem)
+
+
+def _info(search: _Search, plan: Plan, problem: Problem, est: Estimate,
+          wall: float) -> SolverInfo:
+    objective = search.objective
+    tokens = problem.training.tokens_per_step
+    value, unit = objective_value(objective, est.step_time_s, plan.world_size, tokens)
+    if search.open_bound_s == math.inf:
+        status, bound = "OPTIMAL", value
+    else:
+        status = "FEASIBLE"
+        bound = (min(value, search.open_bound_s) if objective.primary is ObjectiveTerm.TIME
+                 else 0.0)
+    return SolverInfo(status=status, objective=value, bound=bound,
+                      gap=max(0.0, (value - bound) / value) if value else 0.0, wall_time_s=wall,
+                      objective_terms=tuple(t.value for t in objective.terms),
+                      objective_unit=unit)
+
+
+def _nothing_fits(problem: Problem, pins: Pins) -> str:
+    groups = ", ".join(f"{g.name} ({g.num_gpus}x {g.gpu.name}, "
+                       f"{min(problem.mem_limit_bytes, g.gpu.memory_bytes) / 2**30:.0f} GiB)"
+                       for g in problem.cluster.groups)
+    pinned = ", ".join(f"{k}={v}" for k, v in pins.pinned().items()) or "none"
+    return (f"no plan fits on the node groups {groups} under the pins ({pinned}): every split "
+            "of the layers over the groups' stages puts some stage over its group's memory "
+            "limit, or no shape fits the GPUs and the global batch. Use more or larger GPUs, a "
+            "shorter sequence, a smaller model, or unpin dimensions.")
