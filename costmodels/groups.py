@@ -98,27 +98,70 @@ def stage_cost(problem: Problem, plan: Plan, rank: int, groups: tuple[str, ...],
     """Cost of pipeline rank ``rank`` running layers ``stage = (first, num)`` on node group
     ``groups[rank]``, with the other ranks on ``groups``; ``plan`` supplies the degrees and
     switches (its own stages are not read)."""
+    base = _stage_base(problem, plan, rank, groups, stage)
+    sums, params, states = base.sums, base.params, base.states
+    held = in_flight_chunks(rank, pp=plan.pp, vpp=1, num_microbatches=plan.num_microbatches)
+    activations = held * sums.acts_per_chunk + sums.working
     sub = problem.on_group(groups[rank])
+    other = _other_bytes(sub, plan, activations, sums.largest)
+    cost = _RankCost(rank, sums.compute_s + sums.tp_comm_s + base.pp_s, sums.compute_s,
+                     sums.backward_s, sums.tp_comm_s, base.pp_s, states, activations, other,
+                     params, sums.acts_per_chunk, sums.largest)
+    return StageCost(cost, base.sync_s, base.optimizer_s, sub.mem_limit_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class _StageBase:
+    """What a stage costs whatever its position's micro-batches in flight."""
+
+    sums: object
+    pp_s: float
+    params: float
+    states: object
+    sync_s: float
+    optimizer_s: float
+
+
+def _settings_key(plan: Plan) -> tuple:
+    return (plan.tp, plan.pp, plan.dp, plan.cp, plan.micro_batch_size, plan.num_microbatches,
+            plan.sequence_parallel, plan.zero_stage, plan.recompute, plan.recompute_num_layers,
+            plan.offload)
+
+
+def _neighbours(groups: tuple[str, ...], rank: int) -> tuple:
+    """What a stage's pipeline links depend on: its group, how many stages that group runs
+    when a neighbour shares it, and the groups of the other neighbours."""
+    group = groups[rank]
+    near = [groups[n] for n in (rank - 1, rank + 1) if 0 <= n < len(groups)]
+    return (group, groups.count(group) if group in near else 0,
+            tuple(sorted(g for g in near if g != group)))
+
+
+def _stage_base(problem: Problem, plan: Plan, rank: int, groups: tuple[str, ...],
+                stage: tuple[int, int]) -> _StageBase:
+    """Cached per (group, layer classes, ends, neighbours, switches): equal stages of one group
+    at different positions share it."""
+    sub = problem.on_group(groups[rank])
+    compositions = _chunk_compositions(sub, plan, (stage,))
+    first, num = stage
+    ends = (sub.layer_counts(first, 1), sub.layer_counts(first + num - 1, 1))
+    last = rank == plan.pp - 1 and plan.pp > 1
+    key = ("stage", compositions, ends, last, _neighbours(groups, rank), _settings_key(plan))
+    base = problem._cache.get(key)
+    if base is not None:
+        return base
     split = Split(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel, mbs=plan.micro_batch_size,
                   flash=problem.flash_attention)
-    sums = _chunk_sums(sub, _chunk_compositions(sub, plan, (stage,)), split,
-                       _axis_links(sub, plan, "tp"))
+    sums = _chunk_sums(sub, compositions, split, _axis_links(sub, plan, "tp"))
     pp_s = _pp_time(problem, plan, rank, groups, stage) if plan.pp > 1 else 0.0
-    last = rank == plan.pp - 1 and plan.pp > 1
     params = sums.params + (_tied_params(problem) / plan.tp if last else 0.0)
     states = model_state_bytes(params, zero_stage=plan.zero_stage, dp=plan.dp,
                                offload=plan.offload, runtime=problem.runtime)
-    held = in_flight_chunks(rank, pp=plan.pp, vpp=1, num_microbatches=plan.num_microbatches)
-    activations = held * sums.acts_per_chunk + sums.working
-    other = _other_bytes(sub, plan, activations, sums.largest)
-    cost = _RankCost(rank, sums.compute_s + sums.tp_comm_s + pp_s, sums.compute_s,
-                     sums.backward_s, sums.tp_comm_s, pp_s, states, activations, other, params,
-                     sums.acts_per_chunk, sums.largest)
-    m = plan.num_microbatches
     sync_s = _dp_time(sub, plan, params, _axis_links(sub, plan, "dp"),
-                      backward_s=sums.backward_s, compute_s=m * sums.compute_s)
+                      backward_s=sums.backward_s, compute_s=plan.num_microbatches * sums.compute_s)
     optimizer_s = _optimizer_time(sub, plan, params) + _offload_param_time(sub, plan, params)
-    return StageCost(cost, sync_s, optimizer_s, sub.mem_limit_bytes)
+    base = problem._cache[key] = _StageBase(sums, pp_s, params, states, sync_s, optimizer_s)
+    return base
 
 
 def step_time(micro_batch_s: list[float], after_s: list[float], num_microbatches: int) -> float:

@@ -12,7 +12,7 @@ different node groups of a heterogeneous cluster are costed stage by stage (grou
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from autoplan.cluster.spec import Cluster
 from autoplan.cluster.topology import GroupLinks, group_links
@@ -83,7 +83,8 @@ class Problem:
     def on_group(self, name: str) -> "Problem":
         """The problem on one node group of a heterogeneous cluster: its GPU and links, its
         GPU's compute profile (the given one where the group has the cluster's first GPU), and
-        the memory limit capped at its GPU's memory."""
+        the memory limit capped at its GPU's memory. Its layers drop their names, so equal
+        blocks share one class and a stage's costs depend on how many blocks it has, not which."""
         key = ("on_group", name)
         sub = self._cache.get(key)
         if sub is None:
@@ -91,7 +92,7 @@ class Problem:
             compute = (self.compute if group.gpu == self.cluster.gpu
                        else compute_profile(group.gpu.name))
             sub = self._cache[key] = Problem(
-                self.graph, group, self.training, self.runtime, compute,
+                _unnamed(self.graph), group, self.training, self.runtime, compute,
                 min(self.mem_limit_bytes, group.gpu.memory_bytes))
         return sub
 
@@ -102,6 +103,11 @@ class Problem:
     @property
     def flash_attention(self) -> bool:
         return self.training.attention is AttentionKernel.FLASH
+
+
+def _unnamed(graph: LayerGraph) -> LayerGraph:
+    """The graph with layer and module names dropped (they cost nothing)."""
+    return replace(graph, layers=tuple(replace(l, name="", modules=()) for l in graph.layers))
 
 
 MIB = 2**20

@@ -22,8 +22,8 @@ def brute_force(problems: Problem | list[Problem], pins: Pins, *,
     objective's integer keys, then GPUs used, then GPUs per replica (tp*pp), then memory, then
     candidate order. ``problems`` are alternatives (one per allowed global batch). None if
     nothing qualifies. On a heterogeneous cluster the candidates are every stage-to-group
-    assignment and every split of the blocks (``groups_space``), and a plan fits when every
-    stage fits its own group's limit."""
+    assignment and every split of the blocks (``groups_space``), a plan fits when every stage
+    fits its own group's limit, and exact step time replaces memory in the tie-break."""
     problems = [problems] if isinstance(problems, Problem) else list(problems)
     objective = objective or Objective()
     per_token = len({p.training.global_batch for p in problems}) > 1
@@ -38,9 +38,11 @@ def brute_force(problems: Problem | list[Problem], pins: Pins, *,
                 continue
             if not meets_throughput(objective, est.step_time_s, tokens):
                 continue
+            tiebreak = (est.peak_memory_gib if plan.stage_groups is None  # hetero: as its search
+                        else est.step_time_s)
             key = objective_key(objective, est.step_time_s, plan.world_size, tokens,
                                 per_token=per_token) + (
-                plan.world_size, plan.tp * plan.pp, est.peak_memory_gib, order)
+                plan.world_size, plan.tp * plan.pp, tiebreak, order)
             if best_key is None or key < best_key:
                 best, best_key = (plan, est), key
     return best

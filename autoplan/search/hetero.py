@@ -13,6 +13,10 @@ the final step with the same ``step_time``. Stages over their own group's memory
 never extended. (A CP-SAT model of the same choice would need the step rounded to integers and
 give up that exactness; the DP needs no rounding.)
 
+Tie-break (as ``brute``'s on heterogeneous clusters): the objective's key, then fewer GPUs,
+then tp*pp, then the exact step time, then the enumeration order of ``groups_space`` (shape,
+assignment, switches, blocks lexicographically), so the same input gives the same plan.
+
 Order and pruning (best bound first, like ``solver.Table.build``): a shape's bound holds for
 every assignment and switch: per stage the fastest group's compute and TP time (pipeline
 sends and post-drain time dropped), recompute off, and the blocks spread fluidly, so
@@ -28,17 +32,17 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from autoplan.costmodels.compute import Split
 from autoplan.costmodels.groups import stage_cost
 from autoplan.costmodels.pipeline import pipeline_time
 from autoplan.costmodels.step import Problem, _layer_cost, _axis_links, estimate, lower_bound_s
 from autoplan.errors import InfeasibleError, NoPlanInTimeError
+from autoplan.graph.layer_graph import Layer
 from autoplan.plan import Estimate, Plan, Recompute, SolverInfo
 from autoplan.search.groups_space import (
     Assignment, assignments, capacity, group_plan, group_shapes, shape_switches, stage_groups,
-    stage_span,
 )
 from autoplan.search.objective import key as objective_key
 from autoplan.search.objective import meets_throughput
@@ -74,16 +78,26 @@ def _settings(problem: Problem, shape: Shape, sw: Switches) -> Plan:
     return make_plan(shape, sw, balanced_stages(problem.graph, shape.pp), problem.training)
 
 
+def _cost_fields(layer: Layer) -> tuple:
+    """What a layer's costs depend on (its names do not matter)."""
+    return tuple(getattr(layer, f.name) for f in fields(Layer) if f.name not in ("name", "modules"))
+
+
 class _Bounds:
-    """Lower bounds on the step from per-block and per-stage compute+TP times per group."""
+    """Lower bounds on the step from per-block and per-stage compute+TP times per group: a stage
+    at rank r on group g with b blocks takes at least a + b*c (pipeline sends and post-drain
+    time dropped). Exact only for models whose blocks all cost the same (``uniform``); for
+    others every bound is 0 and nothing is pruned."""
 
     def __init__(self, problem: Problem) -> None:
         self.problem = problem
         graph = problem.graph
-        blocks = graph.block_indices()
-        classes = {problem.layer_counts(i, 1)[0][0] for i in blocks}
-        self.uniform = len(classes) == 1 and blocks == list(range(blocks[0], blocks[-1] + 1))
-        self.num_blocks = len(blocks)
+        self.starts = graph.block_indices()
+        kinds = {_cost_fields(graph.layers[i]) for i in self.starts}
+        self.uniform = len(kinds) == 1 and self.starts == list(
+            range(self.starts[0], self.starts[-1] + 1))
+        self.num_blocks = len(self.starts)
+        self._terms: dict[tuple, tuple[float, float]] = {}
 
     def _layer_time(self, group: str, plan: Plan, recompute: Recompute, first: int,
                     num: int) -> float:
@@ -92,43 +106,71 @@ class _Bounds:
                       mbs=plan.micro_batch_size, flash=self.problem.flash_attention)
         links, total = _axis_links(sub, plan, "tp"), 0.0
         for class_id, count in sub.layer_counts(first, num):
-            layer = sub.layer_class(class_id)
-            cost = _layer_cost(sub, layer, class_id, split, recompute, links)
+            cost = _layer_cost(sub, sub.layer_class(class_id), class_id, split, recompute, links)
             total += count * (cost.compute_s + cost.tp_comm_s)
         return total
 
-    def stage_terms(self, group: str, plan: Plan, recompute: Recompute, rank: int,
-                    pp: int) -> tuple[float, float]:
-        """(a, c): a stage at ``rank`` on ``group`` with b blocks takes at least a + b*c."""
-        blocks = self.problem.graph.block_indices()
-        c = self._layer_time(group, plan, recompute, blocks[0], 1)
-        a = 0.0
-        if rank == 0:
-            a += self._layer_time(group, plan, recompute, 0, blocks[0]) if blocks[0] else 0.0
-        if rank == pp - 1:
-            tail = len(self.problem.graph.layers) - blocks[-1] - 1
-            a += self._layer_time(group, plan, recompute, blocks[-1] + 1, tail) if tail else 0.0
-        return a, c
+    def terms(self, group: str, plan: Plan, recompute: Recompute, rank: int) -> tuple[float, float]:
+        """(a, c) of a stage at ``rank`` on ``group``."""
+        pp = plan.pp
+        kind = (rank == 0, rank == pp - 1)
+        key = (group, plan.tp, plan.micro_batch_size, plan.sequence_parallel, recompute, kind)
+        found = self._terms.get(key)
+        if found is None:
+            starts, end = self.starts, len(self.problem.graph.layers)
+            c = self._layer_time(group, plan, recompute, starts[0], 1)
+            a = 0.0
+            if kind[0] and starts[0]:
+                a += self._layer_time(group, plan, recompute, 0, starts[0])
+            if kind[1] and end - starts[-1] - 1:
+                a += self._layer_time(group, plan, recompute, starts[-1] + 1, end - starts[-1] - 1)
+            found = self._terms[key] = (a, c)
+        return found
 
-    def bound(self, terms: list[tuple[float, float]], m: int) -> float:
-        """(m - 1) * fluid bottleneck + least total work, less the slack."""
+    def shape_bound(self, plan: Plan, recompute: Recompute, caps: dict[str, int], m: int) -> float:
+        """Bound over every assignment: each rank's least fixed time, and the fastest groups
+        filled up to their capacity for the per-block rate."""
         if not self.uniform:
             return 0.0
-        b = self.num_blocks
-        slowest = (b + sum(a / c for a, c in terms)) / sum(1 / c for _, c in terms)
-        total = sum(a for a, _ in terms) + b * min(c for _, c in terms)
+        pp, names = plan.pp, [n for n, k in caps.items() if k]
+        per_rank = [[self.terms(g, plan, recompute, r) for g in names] for r in range(pp)]
+        rates = sorted(((1 / self.terms(g, plan, recompute, min(1, pp - 1))[1], caps[g])
+                        for g in names), reverse=True)
+        rate, left = 0.0, pp
+        for r, k in rates:
+            rate += r * min(k, left)
+            left -= min(k, left)
+        shifted = sum(min(a / c for a, c in options) for options in per_rank)
+        slowest = (self.num_blocks + shifted) / rate
+        total = (sum(min(a for a, _ in options) for options in per_rank)
+                 + self.num_blocks * min(c for options in per_rank for _, c in options))
         return ((m - 1) * slowest + total) * (1 - BOUND_SLACK)
 
-    def for_groups(self, plan: Plan, recompute: Recompute, candidates: list[list[str]],
-                   m: int) -> float:
-        """Bound when rank r runs on the fastest of ``candidates[r]``."""
+    def rest(self, plan: Plan, recompute: Recompute, groups: tuple[str, ...]) -> list[tuple]:
+        """Per rank r, (sum a/c, sum 1/c, sum a, min c) over ranks r.. (for the DP's cut)."""
+        out = [(0.0, 0.0, 0.0, math.inf)]
+        for rank in range(plan.pp - 1, -1, -1):
+            a, c = self.terms(groups[rank], plan, recompute, rank)
+            sa, sr, s_a, c_min = out[0]
+            out.insert(0, (sa + a / c, sr + 1 / c, s_a + a, min(c_min, c)))
+        return out
+
+    def assignment_bound(self, plan: Plan, recompute: Recompute, groups: tuple[str, ...],
+                         m: int) -> float:
         if not self.uniform:
             return 0.0
-        pp, terms = len(candidates), []
-        for rank, names in enumerate(candidates):
-            options = [self.stage_terms(g, plan, recompute, rank, pp) for g in names]
-            terms.append((min(a for a, _ in options), min(c for _, c in options)))
-        return self.bound(terms, m)
+        return _rest_bound(self.rest(plan, recompute, groups)[0], self.num_blocks, m, 0.0, 0.0, 0.0)
+
+
+def _rest_bound(rest: tuple, left: int, m: int, slowest: float, summed: float,
+                worst: float) -> float:
+    """Least step of a split whose first ranks have (max t, sum t, max e) = (slowest, summed,
+    worst) with ``left`` blocks for the ranks that ``rest`` sums over."""
+    shifted, rate, fixed, c_min = rest
+    if rate:
+        slowest = max(slowest, (left + shifted) / rate)
+        summed += fixed + left * c_min
+    return ((m - 1) * slowest + summed + worst) * (1 - BOUND_SLACK)
 
 
 class _Search:
@@ -138,9 +180,8 @@ class _Search:
                  bounds: Bounds | None, max_gpus: int | None, deadline: float) -> None:
         self.problems, self.pins, self.objective = problems, pins, objective
         self.user_bounds, self.max_gpus, self.deadline = bounds, max_gpus, deadline
-        self.best: tuple | None = None  # (order key, plan, problem)
+        self.best: tuple | None = None  # (order, plan, problem)
         self.open_bound_s = math.inf
-        self.order = 0
 
     def key(self, step_s: float, shape: Shape, problem: Problem) -> tuple[int, ...]:
         world = shape.tp * shape.pp * shape.dp * shape.cp
@@ -170,60 +211,63 @@ class _Search:
                 options = shape_switches(shape, problem.training, self.pins)
                 if not options:
                     continue
-                names = [n for n, k in caps.items() if k]
-                bound = min(limits.for_groups(_settings(problem, shape, sw), Recompute.NONE,
-                                              [names] * shape.pp, shape.num_microbatches(
-                                                  problem.training.global_batch))
-                            for sw in _by_sp(options))
+                m = shape.num_microbatches(problem.training.global_batch)
+                bound = min(limits.shape_bound(_settings(problem, shape, sw), Recompute.NONE,
+                                               caps, m) for sw in _by_sp(options))
                 shapes.append((bound, len(shapes), problem, limits, shape, caps, options))
         shapes.sort(key=lambda s: (s[0], s[1]))
-        for position, (bound, _, problem, limits, shape, caps, options) in enumerate(shapes):
+        for position, (bound, index, problem, limits, shape, caps, options) in enumerate(shapes):
             if self.beaten(bound, shape, problem):
                 continue
             if self.late(bound):
                 self.open_bound_s = min([self.open_bound_s] + [s[0] for s in shapes[position:]])
                 return
-            self.expand_shape(problem, limits, shape, caps, options)
+            self.expand_shape(problem, limits, shape, caps, options, index)
 
     def expand_shape(self, problem: Problem, limits: _Bounds, shape: Shape,
-                     caps: dict[str, int], options: list[Switches]) -> None:
+                     caps: dict[str, int], options: list[Switches], index: int) -> None:
         m = shape.num_microbatches(problem.training.global_batch)
         fast = [(sw, _settings(problem, shape, sw)) for sw in _by_sp(options)]
         ranked = []
         for assignment in assignments(caps, shape.pp):
-            per_rank = [[g] for g in stage_groups(assignment)]
-            bound = min(limits.for_groups(plan, Recompute.NONE, per_rank, m) for _, plan in fast)
+            groups = stage_groups(assignment)
+            bound = min(limits.assignment_bound(plan, Recompute.NONE, groups, m)
+                        for _, plan in fast)
             ranked.append((bound, len(ranked), assignment))
         ranked.sort()
-        for position, (bound, _, assignment) in enumerate(ranked):
+        for position, (bound, number, assignment) in enumerate(ranked):
             if self.beaten(bound, shape, problem):
                 continue
             if self.late(bound):
                 self.open_bound_s = min([self.open_bound_s] + [r[0] for r in ranked[position:]])
                 return
-            self.expand_assignment(problem, limits, shape, assignment, options, m)
+            self.expand_assignment(problem, limits, shape, assignment, options, m,
+                                   (index, number), bound)
 
     def expand_assignment(self, problem: Problem, limits: _Bounds, shape: Shape,
-                          assignment: Assignment, options: list[Switches], m: int) -> None:
+                          assignment: Assignment, options: list[Switches], m: int,
+                          where: tuple[int, int], assignment_bound: float) -> None:
+        """Solve the DP for each switch setting; ``where`` (shape and assignment numbers in
+        enumeration order) with the switch number and the blocks make the stated tie-break."""
         groups = stage_groups(assignment)
-        per_rank = [[g] for g in groups]
-        for sw in options:
+        for number, sw in enumerate(options):
             plan = _settings(problem, shape, sw)
             recompute = sw.recompute if sw.recompute_num_layers is None else Recompute.NONE
-            bound = limits.for_groups(plan, recompute, per_rank, m)
+            rest = limits.rest(plan, recompute, groups) if limits.uniform else None
+            bound = _rest_bound(rest[0], limits.num_blocks, m, 0.0, 0.0, 0.0) if rest else 0.0
             if self.beaten(bound, shape, problem):
                 continue
-            if self.late(bound):
+            if self.late(assignment_bound):
                 return
-            self.order += 1
-            best = _best_split(problem, plan, groups, m, self.cutoff(shape, problem))
+            best = _best_split(problem, plan, groups, m, self.cutoff(shape, problem), limits, rest)
             if best is None:
                 continue
             tokens = problem.training.tokens_per_step
             if not meets_throughput(self.objective, best.step_s, tokens):
                 continue
             world = plan.world_size
-            order = (self.key(best.step_s, shape, problem), world, shape.tp * shape.pp, self.order)
+            order = (self.key(best.step_s, shape, problem), world, shape.tp * shape.pp,
+                     best.step_s, where + (number, best.blocks))
             if self.best is None or order < self.best[0]:
                 chosen = group_plan(shape, sw, problem.graph, best.blocks, assignment,
                                     problem.training)
@@ -242,27 +286,30 @@ def _by_sp(options: list[Switches]) -> list[Switches]:
     return list({sw.sp: sw for sw in options}.values())
 
 
-def _best_split(problem: Problem, plan: Plan, groups: tuple[str, ...], m: int,
-                cut) -> _Split | None:
+def _best_split(problem: Problem, plan: Plan, groups: tuple[str, ...], m: int, cut,
+                limits: _Bounds, rest: list[tuple] | None) -> _Split | None:
     """The blocks per stage with the smallest step, every stage within its own limit (the DP
-    described in the module docstring); None when no split fits or none can beat ``cut``."""
-    graph, pp = problem.graph, plan.pp
-    total = len(graph.block_indices())
+    described in the module docstring); None when no split fits or none can beat ``cut``.
+    ``rest`` (uniform models) strengthens the cut with what the remaining ranks must add."""
+    pp, total = plan.pp, limits.num_blocks
+    stage = _stage_table(problem, plan, groups, limits)
     fronts: dict[int, list[tuple]] = {0: [(0.0, 0.0, 0.0, ())]}  # used -> (max t, sum t, max e, blocks)
     for rank in range(pp):
         after: dict[int, list[tuple]] = {}
         for used, front in fronts.items():
             left = total - used - (pp - rank - 1)
-            counts = [left] if rank == pp - 1 else range(1, left + 1)
-            for count in counts:
-                stage = stage_cost(problem, plan, rank, groups,
-                                   stage_span(graph, rank, pp, used, count))
-                if not stage.fits:
+            for count in [left] if rank == pp - 1 else range(1, left + 1):
+                cost = stage(rank, used, count)
+                if cost is None:
+                    if limits.uniform:  # more blocks only need more memory
+                        break
                     continue
-                t, e = stage.cost.micro_batch_s, stage.after_s
+                t, e = cost
                 for slowest, summed, worst, blocks in front:
                     point = (max(slowest, t), summed + t, max(worst, e), blocks + (count,))
-                    if not cut(_step(point, m)):
+                    bound = (_rest_bound(rest[rank + 1], left - count + (pp - rank - 1), m,
+                                         *point[:3]) if rest else _step(point, m))
+                    if not cut(bound):
                         after.setdefault(used + count, []).append(point)
         fronts = {used: _pareto(points) for used, points in after.items()}
     finals = fronts.get(total, [])
@@ -272,15 +319,37 @@ def _best_split(problem: Problem, plan: Plan, groups: tuple[str, ...], m: int,
     return _Split(_step(best, m), best[3])
 
 
+def _stage_table(problem: Problem, plan: Plan, groups: tuple[str, ...], limits: _Bounds):
+    """``stage(rank, used, count)``: (micro-batch time, post-drain time) of the rank running
+    blocks used..used+count-1, or None when over its limit. Memoized; for uniform models by
+    (rank, count), which cost the same wherever the blocks start."""
+    starts, end, pp = limits.starts, len(problem.graph.layers), plan.pp
+    memo: dict[tuple, tuple | None] = {}
+
+    def stage(rank: int, used: int, count: int):
+        if limits.uniform:  # a canonical start: the first for rank 0, the last for the final
+            used = 0 if rank == 0 else limits.num_blocks - count if rank == pp - 1 else 1
+        key = (rank, used, count)
+        if key not in memo:
+            first = 0 if rank == 0 else starts[used]
+            last = end if rank == pp - 1 else starts[used + count]
+            cost = stage_cost(problem, plan, rank, groups, (first, last - first))
+            memo[key] = (cost.cost.micro_batch_s, cost.after_s) if cost.fits else None
+        return memo[key]
+
+    return stage
+
+
 def _step(point: tuple, m: int) -> float:
     """groups.step_time of a (max t, sum t, max e) point: the same floats in the same order."""
     return pipeline_time(slowest_s=point[0], total_s=point[1], num_microbatches=m, vpp=1) + point[2]
 
 
 def _pareto(points: list[tuple]) -> list[tuple]:
-    """The points no other point beats on all of (max t, sum t, max e); of equal points, the
-    one with the lexicographically smallest blocks."""
-    points.sort()
+    """Drop each point that a point with lexicographically smaller blocks beats or equals on all
+    of (max t, sum t, max e): every completion of it is then no faster and later in the
+    tie-break (a point beaten only by later blocks stays: it may tie, and ties go to the first)."""
+    points.sort(key=lambda p: p[3])
     kept: list[tuple] = []
     for point in points:
         if not any(k[0] <= point[0] and k[1] <= point[1] and k[2] <= point[2] for k in kept):
@@ -334,7 +403,7 @@ def _nothing_fits(problem: Problem, pins: Pins) -> str:
     groups = ", ".join(f"{g.name} ({g.num_gpus}x {g.gpu.name}, "
                        f"{min(problem.mem_limit_bytes, g.gpu.memory_bytes) / 2**30:.0f} GiB)"
                        for g in problem.cluster.groups)
-    pinned = ", ".join(f"{k}={v}" for k, v in pins.pinned().items()) or "none"
+    pinned = ", ".join(f"{k}={getattr(v, 'value', v)}" for k, v in pins.pinned().items()) or "none"
     return (f"no plan fits on the node groups {groups} under the pins ({pinned}): every split "
             "of the layers over the groups' stages puts some stage over its group's memory "
             "limit, or no shape fits the GPUs and the global batch. Use more or larger GPUs, a "
