@@ -18,7 +18,6 @@ Both the search (``hetero``) and the brute-force reference (``brute``) draw from
 from __future__ import annotations
 
 from collections.abc import Iterator
-from itertools import permutations
 
 from autoplan.cluster.spec import Cluster
 from autoplan.graph.layer_graph import LayerGraph
@@ -38,8 +37,10 @@ def hosts(group: Cluster, graph: LayerGraph, tp: int, pins: Pins) -> bool:
 
 
 def capacity(cluster: Cluster, graph: LayerGraph, tp: int, dp: int, pins: Pins) -> dict[str, int]:
-    """Stages of tp*dp GPUs each group can run."""
-    return {g.name: g.num_gpus // (tp * dp) for g in cluster.groups if hosts(g, graph, tp, pins)}
+    """Stages of tp*dp GPUs each group can run, fastest GPUs first (the order assignments are
+    generated in: under a deadline, plans on fast GPUs are met first)."""
+    ranked = sorted(cluster.groups, key=lambda g: -g.gpu.peak_flops("bf16"))
+    return {g.name: g.num_gpus // (tp * dp) for g in ranked if hosts(g, graph, tp, pins)}
 
 
 def group_shapes(graph: LayerGraph, cluster: Cluster, training: TrainingSpec, pins: Pins,
@@ -64,21 +65,23 @@ def group_shapes(graph: LayerGraph, cluster: Cluster, training: TrainingSpec, pi
 
 
 def assignments(capacities: dict[str, int], pp: int) -> Iterator[Assignment]:
-    """Every ordered run of distinct groups with 1 <= k_g <= capacity stages summing to pp."""
-    names = list(capacities)
-    for size in range(1, min(len(names), pp) + 1):
-        for order in permutations(names, size):
-            yield from _counts(order, [capacities[n] for n in order], pp)
+    """Every ordered run of distinct groups with 1 <= k_g <= capacity stages summing to pp
+    (depth first, groups in cluster order; a branch stops when the groups left cannot hold
+    the stages left)."""
+    names = [n for n, k in capacities.items() if k]
 
+    def extend(done: Assignment, left: int) -> Iterator[Assignment]:
+        if left == 0:
+            yield done
+            return
+        unused = [n for n in names if all(n != g for g, _ in done)]
+        if sum(capacities[n] for n in unused) < left:
+            return
+        for name in unused:
+            for k in range(1, min(capacities[name], left) + 1):
+                yield from extend(done + ((name, k),), left - k)
 
-def _counts(order: tuple[str, ...], caps: list[int], pp: int, done: Assignment = ()):
-    if len(order) == 1:
-        if 1 <= pp <= caps[0]:
-            yield done + ((order[0], pp),)
-        return
-    rest = len(order) - 1
-    for k in range(1, min(caps[0], pp - rest) + 1):
-        yield from _counts(order[1:], caps[1:], pp - k, done + ((order[0], k),))
+    return extend((), pp)
 
 
 def stage_groups(assignment: Assignment) -> tuple[str, ...]:

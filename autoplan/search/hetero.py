@@ -50,6 +50,10 @@ from autoplan.search.objective import value as objective_value
 from autoplan.search.space import Shape, Switches, balanced_stages, make_plan
 from autoplan.training import Bounds, Objective, ObjectiveTerm, Pins
 
+SORTED_ASSIGNMENTS = 20_000
+"""Assignments of one shape sorted by bound before expanding; past this many (ten groups, deep
+pipelines) they are expanded as generated, so the deadline is met without listing them all."""
+
 BOUND_SLACK = 1e-9
 """Relative margin taken off every bound: they are computed in a different float order than
 the steps they bound."""
@@ -222,27 +226,53 @@ class _Search:
             if self.late(bound):
                 self.open_bound_s = min([self.open_bound_s] + [s[0] for s in shapes[position:]])
                 return
-            self.expand_shape(problem, limits, shape, caps, options, index)
+            self.expand_shape(problem, limits, shape, caps, options, index, bound)
+            if self.open_bound_s < math.inf:  # the deadline passed inside the shape
+                self.open_bound_s = min([self.open_bound_s] + [s[0] for s in shapes[position:]])
+                return
 
     def expand_shape(self, problem: Problem, limits: _Bounds, shape: Shape,
-                     caps: dict[str, int], options: list[Switches], index: int) -> None:
+                     caps: dict[str, int], options: list[Switches], index: int,
+                     shape_bound: float) -> None:
+        """Expand the shape's assignments best bound first; when there are more than
+        SORTED_ASSIGNMENTS (many groups, deep pipelines) in the order they are generated
+        (fewest groups first), each still skipped when its bound is beaten."""
         m = shape.num_microbatches(problem.training.global_batch)
-        fast = [(sw, _settings(problem, shape, sw)) for sw in _by_sp(options)]
+        fast = [_settings(problem, shape, sw) for sw in _by_sp(options)]
+        generated = enumerate(assignments(caps, shape.pp))
         ranked = []
-        for assignment in assignments(caps, shape.pp):
-            groups = stage_groups(assignment)
-            bound = min(limits.assignment_bound(plan, Recompute.NONE, groups, m)
-                        for _, plan in fast)
-            ranked.append((bound, len(ranked), assignment))
-        ranked.sort()
-        for position, (bound, number, assignment) in enumerate(ranked):
-            if self.beaten(bound, shape, problem):
-                continue
-            if self.late(bound):
-                self.open_bound_s = min([self.open_bound_s] + [r[0] for r in ranked[position:]])
+        for number, assignment in generated:
+            if self.late(shape_bound):
                 return
-            self.expand_assignment(problem, limits, shape, assignment, options, m,
-                                   (index, number), bound)
+            ranked.append((self.assignment_bound(limits, fast, assignment, m), number, assignment))
+            if len(ranked) == SORTED_ASSIGNMENTS:
+                break
+        else:
+            ranked.sort()
+        for bound, number, assignment in ranked:
+            self.try_assignment(problem, limits, shape, assignment, options, m, (index, number),
+                                bound, shape_bound)
+        for number, assignment in generated:
+            bound = self.assignment_bound(limits, fast, assignment, m)
+            self.try_assignment(problem, limits, shape, assignment, options, m, (index, number),
+                                bound, shape_bound)
+            if self.open_bound_s < math.inf:
+                return
+
+    @staticmethod
+    def assignment_bound(limits: _Bounds, fast: list[Plan], assignment: Assignment,
+                         m: int) -> float:
+        groups = stage_groups(assignment)
+        return min(limits.assignment_bound(plan, Recompute.NONE, groups, m) for plan in fast)
+
+    def try_assignment(self, problem: Problem, limits: _Bounds, shape: Shape,
+                       assignment: Assignment, options: list[Switches], m: int,
+                       where: tuple[int, int], bound: float, shape_bound: float) -> None:
+        if self.open_bound_s < math.inf or self.beaten(bound, shape, problem):
+            return
+        if self.late(shape_bound):  # the shape's bound covers its assignments not yet tried
+            return
+        self.expand_assignment(problem, limits, shape, assignment, options, m, where, bound)
 
     def expand_assignment(self, problem: Problem, limits: _Bounds, shape: Shape,
                           assignment: Assignment, options: list[Switches], m: int,
