@@ -28,7 +28,7 @@ def check(result: Result) -> None:
     Raises:
         ExportError: saying which rule fails and what to change.
     """
-    require_target_placement(result, "Megatron-LM")
+    require_target_placement(result, "Megatron-LM", places_groups=True)
     plan, model = result.plan, require_model(result)
     problems = []
     if plan.vpp > 1 and plan.pp == 1:

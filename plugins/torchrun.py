@@ -88,7 +88,7 @@ def check(result: Result) -> None:
     Raises:
         ExportError: naming the rule and what to change.
     """
-    require_target_placement(result, "the torchrun script")
+    require_target_placement(result, "the torchrun script", places_groups=True)
     plan = result.plan
     problems = []
     if plan.cp > 1:
