@@ -38,7 +38,7 @@ from autoplan.costmodels.compute import Split
 from autoplan.costmodels.groups import stage_cost
 from autoplan.costmodels.pipeline import pipeline_time
 from autoplan.costmodels.step import Problem, _layer_cost, _axis_links, estimate, lower_bound_s
-from autoplan.errors import InfeasibleError, NoPlanInTimeError
+from autoplan.errors import ConstraintError, InfeasibleError, NoPlanInTimeError
 from autoplan.graph.layer_graph import Layer
 from autoplan.plan import Estimate, Plan, Recompute, SolverInfo
 from autoplan.search.groups_space import (
@@ -186,10 +186,13 @@ class _Search:
         self.user_bounds, self.max_gpus, self.deadline = bounds, max_gpus, deadline
         self.best: tuple | None = None  # (order, plan, problem)
         self.open_bound_s = math.inf
+        self.per_token = len({p.training.global_batch for p in problems}) > 1
+        """Step times of different global batches compare only per token (as in solver)."""
 
     def key(self, step_s: float, shape: Shape, problem: Problem) -> tuple[int, ...]:
         world = shape.tp * shape.pp * shape.dp * shape.cp
-        return objective_key(self.objective, step_s, world, problem.training.tokens_per_step)
+        return objective_key(self.objective, step_s, world, problem.training.tokens_per_step,
+                             per_token=self.per_token)
 
     def beaten(self, bound_s: float, shape: Shape, problem: Problem) -> bool:
         """The best plan so far is strictly better than anything with this bound."""
@@ -393,10 +396,15 @@ def solve_on_groups(problems: list[Problem], pins: Pins, *, time_limit_s: float,
     """The best plan across the node groups of a heterogeneous cluster (see module docstring).
 
     Raises:
+        ConstraintError: pins the space cannot hold (vpp > 1).
         InfeasibleError: no plan of the space fits.
         NoPlanInTimeError: the time limit passed before any plan that fits was found.
     """
     start = time.perf_counter()
+    if pins.vpp not in (None, 1):
+        raise ConstraintError(
+            f"--vpp {pins.vpp}: on a heterogeneous cluster each pipeline rank runs one chunk on "
+            "its node group; leave --vpp unset or 1.")
     objective = objective or Objective()
     search = _Search(problems, pins, objective, bounds, max_gpus, start + time_limit_s)
     search.run()
@@ -416,13 +424,14 @@ def _info(search: _Search, plan: Plan, problem: Problem, est: Estimate,
           wall: float) -> SolverInfo:
     objective = search.objective
     tokens = problem.training.tokens_per_step
-    value, unit = objective_value(objective, est.step_time_s, plan.world_size, tokens)
+    value, unit = objective_value(objective, est.step_time_s, plan.world_size, tokens,
+                                  per_token=search.per_token)
     if search.open_bound_s == math.inf:
         status, bound = "OPTIMAL", value
-    else:
+    else:  # the open bound is a step time: a bound in the reported unit only for one batch
         status = "FEASIBLE"
-        bound = (min(value, search.open_bound_s) if objective.primary is ObjectiveTerm.TIME
-                 else 0.0)
+        bound = (min(value, search.open_bound_s)
+                 if objective.primary is ObjectiveTerm.TIME and not search.per_token else 0.0)
     return SolverInfo(status=status, objective=value, bound=bound,
                       gap=max(0.0, (value - bound) / value) if value else 0.0, wall_time_s=wall,
                       objective_terms=tuple(t.value for t in objective.terms),

@@ -11,15 +11,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import autoplan
 from autoplan.api import _training, load_cluster, load_model, make_problem
 from autoplan.cli import app
 from autoplan.costmodels.step import estimate
-from autoplan.errors import InfeasibleError
+from autoplan.errors import ConstraintError, InfeasibleError
 from autoplan.search.brute import brute_force
 from autoplan.search.groups_space import group_plan
 from autoplan.search.hetero import solve_on_groups
-from autoplan.search.space import Shape, Switches
 from autoplan.plan import Offload, Recompute
+from autoplan.search.space import Shape, Switches
 from autoplan.training import Pins
 from autoplan.zoo import GPT, GPTConfig, next_token_loss
 
@@ -168,3 +169,24 @@ def test_solve_cli_names_the_groups(tmp_path):
     groups = [stage["group"] for stage in document["plan"]["stages"]]
     assert sorted(groups) == ["a100", "v100"]
     assert len(document["estimate"]["stage_memory_limit_gib"]) == 2
+
+
+def test_estimate_places_pinned_stages_on_groups_in_order_and_keeps_given_groups():
+    """Pins carry no groups: the stages fill the groups in cluster.yaml order (64 A100 GPUs hold
+    one stage of TP 4 x DP 16, the next goes to the V100s); a plan that names its groups keeps
+    them, and a group too small for its stages is refused."""
+    model = EXAMPLES / "models" / "tiny_gpt.py"
+    cluster = EXAMPLES / "clusters" / "a100-v100-x128-mixed.yaml"
+    pinned = autoplan.estimate(model, cluster, {"tp": 4, "dp": 16, "pp": 2}, seq_len=64,
+                               global_batch=64)
+    assert pinned.plan.stage_groups == ("a100", "v100")
+    assert pinned.estimate.stage_memory_limit_gib == (80.0, 32.0)
+    swapped = pinned.plan.model_copy(update={"stages": tuple(
+        s.model_copy(update={"group": g}) for s, g in zip(pinned.plan.stages, ("v100", "a100")))})
+    again = autoplan.estimate(model, cluster, swapped, seq_len=64, global_batch=64)
+    assert again.plan.stage_groups == ("v100", "a100")
+    assert again.estimate.stage_memory_limit_gib == (32.0, 80.0)
+    crowded = pinned.plan.model_copy(update={"stages": tuple(
+        s.model_copy(update={"group": "v100"}) for s in pinned.plan.stages)})
+    with pytest.raises(ConstraintError, match="group 'v100'"):
+        autoplan.estimate(model, cluster, crowded, seq_len=64, global_batch=64)
