@@ -21,7 +21,7 @@ from autoplan.search.groups_space import group_plan
 from autoplan.search.hetero import solve_on_groups
 from autoplan.plan import Offload, Recompute
 from autoplan.search.space import Shape, Switches
-from autoplan.training import Pins
+from autoplan.training import Objective, Pins
 from autoplan.zoo import GPT, GPTConfig, next_token_loss
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -190,3 +190,15 @@ def test_estimate_places_pinned_stages_on_groups_in_order_and_keeps_given_groups
         s.model_copy(update={"group": "v100"}) for s in pinned.plan.stages)})
     with pytest.raises(ConstraintError, match="group 'v100'"):
         autoplan.estimate(model, cluster, crowded, seq_len=64, global_batch=64)
+
+
+@pytest.mark.parametrize("seed, terms, min_tokens", [
+    (9, ["gpus", "time"], None), (12, ["cost"], None), (25, ["time"], 2e5)])
+def test_other_objectives_equal_brute_force(seed, terms, min_tokens):
+    """Fewest GPUs then time, cost, and a throughput floor: each key is nondecreasing in step
+    time for a fixed shape, so the same bounds prune exactly (as in the homogeneous solver)."""
+    problem = random_instance(seed)
+    objective = Objective(terms=terms, min_tokens_per_s=min_tokens)
+    reference = brute_force(problem, Pins(), objective=objective)
+    found = solve_on_groups([problem], Pins(), time_limit_s=60, objective=objective)
+    assert found.plan == reference[0] and found.info.status == "OPTIMAL"
