@@ -2,30 +2,36 @@
 
 For each (shape, switches, assignment of groups along the pipeline) of ``groups_space``, the
 blocks per stage are chosen by a dynamic program over the stages in pipeline order. With t_r a
-stage's micro-batch time and e_r what it adds after the pipeline drains (groups.py), the step is
+stage's micro-batch time and e_r what it adds after the pipeline drains (costmodels.groups), the
+step is
     (m - 1) * max_r t_r + sum_r t_r + max_r e_r,
 nondecreasing in each of (max t, running sum t, max e), and a stage's costs depend only on its
-position, group and blocks (not on how the earlier stages were cut). So the DP keeps, per
-number of blocks used, the Pareto front of those three partial values over the stages so far;
-a dominated partial split cannot end better (float addition and max are monotone), which makes
-the DP exact with respect to ``estimate()``: it evaluates stages with the same ``stage_cost`` and
-the final step with the same ``step_time``. Stages over their own group's memory limit are
-never extended. (A CP-SAT model of the same choice would need the step rounded to integers and
-give up that exactness; the DP needs no rounding.)
+rank, its group, its neighbours' groups and its layers (not on how the earlier stages were cut;
+equal blocks cost the same wherever they sit). So the DP keeps, per number of blocks used, the
+partial splits that no split with lexicographically smaller blocks matches or beats on those
+three values: a dropped one can neither end faster (float addition and max are monotone) nor
+win a tie. That makes it exact with respect to ``estimate()``: stages are evaluated by the same
+``stage_cost`` and the step from the same floats in the same order. Stages over their own group's
+memory limit are never extended. (A CP-SAT model of this choice would need the step rounded to
+integers and give up that exactness; the DP needs no rounding, and the choice among its results
+is a plain minimum.)
 
 Tie-break (as ``brute``'s on heterogeneous clusters): the objective's key, then fewer GPUs,
 then tp*pp, then the exact step time, then the enumeration order of ``groups_space`` (shape,
 assignment, switches, blocks lexicographically), so the same input gives the same plan.
 
-Order and pruning (best bound first, like ``solver.Table.build``): a shape's bound holds for
-every assignment and switch: per stage the fastest group's compute and TP time (pipeline
-sends and post-drain time dropped), recompute off, and the blocks spread fluidly, so
-    max t >= (B + sum_r a_r / c_r) / sum_r 1 / c_r,     sum t >= sum_r a_r + B min_r c_r
-with c_r the per-block time and a_r the rest of stage r. Assignments get the same bound with
-their own groups, switches with their own recompute. Anything whose bound's key is worse than
-the best plan found is not expanded; inside the DP a partial split is dropped once its partial
-step already is. With a deadline the search stops and reports the best plan with the smallest
-open bound (or the cluster's physics bound for shapes never bounded): status FEASIBLE, with gap.
+Order and pruning (best bound first, like ``solver.Table.build``). A stage at rank r with b
+blocks takes at least a_r + b c_r (compute and TP time only; c_r per block on its group, a_r the
+embedding or head it also holds). Spreading the B blocks fluidly,
+    max t >= (B + sum_r a_r / c_r) / sum_r 1 / c_r,     sum t >= sum_r a_r + B min_r c_r.
+A shape's bound holds for every assignment and switch (recompute off; each rank's least a, and
+the per-block rates of the fastest groups filled up to their capacity); an assignment's uses
+its own groups, a switch setting its own recompute, and inside the DP a partial split is
+dropped once it plus this bound on the remaining ranks is worse than the best plan found. The
+bounds need blocks that all cost the same (true of transformer stacks); otherwise they are 0
+and only the DP's own partial steps prune. With a deadline the search stops and reports the
+best plan with the smallest open bound (or the cluster's physics bound for shapes never
+bounded): status FEASIBLE, with its gap.
 """
 
 from __future__ import annotations
