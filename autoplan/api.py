@@ -19,6 +19,7 @@ from autoplan.cluster.spec import Cluster, load_cluster_spec, require_homogeneou
 from autoplan.calibrate import MeasuredProfile, fitted_profile, load_profile, measure, write_profile
 from autoplan.costmodels.profiles import (ComputeProfile, RuntimeProfile, compute_profile,
                                           runtime_profile)
+from autoplan.costmodels.groups import check_groups, on_groups_in_order
 from autoplan.costmodels.step import Problem
 from autoplan.costmodels.step import estimate as estimate_plan
 from autoplan.errors import ConstraintError, ModelFileError, PlanFileError
@@ -32,6 +33,7 @@ from autoplan.inference import InferencePlacement
 from autoplan.inference import place_for_inference as inference_placement
 from autoplan.plan import ModelInfo, Plan, Result, SolverInfo, TrainingInfo
 from autoplan.plugins.importers import ImportedRun, read_run  # noqa: F401 (API)
+from autoplan.search.hetero import solve_on_groups
 from autoplan.search.solver import solve_search
 from autoplan.search.space import balanced_stages, check_pins, dp_options, pipeline_schedule
 from autoplan.options import as_options, global_batches, merge_options, options_mem_limit
@@ -123,8 +125,10 @@ def load_cluster(path_or_dict: str | Path | Mapping | LoadedCluster) -> LoadedCl
 
 
 def _mem_limit_bytes(mem_limit: str | float | None, cluster: Cluster) -> float:
+    """The user's per-GPU cap, else the largest GPU's memory (each node group's stages are
+    also held to their own GPU's memory: Problem.on_group)."""
     if mem_limit is None:
-        return cluster.gpu.memory_bytes
+        return max(g.gpu.memory_bytes for g in cluster.groups or (cluster,))
     if isinstance(mem_limit, (int, float)) and not isinstance(mem_limit, bool):
         return float(mem_limit)
     return parse_quantity(mem_limit, "memory", field="--mem-limit")
@@ -144,10 +148,15 @@ def make_problem(model: Model, cluster: LoadedCluster, training: TrainingSpec,
                  runtime_settings: Mapping[str, Any] | None = None) -> Problem:
     """Trace the model and gather the cost-model inputs for one question. ``profile`` (a
     profile YAML from ``autoplan calibrate`` or a ComputeProfile) replaces the catalog's
-    compute profile of the cluster's GPU; ``runtime_settings`` replaces fields of the
-    runtime's profile (see :func:`runtime_with`)."""
-    require_homogeneous(cluster.cluster)
+    compute profile of the cluster's GPU (of its first node group's GPU on a heterogeneous
+    cluster); ``runtime_settings`` replaces fields of the runtime's profile (see
+    :func:`runtime_with`)."""
     graph = model.trace(training.seq_len, training.precision.value)
+    if not cluster.cluster.is_homogeneous and not graph.block_indices():
+        raise ConstraintError(
+            f"{model.name} traces into no repeated blocks, so its layers cannot be shared out "
+            "over the node groups of a heterogeneous cluster; plan it on one group (give that "
+            "group's nodes as a cluster of their own).")
     runtime = runtime_with(runtime_profile(training.runtime.value, training.precision.value),
                            runtime_settings)
     return Problem(
@@ -274,6 +283,11 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
     problems = _batch_problems(model, cluster, batches, constraints.pins, seq_len=seq_len,
                                precision=precision, runtime=runtime, attention=attention,
                                mem_limit=mem_limit, profile=profile)
+    if not cluster.cluster.is_homogeneous:  # stages on node groups; no runners-up
+        found = solve_on_groups(problems, constraints.pins, time_limit_s=constraints.time_limit_s,
+                                objective=constraints.objective, bounds=constraints.bounds,
+                                max_gpus=constraints.max_gpus)
+        return _result(found.problem, model, cluster, found.plan, found.estimate, found.info)
     solution = solve_search(problems, constraints.pins, time_limit_s=constraints.time_limit_s,
                             objective=constraints.objective, bounds=constraints.bounds,
                             max_gpus=constraints.max_gpus, num_workers=num_workers)
@@ -345,12 +359,17 @@ def _plan_for(problem: Problem, cluster: LoadedCluster, model: Model, plan_or_pi
         if plan_or_pins.world_size > cluster.cluster.num_gpus:
             raise ConstraintError(f"the plan needs {plan_or_pins.world_size} GPUs but the "
                                   f"cluster has {cluster.cluster.num_gpus}.")
+        if plan_or_pins.stage_groups is not None:
+            check_groups(problem, plan_or_pins)
+        elif not cluster.cluster.is_homogeneous:
+            return on_groups_in_order(problem, plan_or_pins)
         return plan_or_pins
     run = plan_or_pins if isinstance(plan_or_pins, ImportedRun) else None
     pins = _pins(run.pins if run else plan_or_pins)
     check_pins(problem.graph, world=cluster.cluster.num_gpus, training=problem.training, pins=pins)
-    return plan_from_pins(problem, pins, first=run.first_stage_blocks if run else None,
+    plan = plan_from_pins(problem, pins, first=run.first_stage_blocks if run else None,
                           last=run.last_stage_blocks if run else None)
+    return plan if cluster.cluster.is_homogeneous else on_groups_in_order(problem, plan)
 
 
 def _settings(run: ImportedRun | None, seq_len, global_batch, precision, runtime):
@@ -450,7 +469,7 @@ def place_for_inference(model, cluster, *, context_len: int, batch: int = 1,
     """A Hugging Face ``device_map`` (module name -> GPU index) that fits the model for
     inference with ``context_len`` tokens of KV cache, and the predicted time per token."""
     model, cluster = load_model(model), load_cluster(cluster)
-    require_homogeneous(cluster.cluster)
+    require_homogeneous(cluster.cluster, "inference placement")
     graph = model.trace(min(context_len, 2048))
     return inference_placement(graph, cluster.cluster, context_len=context_len, batch=batch,
                                mem_limit_bytes=_mem_limit_bytes(mem_limit, cluster.cluster))
@@ -487,6 +506,11 @@ def verify(model, plan_or_result: Plan | Result | str | Path, *, steps: int = 5,
         seq_len = result.training.seq_len if result.training else result.model.seq_len
     if not isinstance(model, (str, Path)):
         raise ConstraintError("verify needs the path of model.py: every rank imports it.")
+    if plan.stage_groups is not None:
+        raise ConstraintError(
+            "verify runs a plan on one kind of CPU rank; this plan puts its stages on node "
+            "groups of a heterogeneous cluster. Verify its layer split with `autoplan export "
+            "--target torchrun` on the cluster, or solve for one group to verify here.")
     loaded = load_model(model)
     cluster = load_cluster(result.cluster if result and result.cluster else {
         "gpu": "a100-sxm4-80gb", "nodes": 1, "gpus_per_node": plan.world_size,
@@ -533,6 +557,7 @@ def sweep(model, cluster, *, over, base=None, time_limit_s: float | None = None,
 
     start = time.perf_counter()
     model, cluster = load_model(model), load_cluster(cluster)
+    require_homogeneous(cluster.cluster, "sweep")
     axes = over if isinstance(over, sweeps.Axes) else _validated(sweeps.Axes, over, "over")
     base = base if isinstance(base, sweeps.PointInputs) else _validated(
         sweeps.PointInputs, base or {}, "base")
@@ -582,7 +607,9 @@ def explain(result: Result | str | Path, model, *, pins=None):
                             "output of `autoplan solve --json` and explain that.")
     t = result.training
     training = _training(t.seq_len, t.global_batch, t.precision, t.runtime, "flash")
-    problem = make_problem(load_model(model), load_cluster(result.cluster), training,
+    cluster = load_cluster(result.cluster)
+    require_homogeneous(cluster.cluster, "explain")
+    problem = make_problem(load_model(model), cluster, training,
                            result.estimate.memory_limit_gib * 2**30)
     return explain_plan(problem, result, _pins(pins))
 

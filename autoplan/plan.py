@@ -46,6 +46,16 @@ class Stage(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     first_layer: int = Field(ge=0)
     num_layers: int = Field(ge=1)
+    group: str | None = None
+    """On a heterogeneous cluster: the node group (cluster.yaml ``groups[].name``) whose GPUs run
+    this stage; None on a cluster of one kind of node (and then left out of the JSON)."""
+
+    @model_serializer(mode="wrap")
+    def _without_group(self, handler):
+        data = handler(self)
+        if self.group is None:
+            data.pop("group", None)
+        return data
 
 
 class Plan(BaseModel):
@@ -106,6 +116,11 @@ class Plan(BaseModel):
                 raise ValueError(f"stages must be contiguous from layer 0: a stage starts at "
                                  f"{stage.first_layer}, expected {position}")
             position += stage.num_layers
+        grouped = {stage.group is None for stage in self.stages}
+        if len(grouped) > 1:
+            raise ValueError("either every stage names its node group or none does")
+        if False in grouped and self.vpp > 1:
+            raise ValueError("stages on node groups need vpp = 1 (one chunk per pipeline rank)")
         if self.recompute_num_layers is not None and self.recompute is not Recompute.FULL:
             raise ValueError(f"recompute_num_layers = {self.recompute_num_layers} needs "
                              f"recompute = full, not {self.recompute.value}")
@@ -128,13 +143,22 @@ class Plan(BaseModel):
         return tuple((s.first_layer, s.num_layers) for s in self.stages)
 
     @property
+    def stage_groups(self) -> tuple[str, ...] | None:
+        """The node group of each pipeline stage on a heterogeneous cluster, else None."""
+        if self.stages[0].group is None:
+            return None
+        return tuple(stage.group for stage in self.stages)
+
+    @property
     def gradient_accumulation_steps(self) -> int:
         """Micro-batches per step per data-parallel rank (DeepSpeed's name for it)."""
         return self.num_microbatches
 
 
 class Estimate(BaseModel):
-    """Predicted step time and memory of a plan (memory is the worst GPU's)."""
+    """Predicted step time and memory of a plan (memory is the worst GPU's: on a heterogeneous
+    cluster the stage tightest against its own group's limit, which ``memory_limit_gib`` then
+    is; ``stage_memory_limit_gib`` lists every stage's limit)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     step_time_s: float
@@ -148,6 +172,16 @@ class Estimate(BaseModel):
     time_breakdown_s: dict[str, float]
     stage_memory_gib: tuple[float, ...]
     feasible: bool
+    stage_memory_limit_gib: tuple[float, ...] | None = None
+    """Each stage's own limit when stages run on node groups with different limits (else left
+    out of the JSON: ``memory_limit_gib`` holds for every stage)."""
+
+    @model_serializer(mode="wrap")
+    def _without_stage_limits(self, handler):
+        data = handler(self)
+        if self.stage_memory_limit_gib is None:
+            data.pop("stage_memory_limit_gib", None)
+        return data
 
 
 class SolverInfo(BaseModel):

@@ -19,21 +19,46 @@ def _kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
     return table
 
 
-def _stages_text(result: Result) -> str:
+def _stage_counts(result: Result, stages) -> list[str]:
+    """Blocks (layers when the model is unknown) of each stage."""
     kinds = result.model.layer_kinds if result.model else ()
     counts = []
-    for stage in result.plan.stages:
+    for stage in stages:
         span = kinds[stage.first_layer: stage.first_layer + stage.num_layers]
         blocks = sum(1 for k in span if k == "block")
         counts.append(str(blocks) if kinds else str(stage.num_layers))
-    unit = "blocks" if kinds else "layers"
-    return f"{' / '.join(counts)} {unit} per stage (pipeline order)"
+    return counts
+
+
+def _unit(result: Result) -> str:
+    return "blocks" if result.model else "layers"
+
+
+def _stages_text(result: Result) -> str:
+    counts = _stage_counts(result, result.plan.stages)
+    return f"{' / '.join(counts)} {_unit(result)} per stage (pipeline order)"
+
+
+def _group_rows(result: Result) -> list[tuple[str, str]]:
+    """One row per node group running stages: which stages, how many blocks each."""
+    stages, rows = result.plan.stages, []
+    runs: dict[str, list[int]] = {}
+    for index, stage in enumerate(stages):
+        runs.setdefault(stage.group, []).append(index)
+    for group, indices in runs.items():
+        counts = _stage_counts(result, [stages[i] for i in indices])
+        span = (f"stage {indices[0]}" if len(indices) == 1
+                else f"stages {indices[0]}-{indices[-1]}")
+        rows.append((f"  on {group}", f"{span}: {' / '.join(counts)} {_unit(result)}"))
+    return rows
 
 
 def _cluster_gpus(result: Result) -> int | None:
     cluster = result.cluster or {}
     if "nodes" in cluster and "gpus_per_node" in cluster:
         return cluster["nodes"] * cluster["gpus_per_node"]
+    if "groups" in cluster:
+        return sum(g.get("nodes", 0) * g.get("gpus_per_node", 0) for g in cluster["groups"])
     return None
 
 
@@ -54,6 +79,7 @@ def plan_table(result: Result) -> Table:
         ("offload", p.offload.value),
         ("rank placement", f"{p.placement} (innermost first)"),
         ("layers", _stages_text(result)),
+        *(_group_rows(result) if p.stage_groups else []),
     ])
 
 
@@ -65,8 +91,16 @@ def estimate_table(result: Result) -> Table:
         ("throughput", f"{e.tokens_per_s:,.0f} tokens/s"),
         ("per GPU", f"{e.model_tflops_per_gpu:.1f} model TFLOP/s, "
          f"{e.hardware_tflops_per_gpu:.1f} hardware TFLOP/s, MFU {e.mfu:.1%}"),
-        ("peak memory", f"{e.peak_memory_gib:.1f} GiB of {e.memory_limit_gib:.1f} GiB ({status})"),
+        ("peak memory", f"{e.peak_memory_gib:.1f} GiB of {e.memory_limit_gib:.1f} GiB ({status})"
+         + (f", on stage {_tightest(e)} (each stage against its group's GPU)"
+            if e.stage_memory_limit_gib else "")),
     ])
+
+
+def _tightest(e) -> int:
+    """The stage whose memory and limit the Estimate reports."""
+    return next((i for i, (m, l) in enumerate(zip(e.stage_memory_gib, e.stage_memory_limit_gib))
+                if m == e.peak_memory_gib and l == e.memory_limit_gib), 0)
 
 
 def _breakdown_table(title: str, values: dict[str, float], unit: str, total: float) -> Table:

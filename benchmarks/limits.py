@@ -5,8 +5,8 @@ hang.
     .venv/bin/python benchmarks/limits.py [--time-limit S]      (default 60)
 
 Cases: a cluster of 100,000 GPUs (12,500 nodes x 8 H100) for Llama-2 70B; a GPT of 1,000
-blocks (hidden 256) on 16 DGX A100; the topology drawing of the 100,000 GPUs; a heterogeneous cluster of 10 groups (refused for now:
-the solver plans one kind of node).
+blocks (hidden 256) on 16 DGX A100; the topology drawing of the 100,000 GPUs; Llama-2 7B on a
+heterogeneous cluster of 10 groups (five GPU kinds, 2-11 nodes each: pipeline stages on groups).
 """
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ def case(name: str, run) -> None:
           f"(solver {s.wall_time_s:.2f} s)  TP{p.tp} PP{p.pp} DP{p.dp} mbs{p.micro_batch_size} "
           f"vpp{p.vpp} ZeRO-{p.zero_stage} {p.recompute.value}  {p.world_size} GPUs  "
           f"{result.estimate.step_time_s:.3f} s/step")
+    if p.stage_groups:
+        print(f"{'':34} stages on groups {' '.join(p.stage_groups)}")
 
 
 def main() -> None:
@@ -79,8 +81,8 @@ def main() -> None:
         cluster = autoplan.load_cluster(dgx("h100-sxm5-80gb", 12_500))
         draw_topology(cluster, Path(folder, "topo.png"))
         print(f"{'topo --png of 100,000 GPUs':34} {time.perf_counter() - start:7.2f} s")
-    case("10 heterogeneous groups", lambda: autoplan.solve(
-        EXAMPLES / "models" / "tiny_gpt.py", ten_groups(), seq_len=64, global_batch=8,
+    case("10 heterogeneous groups, Llama-2 7B", lambda: autoplan.solve(
+        EXAMPLES / "models" / "llama2_7b.py", ten_groups(), seq_len=4096, global_batch=1024,
         time_limit_s=limit))
 
 

@@ -5,13 +5,14 @@ it, so all three agree by construction. The step is
     pipeline(per-rank micro-batch times) + exposed data-parallel reduction + optimizer step
 where a rank's micro-batch time is its layers' compute (compute.py), their exposed TP
 collectives and its pipeline sends (comm.py); memory is model states plus in-flight
-activations plus a stated allowance (memory.py) on the worst rank.
+activations plus a stated allowance (memory.py) on the worst rank. Plans whose stages run on
+different node groups of a heterogeneous cluster are costed stage by stage (groups.py).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from autoplan.cluster.spec import Cluster
 from autoplan.cluster.topology import GroupLinks, group_links
@@ -23,7 +24,7 @@ from autoplan.costmodels.memory import (
     model_state_bytes, backward_working_bytes,
 )
 from autoplan.costmodels.pipeline import pipeline_time
-from autoplan.costmodels.profiles import ComputeProfile, RuntimeProfile
+from autoplan.costmodels.profiles import ComputeProfile, RuntimeProfile, compute_profile
 from autoplan.graph.layer_graph import Layer, LayerGraph, LayerKind
 from autoplan.plan import Estimate, Offload, PipelineSchedule, Plan, Recompute
 from autoplan.training import AttentionKernel, TrainingSpec
@@ -80,6 +81,22 @@ class Problem:
     def layer_class(self, class_id: int) -> Layer:
         return self._classes[class_id]
 
+    def on_group(self, name: str) -> "Problem":
+        """The problem on one node group of a heterogeneous cluster: its GPU and links, its
+        GPU's compute profile (the given one where the group has the cluster's first GPU), and
+        the memory limit capped at its GPU's memory. Its layers drop their names, so equal
+        blocks share one class and a stage's costs depend on how many blocks it has, not which."""
+        key = ("on_group", name)
+        sub = self._cache.get(key)
+        if sub is None:
+            group = next(g for g in self.cluster.groups if g.name == name)
+            compute = (self.compute if group.gpu == self.cluster.gpu
+                       else compute_profile(group.gpu.name))
+            sub = self._cache[key] = Problem(
+                _unnamed(self.graph), group, self.training, self.runtime, compute,
+                min(self.mem_limit_bytes, group.gpu.memory_bytes))
+        return sub
+
     @property
     def precision(self) -> str:
         return self.training.precision.value
@@ -87,6 +104,11 @@ class Problem:
     @property
     def flash_attention(self) -> bool:
         return self.training.attention is AttentionKernel.FLASH
+
+
+def _unnamed(graph: LayerGraph) -> LayerGraph:
+    """The graph with layer and module names dropped (they cost nothing)."""
+    return replace(graph, layers=tuple(replace(l, name="", modules=()) for l in graph.layers))
 
 
 MIB = 2**20
@@ -584,6 +606,9 @@ def _evaluate(problem: Problem, plan: Plan) -> _Evaluation:
 def step_and_peak(problem: Problem, plan: Plan) -> tuple[float, float]:
     """(step seconds, worst-GPU bytes): exactly what estimate() reports, without the detail,
     for the solver's tables."""
+    if plan.stage_groups is not None:
+        from autoplan.costmodels.groups import step_and_peak_on_groups  # it builds on this module
+        return step_and_peak_on_groups(problem, plan)
     evaluation = _evaluate(problem, plan)
     return evaluation.step_s, evaluation.peak_memory_bytes
 
@@ -605,11 +630,20 @@ def _rank_memories(problem: Problem, plan: Plan, evaluation: _Evaluation) -> lis
 
 def lower_bound_s(problem: Problem) -> float:
     """A step time no plan can beat under this cost model: the model's FLOPs spread over every
-    GPU of the cluster at the best efficiency any kernel reaches, with nothing else."""
-    rate = problem.cluster.gpu.peak_flops(problem.precision) * max(
-        problem.compute.gemm_efficiency, problem.compute.attention_efficiency)
+    GPU of the cluster at the best efficiency any kernel reaches, with nothing else (each
+    group's GPUs at their own rate on a heterogeneous cluster)."""
     samples = problem.training.global_batch
-    return model_flops_per_sample(problem.graph) * samples / (problem.cluster.num_gpus * rate)
+    if problem.cluster.is_homogeneous:
+        rate = problem.cluster.num_gpus * _best_rate(problem)
+    else:
+        rate = sum(g.num_gpus * _best_rate(problem.on_group(g.name)) for g in problem.cluster.groups)
+    return model_flops_per_sample(problem.graph) * samples / rate
+
+
+def _best_rate(problem: Problem) -> float:
+    """FLOP/s of one GPU at the best efficiency any kernel reaches."""
+    return problem.cluster.gpu.peak_flops(problem.precision) * max(
+        problem.compute.gemm_efficiency, problem.compute.attention_efficiency)
 
 
 def shape_lower_bound_s(problem: Problem, *, tp: int, pp: int, cp: int, mbs: int, vpp: int,
@@ -650,6 +684,9 @@ def _layer_time_and_tp_comm(problem: Problem, class_id: int, split: Split,
 
 def estimate(problem: Problem, plan: Plan) -> Estimate:
     """Predicted step time and worst-GPU memory of ``plan`` on ``problem``."""
+    if plan.stage_groups is not None:
+        from autoplan.costmodels.groups import estimate_on_groups  # it builds on this module
+        return estimate_on_groups(problem, plan)
     evaluation = _evaluate(problem, plan)
     slow, m = evaluation.slowest, plan.num_microbatches
     worst = max(evaluation.costs, key=lambda c: c.memory)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from autoplan.cluster.spec import load_cluster_spec
+from autoplan.cluster.spec import ClusterSpec, load_cluster_spec
 from autoplan.errors import ExportError
 from autoplan.plan import Result
 
@@ -33,6 +33,8 @@ class Nodes:
     hosts: tuple[tuple[str, str], ...]
     network: str | None
     interface: str | None
+    groups: tuple[tuple[str, int, int], ...] = ()
+    """On a cluster of node groups: (group, first node rank, nodes) in node-rank order."""
 
     @property
     def master_ip(self) -> str | None:
@@ -55,6 +57,8 @@ def nodes_of(result: Result) -> Nodes:
         )
     # The validated spec says all a launcher needs; the hardware catalog is not consulted.
     spec = load_cluster_spec(result.cluster)
+    if spec.groups is not None:
+        return _group_nodes(result, spec)
     world = result.plan.world_size
     per_node = min(spec.gpus_per_node, world)
     if world % per_node or world > spec.nodes * spec.gpus_per_node:
@@ -73,14 +77,88 @@ def nodes_of(result: Result) -> Nodes:
     )
 
 
-def require_target_placement(result: Result, target: str,
-                             orders: tuple[str, ...] = (TARGET_PLACEMENT,)) -> None:
-    """Check the plan places ranks in an order ``target`` can build (``orders``, innermost
-    axis first): which ranks share a node decides whether TP traffic stays on NVLink.
+def stage_runs(result: Result, spec: ClusterSpec) -> list[tuple[str, int]]:
+    """(group, stages) in pipeline order: the plan's stage groups, or for a plan without them
+    (a cluster of identical groups) the groups filled in cluster.yaml order."""
+    plan = result.plan
+    if plan.stage_groups is not None:
+        runs: list[tuple[str, int]] = []
+        for name in plan.stage_groups:
+            if runs and runs[-1][0] == name:
+                runs[-1] = (name, runs[-1][1] + 1)
+            else:
+                runs.append((name, 1))
+        return runs
+    per_stage, runs, left = plan.tp * plan.dp * plan.cp, [], plan.pp
+    for group in spec.groups:
+        take = min(left, group.nodes * group.gpus_per_node // per_stage)
+        runs += [(group.name, take)] if take else []
+        left -= take
+    return runs
+
+
+def _group_nodes(result: Result, spec: ClusterSpec) -> Nodes:
+    """The nodes of a plan on node groups: each group's stages on its own nodes, node ranks
+    in pipeline order (the pipeline axis is outermost, so a stage's ranks are consecutive).
 
     Raises:
-        ExportError: the plan's placement is not one of ``orders``.
+        ExportError: the groups used have different GPUs per node (torchrun starts as many
+            processes on every node), or a group's stages leave a node part-used.
     """
+    plan, groups = result.plan, {g.name: g for g in spec.groups}
+    runs = stage_runs(result, spec)
+    widths = {groups[name].gpus_per_node for name, _ in runs}
+    if len(widths) > 1:
+        raise ExportError(
+            f"the plan's stages run on groups with {sorted(widths)} GPUs per node, but torchrun "
+            "starts the same number of processes on every node; re-plan on groups with equal "
+            "gpus_per_node.")
+    per_node = min(widths.pop(), plan.world_size)
+    per_stage, hosts, placed, first = plan.tp * plan.dp * plan.cp, [], [], 0
+    for name, stages in runs:
+        gpus, group = stages * per_stage, groups[name]
+        if gpus % per_node or gpus > group.nodes * group.gpus_per_node:
+            raise ExportError(
+                f"the plan puts {stages} stages of {per_stage} GPUs ({gpus} GPUs) on group "
+                f"{name!r}, which does not fill whole nodes of its {group.nodes} x "
+                f"{group.gpus_per_node} GPUs; re-plan so that each group's stages fill whole nodes.")
+        placed.append((name, first, gpus // per_node))
+        hosts += [(h.name, h.ip) for h in (group.hosts or ())][:gpus // per_node]
+        first += gpus // per_node
+    used = [groups[name] for name, _ in runs]
+    links = {g.inter_node.link for g in used if g.inter_node is not None}
+    interfaces = {g.inter_node.interface if g.inter_node else None for g in used}
+    return Nodes(num_nodes=first, gpus_per_node=per_node,
+                 hosts=tuple(hosts) if len(hosts) == first else (),
+                 network=(links.pop() if len(links) == 1 else "ethernet" if "ethernet" in links
+                          else sorted(links)[0]) if links and first > 1 else None,
+                 interface=interfaces.pop() if len(interfaces) == 1 else None,
+                 groups=tuple(placed))
+
+
+def require_target_placement(result: Result, target: str,
+                             orders: tuple[str, ...] = (TARGET_PLACEMENT,), *,
+                             places_groups: bool = False) -> None:
+    """Check the plan places ranks in an order ``target`` can build (``orders``, innermost
+    axis first): which ranks share a node decides whether TP traffic stays on NVLink. A plan
+    whose stages run on the node groups of a heterogeneous cluster needs a target that
+    ``places_groups`` (each stage's ranks started on its group's hosts, its own layer count)
+    and the pipeline axis outermost (a stage's ranks consecutive).
+
+    Raises:
+        ExportError: the plan's placement is not one of ``orders``, or its stages are on node
+            groups that ``target`` cannot place.
+    """
+    if result.plan.stage_groups is not None:
+        if not places_groups:
+            runs = ", ".join(f"{name}: {count} stage{'s' * (count > 1)}" for name, count
+                             in stage_runs(result, load_cluster_spec(result.cluster)))
+            raise ExportError(
+                f"this plan runs its pipeline stages on the node groups of a heterogeneous "
+                f"cluster ({runs}), which {target} cannot place per group; export it with --to "
+                "torchrun or --to megatron, which start each stage's ranks on its group's hosts "
+                "with its own layer count.")
+        orders = (TARGET_PLACEMENT,)
     if result.plan.placement not in orders:
         raise ExportError(
             f"the plan places ranks as {result.plan.placement!r} but {target} orders them "
@@ -159,6 +237,8 @@ def torchrun_script(result: Result, *, header: str, required: dict[str, str],
     nodes = nodes_of(result)
     lines = ["#!/usr/bin/env bash", header.rstrip("\n"), "set -euo pipefail",
              'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"']
+    lines += [f"# node ranks {first}-{first + count - 1}: node group {name}"
+              for name, first, count in nodes.groups]
     lines += [f': "${{{name}:?{why}}}"' for name, why in required.items()]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
     lines += _rendezvous_lines(nodes) + read_args_lines(args_file)

@@ -30,7 +30,8 @@ def check(result: Result) -> None:
     Raises:
         ExportError: saying which rule fails and what to change.
     """
-    require_target_placement(result, "Megatron-LM", RUNTIME_PLACEMENTS[Runtime.MEGATRON])
+    require_target_placement(result, "Megatron-LM", RUNTIME_PLACEMENTS[Runtime.MEGATRON],
+                             places_groups=True)
     require_default_schedule(result, "Megatron-LM")
     plan, model = result.plan, require_model(result)
     problems = []

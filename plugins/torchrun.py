@@ -88,7 +88,7 @@ def check(result: Result) -> None:
     Raises:
         ExportError: naming the rule and what to change.
     """
-    require_target_placement(result, "the torchrun script")
+    require_target_placement(result, "the torchrun script", places_groups=True)
     require_default_schedule(result, "the torchrun script")
     plan = result.plan
     problems = []

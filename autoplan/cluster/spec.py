@@ -264,8 +264,9 @@ class Cluster:
 
     A heterogeneous cluster lists its kinds of node in ``groups`` (each a homogeneous
     ``Cluster``); its own node fields are then those of the first group, except ``num_nodes``,
-    ``num_gpus`` and ``hosts``, which cover the whole cluster. Planners that assume one kind of
-    node call :func:`require_homogeneous` first.
+    ``num_gpus`` and ``hosts``, which cover the whole cluster. solve and estimate plan across
+    different groups (stages on groups, ``costmodels.groups``); the commands that assume one
+    kind of node call :func:`require_homogeneous` first.
     """
 
     name: str
@@ -306,19 +307,19 @@ def _node_kind(cluster: Cluster) -> tuple:
             cluster.cpu_memory_bytes, cluster.host_bandwidth_Bps)
 
 
-def require_homogeneous(cluster: Cluster) -> None:
-    """Refuse a cluster whose groups differ: plans assume one kind of node for now.
+def require_homogeneous(cluster: Cluster, command: str = "this command") -> None:
+    """Refuse a cluster whose groups differ, for a ``command`` that assumes one kind of node.
 
     Raises:
-        ConstraintError: the groups differ; the message names them.
+        ConstraintError: the groups differ; the message names them and what does handle them.
     """
     if cluster.is_homogeneous:
         return
     kinds = ", ".join(f"{g.name} ({g.num_nodes}x{g.gpus_per_node} {g.gpu.name})" for g in cluster.groups)
     raise ConstraintError(
-        f"cluster {cluster.name!r} mixes kinds of node ({kinds}); planning across different "
-        "groups is not supported yet. Plan for one group: give its nodes as a cluster of their own "
-        "(its gpu, nodes, gpus_per_node, intra_node, inter_node).")
+        f"cluster {cluster.name!r} mixes kinds of node ({kinds}); {command} assumes one kind of "
+        "node (autoplan solve and estimate plan across groups). Give one group's nodes as a "
+        "cluster of their own (its gpu, nodes, gpus_per_node, intra_node, inter_node).")
 
 
 def _resolve_gpu(gpu: str | GpuEntry) -> GpuSpec:

@@ -6,8 +6,9 @@ of the same space under the same cost model, and by benchmarks for the speed rat
 
 from __future__ import annotations
 
-from autoplan.costmodels.step import Problem, estimate, limit_mib, memory_mib
+from autoplan.costmodels.step import MIB, Problem, estimate, limit_mib, memory_mib
 from autoplan.plan import Estimate, Plan
+from autoplan.search.groups_space import group_candidates
 from autoplan.search.objective import key as objective_key
 from autoplan.search.objective import meets_throughput
 from autoplan.search.space import candidate_plans
@@ -20,7 +21,9 @@ def brute_force(problems: Problem | list[Problem], pins: Pins, *,
     """The best fitting plan that reaches the throughput, ties broken like the solver: the
     objective's integer keys, then GPUs used, then GPUs per replica (tp*pp), then memory, then
     candidate order. ``problems`` are alternatives (one per allowed global batch). None if
-    nothing qualifies."""
+    nothing qualifies. On a heterogeneous cluster the candidates are every stage-to-group
+    assignment and every split of the blocks (``groups_space``), a plan fits when every stage
+    fits its own group's limit, and exact step time replaces memory in the tie-break."""
     problems = [problems] if isinstance(problems, Problem) else list(problems)
     objective = objective or Objective()
     per_token = len({p.training.global_batch for p in problems}) > 1
@@ -28,19 +31,35 @@ def brute_force(problems: Problem | list[Problem], pins: Pins, *,
     for problem in problems:
         world = min(problem.cluster.num_gpus, max_gpus or problem.cluster.num_gpus)
         tokens = problem.training.tokens_per_step
-        for plan in candidate_plans(
-                problem.graph, world=world, gpus_per_node=problem.cluster.gpus_per_node,
-                training=problem.training, pins=pins, bounds=bounds,
-                every_dp=objective.needs_every_dp):
+        for plan in _candidates(problem, world, pins, bounds, max_gpus, objective.needs_every_dp):
             order += 1
             est = estimate(problem, plan)
-            if memory_mib(est.peak_memory_gib * 2**30) > limit_mib(problem):
+            if not _fits(problem, est):
                 continue
             if not meets_throughput(objective, est.step_time_s, tokens):
                 continue
+            tiebreak = (est.peak_memory_gib if plan.stage_groups is None  # hetero: as its search
+                        else est.step_time_s)
             key = objective_key(objective, est.step_time_s, plan.world_size, tokens,
                                 per_token=per_token) + (
-                plan.world_size, plan.tp * plan.pp, est.peak_memory_gib, order)
+                plan.world_size, plan.tp * plan.pp, tiebreak, order)
             if best_key is None or key < best_key:
                 best, best_key = (plan, est), key
     return best
+
+
+def _candidates(problem: Problem, world: int, pins: Pins, bounds: Bounds | None,
+                max_gpus: int | None, every_dp: bool):
+    if not problem.cluster.is_homogeneous:
+        return group_candidates(problem.graph, problem.cluster, problem.training, pins, bounds,
+                                max_gpus, every_dp)
+    return candidate_plans(problem.graph, world=world, gpus_per_node=problem.cluster.gpus_per_node,
+                           training=problem.training, pins=pins, bounds=bounds, every_dp=every_dp)
+
+
+def _fits(problem: Problem, est: Estimate) -> bool:
+    """Every stage within its limit, in whole MiB like the solver."""
+    if est.stage_memory_limit_gib is None:
+        return memory_mib(est.peak_memory_gib * 2**30) <= limit_mib(problem)
+    return all(memory_mib(m * 2**30) <= int(limit * 2**30 // MIB)
+               for m, limit in zip(est.stage_memory_gib, est.stage_memory_limit_gib))

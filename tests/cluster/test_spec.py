@@ -37,7 +37,7 @@ def test_a_preset_fills_the_node_and_stated_keys_win():
     assert cluster.cpu_memory_bytes == 1e12 and cluster.host_bandwidth_Bps == 64e9
 
 
-def test_heterogeneous_groups_parse_and_solve_refuses_them():
+def test_heterogeneous_groups_parse_and_one_kind_commands_refuse_them():
     loaded = load_cluster({
         "name": "lab", "fabric": {"kind": "rail-optimized", "oversubscription": "2:1", "nodes_per_leaf": 4},
         "groups": [
@@ -51,8 +51,8 @@ def test_heterogeneous_groups_parse_and_solve_refuses_them():
     assert (cluster.num_nodes, cluster.num_gpus, len(cluster.hosts)) == (12, 96, 4)
     assert cluster.fabric.oversubscription == 2.0
     assert not cluster.is_homogeneous
-    with pytest.raises(ConstraintError, match="not supported yet"):
-        require_homogeneous(cluster)
+    with pytest.raises(ConstraintError, match="sweep assumes one kind of node"):
+        require_homogeneous(cluster, "sweep")
     # The dumped spec (what a plan JSON keeps) loads back to the same cluster.
     assert load_cluster(loaded.spec).cluster == cluster
 

@@ -96,8 +96,9 @@ CASES = {
                     ["hosts.1.ip", "'10.0.0.256' is not an IP address"]),
     "yaml_no_inter_node": (lambda f: f.cluster(GOOD.split("inter_node")[0]), 2,
                            ["nodes is 2 but inter_node is missing"]),
-    "cluster_heterogeneous": (lambda f: ["solve", TINY, MIXED, *TRAIN], 2,
-                              ["mixes kinds of node", "a100", "v100", "not supported yet"]),
+    "cluster_heterogeneous_infer": (lambda f: ["infer", TINY, MIXED, "--context-len", "64"], 2,
+                                    ["mixes kinds of node", "a100", "v100",
+                                     "inference placement assumes one kind of node"]),
     # model.py
     "model_missing_file": (lambda f: ["solve", str(f.folder / "nope.py"), DGX1, *TRAIN], 2,
                            ["{tmp}/nope.py", "no such file"]),

@@ -1,19 +1,18 @@
 """Limits, the fast versions of benchmarks/limits.py: 100,000 GPUs, a 1,000-block model and a
-10-group heterogeneous cluster each come back (a plan with its status and gap, or a clear
-refusal) within the time limit; nothing hangs."""
+10-group heterogeneous cluster each come back (a plan with its status and gap) within the time
+limit; nothing hangs."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
-import pytest
 import yaml
 from typer.testing import CliRunner
 
 import autoplan
 from autoplan.cli import app
-from autoplan.errors import ConstraintError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SLACK_S = 3.0  # building the table's last group and the estimate may run past the limit
@@ -56,16 +55,20 @@ GROUPS = {"name": "ten", "groups": [
         ["a100-sxm4-80gb", "a100-sxm4-40gb", "h100-sxm5-80gb", "v100-sxm2-32gb", "h200-sxm-141gb"] * 2)]}
 
 
-def test_ten_heterogeneous_groups_are_refused_fast_and_clearly(tmp_path):
-    start = time.perf_counter()
-    with pytest.raises(ConstraintError) as caught:
-        autoplan.solve(EXAMPLES / "models" / "tiny_gpt.py", GROUPS, seq_len=64, global_batch=8)
-    assert time.perf_counter() - start < 1.0  # refused before tracing
-    message = str(caught.value)
-    assert "not supported yet" in message and "Plan for one group" in message
-    assert all(f"g{i} ({2 + i}x8 " in message for i in range(10))
+def test_ten_heterogeneous_groups_solve_or_return_the_best_with_its_gap(tmp_path):
+    """Issue 10: ten groups of five GPU kinds and 2-11 nodes each."""
+    result = _solved_within(EXAMPLES / "models" / "tiny_gpt.py", GROUPS, 3, seq_len=64,
+                            global_batch=64)
+    names = {g["name"] for g in GROUPS["groups"]}
+    assert set(result.plan.stage_groups) <= names
+    est = result.estimate
+    assert all(m <= l for m, l in zip(est.stage_memory_gib, est.stage_memory_limit_gib))
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(GROUPS))
-    result = CliRunner().invoke(app, ["solve", str(EXAMPLES / "models" / "tiny_gpt.py"), str(path),
-                                      "--seq-len", "64", "--global-batch", "8"])
-    assert result.exit_code == 2 and "mixes kinds of node" in result.stderr
+    shown = CliRunner().invoke(app, ["solve", str(EXAMPLES / "models" / "tiny_gpt.py"), str(path),
+                                     "--seq-len", "64", "--global-batch", "64",
+                                     "--time-limit", "3", "--json"])
+    assert shown.exit_code == 0
+    document = json.loads(shown.output)
+    assert document["solver"]["status"] in ("OPTIMAL", "FEASIBLE")
+    assert all(stage["group"] in names for stage in document["plan"]["stages"])
