@@ -55,7 +55,7 @@ from autoplan.search.objective import key as objective_key
 from autoplan.search.objective import meets_throughput
 from autoplan.search.objective import value as objective_value
 from autoplan.search.space import Shape, Switches, balanced_stages, make_plan
-from autoplan.training import Bounds, Objective, ObjectiveTerm, Pins
+from autoplan.training import DEFAULT_PLACEMENT, Bounds, Objective, ObjectiveTerm, Pins
 
 SORTED_ASSIGNMENTS = 20_000
 """Assignments of one shape sorted by bound before expanding; past this many (ten groups, deep
@@ -393,21 +393,34 @@ def _pareto(points: list[tuple]) -> list[tuple]:
     return kept
 
 
+def _check_group_pins(pins: Pins) -> None:
+    """Refuse pins outside the heterogeneous space instead of ignoring them."""
+    if pins.vpp not in (None, 1):
+        raise ConstraintError(
+            f"--vpp {pins.vpp}: on a heterogeneous cluster each pipeline rank runs one chunk on "
+            "its node group; leave --vpp unset or 1.")
+    if pins.cp not in (None, 1):
+        raise ConstraintError(
+            f"--cp {pins.cp}: context parallelism is not planned across node groups; leave --cp "
+            "unset or 1, or plan on one group (its nodes as a cluster of their own).")
+    if pins.placement not in (None, DEFAULT_PLACEMENT):
+        raise ConstraintError(
+            f"--placement {pins.placement}: on a heterogeneous cluster each stage's ranks are "
+            f"consecutive on its group's nodes ({DEFAULT_PLACEMENT}); leave --placement unset.")
+
+
 def solve_on_groups(problems: list[Problem], pins: Pins, *, time_limit_s: float,
                     objective: Objective | None = None, bounds: Bounds | None = None,
                     max_gpus: int | None = None) -> GroupSolution:
     """The best plan across the node groups of a heterogeneous cluster (see module docstring).
 
     Raises:
-        ConstraintError: pins the space cannot hold (vpp > 1).
+        ConstraintError: pins the space cannot hold (vpp or cp > 1, another rank order).
         InfeasibleError: no plan of the space fits.
         NoPlanInTimeError: the time limit passed before any plan that fits was found.
     """
     start = time.perf_counter()
-    if pins.vpp not in (None, 1):
-        raise ConstraintError(
-            f"--vpp {pins.vpp}: on a heterogeneous cluster each pipeline rank runs one chunk on "
-            "its node group; leave --vpp unset or 1.")
+    _check_group_pins(pins)
     objective = objective or Objective()
     search = _Search(problems, pins, objective, bounds, max_gpus, start + time_limit_s)
     search.run()

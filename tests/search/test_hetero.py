@@ -202,3 +202,13 @@ def test_other_objectives_equal_brute_force(seed, terms, min_tokens):
     reference = brute_force(problem, Pins(), objective=objective)
     found = solve_on_groups([problem], Pins(), time_limit_s=60, objective=objective)
     assert found.plan == reference[0] and found.info.status == "OPTIMAL"
+
+
+@pytest.mark.parametrize("pins,flag", [({"vpp": 2}, "--vpp 2"), ({"cp": 2}, "--cp 2"),
+                                       ({"placement": "tp-cp-pp-dp"}, "--placement")])
+def test_pins_outside_the_group_space_are_refused_not_ignored(pins, flag):
+    problem = make_problem(gpt(4, 64, 4), load_cluster({"groups": [
+        group("small", "v100-sxm2-32gb", 1, 2), group("big", "a100-sxm4-80gb", 1, 2)]}),
+        _training(256, 8, "bf16", "megatron", "flash"))
+    with pytest.raises(ConstraintError, match=flag):
+        solve_on_groups([problem], Pins(**pins), time_limit_s=10)
