@@ -22,7 +22,7 @@ from autoplan.costmodels.memory import in_flight_chunks, model_state_bytes
 from autoplan.costmodels.pipeline import pipeline_time
 from autoplan.costmodels.step import (
     MIB, Problem, _chunk_compositions, _chunk_sums, _dp_time, _offload_param_time,
-    _optimizer_time, _other_bytes, _plan_links, _pp_comm, _RankCost, _summarize, _tied_params,
+    _optimizer_time, _other_bytes, _plan_links, _pp_comm, _RankCost, _summarize, _tied_copy_params,
     axis_stride, memory_mib,
 )
 from autoplan.errors import ConstraintError
@@ -146,8 +146,7 @@ def _stage_base(problem: Problem, plan: Plan, rank: int, groups: tuple[str, ...]
     compositions = _chunk_compositions(sub, plan, (stage,))
     first, num = stage
     ends = (sub.layer_counts(first, 1), sub.layer_counts(first + num - 1, 1))
-    last = rank == plan.pp - 1 and plan.pp > 1
-    key = ("stage", compositions, ends, last, _neighbours(groups, rank), _settings_key(plan))
+    key = ("stage", compositions, ends, _neighbours(groups, rank), _settings_key(plan))
     base = problem._cache.get(key)
     if base is not None:
         return base
@@ -156,7 +155,7 @@ def _stage_base(problem: Problem, plan: Plan, rank: int, groups: tuple[str, ...]
     links = _plan_links(sub, plan)
     sums = _chunk_sums(sub, compositions, split, links["tp"], links["cp"])
     pp_s = _pp_time(problem, plan, rank, groups, stage) if plan.pp > 1 else 0.0
-    params = sums.params + (_tied_params(problem) / plan.tp if last else 0.0)
+    params = sums.params + _tied_copy_params(problem, (stage,)) / plan.tp
     states = model_state_bytes(params, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp,
                                offload=plan.offload, runtime=problem.runtime)
     sync_s = _dp_time(sub, plan, params, links["dp"], backward_s=sums.backward_s,

@@ -382,15 +382,14 @@ def _rank_base(problem: Problem, plan: Plan, rank: int, split: Split,
                links: dict[str, GroupLinks]) -> tuple[_ChunkSums, float, float]:
     """(layer sums, pipeline-send time, parameters) of a rank; shared by equal ranks."""
     stages = _rank_stages(plan, rank)
-    last = rank == plan.pp - 1 and plan.pp > 1
-    key = ("rank", stages, last, split, plan.recompute, plan.recompute_num_layers, links["tp"],
+    key = ("rank", stages, split, plan.recompute, plan.recompute_num_layers, links["tp"],
            links["pp"], links["cp"])
     cached = problem._cache.get(key)
     if cached is None:
         compositions = _chunk_compositions(problem, plan, stages)
         sums = _chunk_sums(problem, compositions, split, links["tp"], links["cp"])
         pp_comm_s = _pp_comm(problem, plan, stages, links["pp"]) if plan.pp > 1 else 0.0
-        params = sums.params + (_tied_params(problem) / plan.tp if last else 0.0)
+        params = sums.params + _tied_copy_params(problem, stages) / plan.tp
         cached = problem._cache[key] = (sums, pp_comm_s, params)
     return cached
 
@@ -422,9 +421,15 @@ def _other_bytes(problem: Problem, plan: Plan, activations: float,
     return other
 
 
-def _tied_params(problem: Problem) -> float:
-    """Weights tied to an earlier layer: with PP the last stage keeps its own copy (Megatron)."""
-    return sum(l.tied_params for l in problem.graph.layers)
+def _tied_copy_params(problem: Problem, stages: tuple[tuple[int, int], ...]) -> float:
+    """Weights tied to an earlier layer (the LM head to the embedding) that a pipeline rank
+    runs apart from that layer: Megatron keeps a copy on the rank that runs the tied layer
+    (the last stage's, or the one before a stage of the loss alone), none when the same rank
+    also runs layer 0."""
+    if any(first == 0 for first, _ in stages):
+        return 0.0
+    return sum(problem.layer_class(c).tied_params * k
+               for first, num in stages for c, k in problem.layer_counts(first, num))
 
 
 def _pp_comm(problem: Problem, plan: Plan, stages: tuple, links: GroupLinks) -> float:

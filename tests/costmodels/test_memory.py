@@ -151,3 +151,34 @@ def test_the_530b_zero3_run_fits_the_80gb_gpus_it_ran_on(examples, monkeypatch):
                                global_batch=run.global_batch, runtime=run.runtime,
                                precision=run.precision, attention="explicit")
     assert result.estimate.feasible
+
+
+@pytest.mark.parametrize("layout,copies", [
+    # pp=2: embedding + 2 blocks | 2 blocks, norm, head, loss: the last rank keeps the copy.
+    ([3, 5], {0: 0, 1: 1}),
+    # pp=3 with the loss alone on the last stage: the copy is on the rank running the head.
+    ([3, 4, 1], {0: 0, 1: 1, 2: 0}),
+    # pp=2, two chunks each, head in chunk 2 (rank 0, with the embedding): one shared table.
+    ([3, 2, 2, 1], {0: 0, 1: 0}),
+])
+def test_tied_head_copy_sits_on_the_rank_that_runs_the_head(layout, copies):
+    """tiny_gpt ties its LM head (vocab 1024 x hidden 128 = 131,072 weights) to the embedding:
+    with the two on different pipeline ranks, Megatron keeps a copy on the head's rank."""
+    from autoplan.costmodels.step import _plan_links, _rank_cost
+    from autoplan.plan import Plan, Stage
+
+    model = autoplan.load_model("examples/models/tiny_gpt.py")
+    problem = autoplan.api.make_problem(model, autoplan.load_cluster("examples/clusters/dgx-a100-x1.yaml"),
+                                       autoplan.api._training(64, 8, "bf16", "megatron", "flash"))
+    vpp = 2 if len(layout) == 4 else 1
+    pp = len(layout) // vpp
+    starts = [sum(layout[:i]) for i in range(len(layout))]
+    plan = Plan(tp=1, pp=pp, dp=1, micro_batch_size=1, global_batch_size=8, num_microbatches=8,
+                world_size=pp, vpp=vpp, stages=tuple(Stage(first_layer=s, num_layers=n)
+                                                   for s, n in zip(starts, layout)))
+    layers = problem.graph.layers
+    for rank, copy in copies.items():
+        chunks = [(s, n) for c, (s, n) in enumerate(zip(starts, layout)) if c % pp == rank]
+        own = sum(layers[i].num_params for s, n in chunks for i in range(s, s + n))
+        cost = _rank_cost(problem, plan, rank, _plan_links(problem, plan))
+        assert cost.params == own + copy * 1024 * 128
