@@ -597,7 +597,9 @@ def _info(table: Table, row: int, name: str, bound_key: float, wall: float) -> S
         name = "FEASIBLE"
         bound = (min(bound, table.open_bound_s)
                  if objective.primary is ObjectiveTerm.TIME and not per_token else 0.0)
-    bound = min(bound, value)
+    # Keys are whole µs (or units of the objective): a proven optimum is exact at that
+    # resolution, so its bound is the value itself rather than the value rounded down.
+    bound = value if name == "OPTIMAL" else min(bound, value)
     return SolverInfo(status=name, objective=value, bound=bound,
                       gap=max(0.0, (value - bound) / value) if value else 0.0, wall_time_s=wall,
                       objective_terms=tuple(t.value for t in objective.terms),
