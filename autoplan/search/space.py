@@ -72,7 +72,8 @@ def balanced_stages(graph: LayerGraph, pp: int, vpp: int = 1, *, first: int | No
         return (Stage(first_layer=0, num_layers=len(graph.layers)),)
     if not blocks:
         return _split_chain(len(graph.layers), chunks)
-    counts = _block_counts(len(blocks), chunks, first, last)
+    counts = (_interleaved_counts(len(blocks), pp, vpp) if vpp > 1 and first is None
+              and last is None else _block_counts(len(blocks), chunks, first, last))
     starts, position = [], blocks[0]
     for count in counts:
         starts.append(position)
@@ -93,6 +94,17 @@ def _block_counts(num_blocks: int, chunks: int, first: int | None, last: int | N
         counts.insert(0, first)
     if last is not None:
         counts.append(last)
+    return counts
+
+
+def _interleaved_counts(num_blocks: int, pp: int, vpp: int) -> list[int]:
+    """Blocks of each chunk (pipeline order; chunk c runs on rank c % pp) when interleaving:
+    the ranks' totals as even as possible with the spare blocks on the middle ranks (rank 0
+    and the last also run embedding and head), each rank's total spread over its chunks."""
+    counts = [0] * (pp * vpp)
+    for rank, total in enumerate(_block_counts(num_blocks, pp, None, None)):
+        for chunk, count in enumerate(_block_counts(total, vpp, None, None)):
+            counts[chunk * pp + rank] = count
     return counts
 
 
@@ -156,12 +168,18 @@ def dp_options(global_batch: int, gpus: int, pinned: int | None, *,
     return fitting if every else fitting[-2:]
 
 
-def vpp_options(graph: LayerGraph, pp: int, num_microbatches: int, pinned: int | None) -> list[int]:
-    """Interleaving needs pp > 2 (Megatron), whole blocks per chunk and m a multiple of pp."""
+def vpp_options(graph: LayerGraph, pp: int, num_microbatches: int, pinned: int | None, *,
+                uneven: bool = False) -> list[int]:
+    """Interleaving needs pp > 2 (Megatron), at least one block per chunk and m a multiple of
+    pp. Chunks hold equal blocks, except where pp does not divide the blocks and the runtime
+    takes an ``uneven`` layout (Megatron's ``--pipeline-model-parallel-layout``): then any
+    count up to one block per chunk, the spare blocks in the middle chunks (the first and last
+    also hold embedding and head; Llama 3's 126 layers on 16 stages, Dubey et al. 2024)."""
     blocks = len(graph.block_indices())
     options = [1]
     if pp > 2 and blocks and num_microbatches % pp == 0:
-        options += [v for v in divisors(blocks // pp) if v > 1 and blocks % (pp * v) == 0]
+        options += [v for v in range(2, blocks // pp + 1)
+                    if blocks % (pp * v) == 0 or uneven and blocks % pp]
     return [v for v in options if pinned is None or v == pinned]
 
 
@@ -203,7 +221,8 @@ def shapes(graph: LayerGraph, *, world: int, gpus_per_node: int, training: Train
                 for mbs in [b for b in divisors(per_rank) if b <= MAX_MICRO_BATCH]:
                     if pins.mbs is not None and mbs != pins.mbs:
                         continue
-                    for vpp in vpp_options(graph, pp, per_rank // mbs, pins.vpp):
+                    for vpp in vpp_options(graph, pp, per_rank // mbs, pins.vpp,
+                                           uneven=training.runtime is Runtime.MEGATRON):
                         shapes_ += [Shape(tp, pp, dp, cp, mbs, vpp, placement) for placement
                                     in placement_options(training.runtime, pp, dp, pins.placement)]
     if bounds is not None:

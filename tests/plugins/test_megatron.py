@@ -193,3 +193,26 @@ def test_context_parallelism_is_exported():
     args = megatron_args(result)
     assert args[args.index("--context-parallel-size") + 1] == "2"
     assert transformer_config(args).context_parallel_size == 2
+
+
+def test_uneven_interleaving_is_a_layout_megatron_builds():
+    """10 blocks cannot be split evenly over 4 ranks x 2 chunks: the solver may still
+    interleave (first and last chunks lighter) and Megatron builds exactly that layout."""
+    import types
+
+    import autoplan
+    from autoplan.zoo import GPT, GPTConfig, next_token_loss
+
+    module = types.ModuleType("gpt10")
+    module.build_model = lambda: GPT(GPTConfig(num_layers=10, hidden_size=64, num_heads=4,
+                                               vocab_size=256, max_seq_len=128))
+    module.loss = next_token_loss
+    cluster = {"gpu": "a100-sxm4-80gb", "nodes": 1, "gpus_per_node": 8,
+               "intra_node": {"link": "nvswitch"}}
+    result = autoplan.solve(module, cluster, seq_len=128, global_batch=8,
+                            pins={"tp": 1, "pp": 4, "vpp": 2, "dp": 2, "mbs": 1})
+    blocks = planned_blocks(result)
+    assert len(blocks) == 8 and sum(blocks) == 10 and min(blocks) == 1  # uneven chunks
+    args = megatron_args(result)
+    assert "--pipeline-model-parallel-layout" in args
+    assert built_partition(transformer_config(args)) == blocks
