@@ -35,7 +35,9 @@ from autoplan.plan import ModelInfo, Plan, Result, SolverInfo, TrainingInfo
 from autoplan.plugins.importers import ImportedRun, read_run  # noqa: F401 (API)
 from autoplan.search.hetero import solve_on_groups
 from autoplan.search.solver import solve_search
-from autoplan.search.space import balanced_stages, check_pins, dp_options, pipeline_schedule
+from autoplan.search.space import (
+    balanced_stages, check_ep, check_pins, dp_options, pipeline_schedule,
+)
 from autoplan.options import as_options, global_batches, merge_options, options_mem_limit
 from autoplan.training import (
     DEFAULT_PLACEMENT, AttentionKernel, Constraints, Pins, Precision, Runtime, TrainingSpec,
@@ -304,6 +306,7 @@ def _batch_problems(model: Model, cluster: LoadedCluster, batches: list[int] | N
     """One problem per allowed global batch whose pins are legal (all checked if none is)."""
     if not batches:
         raise ConstraintError("give --global-batch (or global_batch in --options).")
+    _check_ep_cluster(cluster, pins.ep)
     problems, errors = [], []
     for batch in batches:
         training = _training(seq_len, batch, precision, runtime, attention)
@@ -335,16 +338,31 @@ def plan_from_pins(problem: Problem, pins: Pins, *, first: int | None = None,
             f"the plan tp={tp} pp={pp} dp={dp or '?'} cp={cp} mbs={mbs} does not fit {world} "
             f"GPUs and a global batch of {batch}: tp*pp*dp*cp must not exceed the GPU count and "
             "the global batch must divide by dp*mbs.")
+    ep = pins.ep or 1
+    if (dp * cp) % ep:
+        raise ConstraintError(
+            f"--ep {ep} does not divide dp*cp = {dp * cp} (dp={dp} cp={cp}): expert-parallel "
+            "ranks are carved out of the data-parallel replicas. Pin a --dp that --ep divides.")
+    sp = pins.sp if pins.sp is not None else (
+        ep > 1 and tp > 1 and problem.training.runtime is Runtime.MEGATRON)  # Megatron needs it
     return Plan(
         tp=tp, pp=pp, dp=dp, cp=cp, zero_stage=pins.zero or 0, micro_batch_size=mbs,
         global_batch_size=batch, num_microbatches=batch // (dp * mbs),
         recompute=pins.recompute or ("full" if pins.recompute_num_layers else "none"),
-        recompute_num_layers=pins.recompute_num_layers, sequence_parallel=bool(pins.sp), vpp=vpp,
+        recompute_num_layers=pins.recompute_num_layers, sequence_parallel=bool(sp), vpp=vpp,
         offload=pins.offload or "none", world_size=tp * pp * dp * cp,
-        placement=pins.placement or DEFAULT_PLACEMENT,
+        placement=pins.placement or DEFAULT_PLACEMENT, ep=ep,
         stages=balanced_stages(problem.graph, pp, vpp, first=first, last=last),
         pipeline_schedule=pipeline_schedule(problem.training.runtime, vpp),
     )
+
+
+def _check_ep_cluster(cluster: LoadedCluster, ep: int | None) -> None:
+    """Expert parallelism is costed on clusters of one kind of node only."""
+    if ep not in (None, 1) and not cluster.cluster.is_homogeneous:
+        raise ConstraintError(
+            f"--ep {ep}: expert parallelism is not modelled on a cluster of several node groups "
+            "yet; leave --ep unset or plan on one node group.")
 
 
 def _plan_for(problem: Problem, cluster: LoadedCluster, model: Model, plan_or_pins) -> Plan:
@@ -359,6 +377,11 @@ def _plan_for(problem: Problem, cluster: LoadedCluster, model: Model, plan_or_pi
         if plan_or_pins.world_size > cluster.cluster.num_gpus:
             raise ConstraintError(f"the plan needs {plan_or_pins.world_size} GPUs but the "
                                   f"cluster has {cluster.cluster.num_gpus}.")
+        if plan_or_pins.ep > 1:
+            _check_ep_cluster(cluster, plan_or_pins.ep)
+            check_ep(problem.graph, problem.training, Pins(
+                ep=plan_or_pins.ep, dp=plan_or_pins.dp, cp=plan_or_pins.cp, tp=plan_or_pins.tp,
+                sp=plan_or_pins.sequence_parallel))
         if plan_or_pins.stage_groups is not None:
             check_groups(problem, plan_or_pins)
         elif not cluster.cluster.is_homogeneous:
@@ -366,6 +389,7 @@ def _plan_for(problem: Problem, cluster: LoadedCluster, model: Model, plan_or_pi
         return plan_or_pins
     run = plan_or_pins if isinstance(plan_or_pins, ImportedRun) else None
     pins = _pins(run.pins if run else plan_or_pins)
+    _check_ep_cluster(cluster, pins.ep)
     check_pins(problem.graph, world=cluster.cluster.num_gpus, training=problem.training, pins=pins)
     plan = plan_from_pins(problem, pins, first=run.first_stage_blocks if run else None,
                           last=run.last_stage_blocks if run else None)

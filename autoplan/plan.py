@@ -87,12 +87,18 @@ class Plan(BaseModel):
     pipeline_schedule: PipelineSchedule | None = None
     """None: 1F1B (interleaved when vpp > 1). Left out of the JSON when None, so plans without
     it read and print as before."""
+    ep: int = Field(default=1, ge=1)
+    """Expert parallelism (Megatron-core semantics): each MoE layer's experts are split over
+    ``ep`` ranks carved out of the dp*cp replicas (it does not multiply the world size); each
+    GPU holds num_experts/ep experts. Left out of the JSON when 1."""
 
     @model_serializer(mode="wrap")
     def _without_default_schedule(self, handler):
         data = handler(self)
         if isinstance(data, dict) and data.get("pipeline_schedule") is None:
             data.pop("pipeline_schedule", None)
+        if isinstance(data, dict) and data.get("ep") == 1:
+            data.pop("ep", None)
         return data
 
     @model_validator(mode="after")
@@ -127,6 +133,9 @@ class Plan(BaseModel):
         if self.pipeline_schedule is PipelineSchedule.ZERO_BUBBLE and self.vpp < 2:
             raise ValueError("pipeline_schedule zero_bubble interleaves model chunks: it needs "
                              f"vpp >= 2, not {self.vpp}")
+        if (self.dp * self.cp) % self.ep:
+            raise ValueError(f"ep = {self.ep} must divide dp*cp = {self.dp * self.cp}: expert "
+                             "parallel ranks are carved out of the data-parallel replicas")
         if sorted(self.placement.split("-")) != sorted(PLACEMENT_AXES):
             raise ValueError(f"placement {self.placement!r} must order the axes "
                              f"{'-'.join(PLACEMENT_AXES)}, innermost first")

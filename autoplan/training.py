@@ -75,6 +75,8 @@ class Pins(BaseModel):
     offload: Offload | None = None
     placement: str | None = None
     """Rank order, innermost axis first (see RUNTIME_PLACEMENTS)."""
+    ep: int | None = Field(default=None, ge=1)
+    """Expert parallelism of MoE layers (carved out of dp*cp; see Plan.ep)."""
 
     @field_validator("placement")
     @classmethod
@@ -151,12 +153,13 @@ class Bounds(BaseModel):
     mbs: Range | None = None
     vpp: Range | None = None
     cp: Range | None = None
+    ep: Range | None = None
 
     def admits(self, **degrees: int) -> bool:
         return all(r is None or r.admits(degrees[name]) for name, r in self.set().items())
 
     def set(self) -> dict[str, Range]:
-        return {k: getattr(self, k) for k in ("tp", "pp", "dp", "mbs", "vpp", "cp")
+        return {k: getattr(self, k) for k in ("tp", "pp", "dp", "mbs", "vpp", "cp", "ep")
                 if getattr(self, k) is not None}
 
     def labels(self) -> dict[str, str]:

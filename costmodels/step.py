@@ -18,6 +18,7 @@ from autoplan.cluster.spec import Cluster
 from autoplan.cluster.topology import GroupLinks, group_links
 from autoplan.costmodels import comm
 from autoplan.costmodels.context import ring_attention_time
+from autoplan.costmodels.experts import ep_comm_time, expert_params
 from autoplan.costmodels.compute import LayerTime, Split, layer_time
 from autoplan.costmodels.memory import (
     WEIGHT_BYTES, ModelStates, in_flight_chunks, layer_activation_bytes, layer_params_on_gpu,
@@ -157,6 +158,10 @@ class _RankCost:
     acts_per_chunk: float
     largest: float
     gathers: int
+    ep_comm_s: float = 0.0  # expert-parallel all-to-alls per micro-batch
+    expert_params: float = 0.0
+    """The part of ``params`` that are experts split by EP (0 when ep = 1: experts are then
+    sharded and reduced like every other parameter)."""
 
     @property
     def memory(self) -> float:
@@ -288,12 +293,31 @@ def _replica_links(problem: Problem, plan: Plan) -> GroupLinks:
     dp_shard_cp mesh); with the axes adjacent it starts at the inner one's stride."""
     if plan.cp == 1:
         return _axis_links(problem, plan, "dp")
-    size, stride = plan.dp * plan.cp, min(axis_stride(plan, "cp"), axis_stride(plan, "dp"))
+    return _cached_links(problem, plan.dp * plan.cp, _replica_stride(plan))
+
+
+def _replica_stride(plan: Plan) -> int:
+    """Rank distance between neighbouring replicas (DP or CP ranks, whichever is inner)."""
+    if plan.cp == 1:
+        return axis_stride(plan, "dp")
+    return min(axis_stride(plan, "cp"), axis_stride(plan, "dp"))
+
+
+def _cached_links(problem: Problem, size: int, stride: int) -> GroupLinks:
     key = ("links", "replicas", size, stride)
     links = problem._cache.get(key)
     if links is None:
         links = problem._cache[key] = group_links(problem.cluster, size, stride)
     return links
+
+
+def _expert_links(problem: Problem, plan: Plan) -> tuple[GroupLinks, GroupLinks]:
+    """(EP group, expert-data-parallel group): EP takes the innermost ``ep`` of the dp*cp
+    replicas (Megatron's order tp-cp-ep-dp-pp), and the ``dp*cp/ep`` ranks holding the same
+    experts, ``ep`` replicas apart, reduce and shard their gradients and states."""
+    stride = _replica_stride(plan)
+    return (_cached_links(problem, plan.ep, stride),
+            _cached_links(problem, plan.dp * plan.cp // plan.ep, stride * plan.ep))
 
 
 def _rank_stages(plan: Plan, rank: int) -> tuple[tuple[int, int], ...]:
@@ -398,15 +422,48 @@ def _rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLi
     split = Split(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel, mbs=plan.micro_batch_size,
                   flash=problem.flash_attention)
     sums, pp_comm_s, params = _rank_base(problem, plan, rank, split, links)
-    states = model_state_bytes(params, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp,
-                               offload=plan.offload, runtime=problem.runtime)
+    experts, ep_comm_s = _rank_experts(problem, plan, rank, split, links) if plan.ep > 1 else (0.0, 0.0)
+    params -= experts * (plan.ep - 1)  # the rank holds 1/ep of its experts
+    states = _model_states(problem, plan, params - experts, experts)
     held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp, num_microbatches=plan.num_microbatches)
     activations = held * sums.acts_per_chunk + sums.working
     other = _other_bytes(problem, plan, activations, sums.largest)
-    return _RankCost(rank, sums.compute_s + sums.tp_comm_s + sums.cp_comm_s + pp_comm_s,
+    return _RankCost(rank, sums.compute_s + sums.tp_comm_s + sums.cp_comm_s + pp_comm_s + ep_comm_s,
                      sums.compute_s, sums.backward_s, sums.tp_comm_s, sums.cp_comm_s, sums.wgrad_s,
                      pp_comm_s, states, activations, other, params,
-                     sums.acts_per_chunk, sums.largest, sums.gathers)
+                     sums.acts_per_chunk, sums.largest, sums.gathers, ep_comm_s, experts)
+
+
+def _model_states(problem: Problem, plan: Plan, dense: float, experts: float) -> ModelStates:
+    """Model states of a GPU: the dense parameters sharded over the dp*cp replicas, the experts
+    EP split (``experts``, 0 when ep = 1) over the dp*cp/ep ranks that hold the same ones."""
+    states = model_state_bytes(dense, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp,
+                               offload=plan.offload, runtime=problem.runtime)
+    if not experts:
+        return states
+    own = model_state_bytes(experts, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp // plan.ep,
+                            offload=plan.offload, runtime=problem.runtime)
+    return ModelStates(states.weights + own.weights, states.gradients + own.gradients,
+                       states.optimizer + own.optimizer)
+
+
+def _rank_experts(problem: Problem, plan: Plan, rank: int, split: Split,
+                  links: dict[str, GroupLinks]) -> tuple[float, float]:
+    """(expert parameters one GPU holds, EP all-to-all seconds per micro-batch) of a rank."""
+    stages = _rank_stages(plan, rank)
+    key = ("experts", stages, split, plan.ep, plan.recompute, plan.recompute_num_layers,
+           links["ep"])
+    cached = problem._cache.get(key)
+    if cached is None:
+        params = seconds = 0.0
+        for composition in _chunk_compositions(problem, plan, stages):
+            for class_id, count, recompute in composition:
+                layer = problem.layer_class(class_id)
+                full = recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK
+                params += count * expert_params(layer) / (plan.tp * plan.ep)
+                seconds += count * ep_comm_time(layer, split, links["ep"], full_recompute=full)
+        cached = problem._cache[key] = (params, seconds)
+    return cached
 
 
 def _other_bytes(problem: Problem, plan: Plan, activations: float,
@@ -459,37 +516,55 @@ model bytes, Rajbhandari et al. 2020)."""
 
 
 def _dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
-             backward_s: float, compute_s: float, gathers: int = 0) -> float:
+             backward_s: float, compute_s: float, gathers: int = 0,
+             experts: tuple[float, GroupLinks] | None = None) -> float:
     """Exposed gradient reduction (and ZeRO gathers) per step for one GPU's parameters.
 
     Gradient reduction can overlap the last micro-batch's backward (``backward_s``); ZeRO-3
     parameter gathers and reduce-scatters run every micro-batch and can overlap all compute.
     ZeRO-3 issues them per gather unit (``gathers`` per pass over the GPU's layers), each a
-    ring over the DP group that pays its latency (:func:`comm.ring_latency`).
+    ring over the DP group that pays its latency (:func:`comm.ring_latency`). ``experts``:
+    EP-split expert parameters (part of ``params``) and their expert-data-parallel group,
+    which reduces them instead of the whole DP group, in the same overlap window.
     """
     if plan.dp * plan.cp == 1:
         return 0.0
     runtime = problem.runtime
+    groups = [(params, links)]
+    if experts is not None and experts[0]:
+        groups = [(params - experts[0], links), experts]
+    sync = sum(_dp_collectives(problem, plan, p, l, gathers) for p, l in groups)
+    if plan.zero_stage < 3:
+        return _overlapped(sync, backward_s, runtime.dp_overlap)
+    return _overlapped(plan.num_microbatches * sync, compute_s, runtime.zero3_overlap)
+
+
+def _dp_collectives(problem: Problem, plan: Plan, params: float, links: GroupLinks,
+                    gathers: int) -> float:
+    """Seconds of the data-parallel collectives over ``links`` for ``params`` parameters: per
+    step below ZeRO-3, per micro-batch with ZeRO-3."""
+    runtime = problem.runtime
     grads = runtime.grad_bytes * params
     if plan.zero_stage == 0:
-        return _overlapped(comm.all_reduce_time(grads, links), backward_s, runtime.dp_overlap)
+        return comm.all_reduce_time(grads, links)
     weights = WEIGHT_BYTES * params
     if plan.zero_stage < 3:
-        sync = comm.reduce_scatter_time(grads, links) + comm.all_gather_time(weights, links)
-        return _overlapped(sync, backward_s, runtime.dp_overlap)
+        return comm.reduce_scatter_time(grads, links) + comm.all_gather_time(weights, links)
     volume = 2 * comm.all_gather_time(weights, links) + comm.reduce_scatter_time(grads, links)
     latency = ZERO3_PASSES * gathers * comm.ring_latency(links)
-    per_microbatch = volume / runtime.zero3_collective_efficiency + latency
-    return _overlapped(plan.num_microbatches * per_microbatch, compute_s, runtime.zero3_overlap)
+    return volume / runtime.zero3_collective_efficiency + latency
 
 
 def _host_link(problem: Problem) -> float:
     return problem.cluster.host_bandwidth_Bps or HOST_LINK_BPS
 
 
-def _optimizer_time(problem: Problem, plan: Plan, params: float) -> float:
-    """Adam step over the GPU's shard: memory-bound on the GPU, or CPUAdam plus PCIe copies."""
+def _optimizer_time(problem: Problem, plan: Plan, params: float, experts: float = 0.0) -> float:
+    """Adam step over the GPU's shard: memory-bound on the GPU, or CPUAdam plus PCIe copies.
+    ``experts``: EP-split expert parameters among ``params``, sharded over dp*cp/ep ranks."""
     shard = params / (plan.dp * plan.cp if plan.zero_stage >= 1 else 1)
+    if experts and plan.zero_stage >= 1:
+        shard += experts * (plan.ep - 1) / (plan.dp * plan.cp)
     if plan.offload is not Offload.NONE:
         copies = shard * (problem.runtime.grad_bytes + WEIGHT_BYTES) / _host_link(problem)
         return shard / CPU_ADAM_PARAMS_PER_S + copies
@@ -588,6 +663,8 @@ def _plan_links(problem: Problem, plan: Plan) -> dict[str, GroupLinks]:
     """The links of each of the plan's groups; "dp" is the gradient-reduction group."""
     links = {axis: _axis_links(problem, plan, axis) for axis in ("tp", "cp", "pp")}
     links["dp"] = _replica_links(problem, plan)
+    if plan.ep > 1:
+        links["ep"], links["expert_dp"] = _expert_links(problem, plan)
     return links
 
 
@@ -601,10 +678,13 @@ def _evaluate(problem: Problem, plan: Plan) -> _Evaluation:
     pipe = pipeline_time(slowest_s=slowest, total_s=total, num_microbatches=m, vpp=plan.vpp,
                          deferred_share=_deferred_share(plan, costs))
     params = max(c.params for c in costs)
+    experts = max(c.expert_params for c in costs)
     slow = max(costs, key=lambda c: c.micro_batch_s)
     dp_s = _dp_time(problem, plan, params, links["dp"], backward_s=slow.backward_s,
-                    compute_s=m * slow.compute_s, gathers=slow.gathers)
-    opt_s = _optimizer_time(problem, plan, params) + _offload_param_time(problem, plan, params)
+                    compute_s=m * slow.compute_s, gathers=slow.gathers,
+                    experts=(experts, links["expert_dp"]) if experts else None)
+    opt_s = (_optimizer_time(problem, plan, params, experts)
+             + _offload_param_time(problem, plan, params))
     return _Evaluation(pipe + dp_s + opt_s, pipe, dp_s, opt_s, groups, costs)
 
 
@@ -698,6 +778,8 @@ def estimate(problem: Problem, plan: Plan) -> Estimate:
     breakdown = {"compute": m * slow.compute_s, "tp_comm": m * slow.tp_comm_s}
     if plan.cp > 1:  # the ring-attention transfers; absent without CP
         breakdown["cp_comm"] = m * slow.cp_comm_s
+    if plan.ep > 1:  # the expert-parallel all-to-alls; absent without EP
+        breakdown["ep_comm"] = m * slow.ep_comm_s
     breakdown |= {"pp_comm": m * slow.pp_comm_s, "dp_comm": evaluation.dp_s,
                   "bubble": evaluation.pipeline_s - m * slow.micro_batch_s,
                   "optimizer": evaluation.optimizer_s}

@@ -85,7 +85,7 @@ logger = logging.getLogger(__name__)
 
 US = 1e6
 DIMENSIONS = ("tp", "pp", "dp", "cp", "mbs", "zero", "recompute", "sp", "vpp", "offload",
-              "placement")
+              "placement", "ep")
 _RECOMPUTE = {r: i for i, r in enumerate(Recompute)}
 _OFFLOAD = {o: i for i, o in enumerate(Offload)}
 _PLACEMENT = {p: i for i, p in enumerate(sorted({p for ps in RUNTIME_PLACEMENTS.values()
@@ -103,7 +103,7 @@ def _dims_of(plan: Plan) -> dict[str, int]:
             "mbs": plan.micro_batch_size, "zero": plan.zero_stage,
             "recompute": _RECOMPUTE[plan.recompute], "sp": int(plan.sequence_parallel),
             "vpp": plan.vpp, "offload": _OFFLOAD[plan.offload],
-            "placement": _PLACEMENT[plan.placement]}
+            "placement": _PLACEMENT[plan.placement], "ep": plan.ep}
 
 
 def pin_values(pins: Pins) -> dict[str, int]:

@@ -12,6 +12,7 @@ import functools
 from dataclasses import dataclass
 from itertools import product
 
+from autoplan.costmodels.experts import common_expert_count
 from autoplan.errors import ConstraintError
 from autoplan.graph.layer_graph import LayerGraph, LayerKind
 from autoplan.plan import Offload, PipelineSchedule, Plan, Recompute, Stage
@@ -48,6 +49,7 @@ class Shape:
     mbs: int
     vpp: int
     placement: str = DEFAULT_PLACEMENT
+    ep: int = 1
 
     def num_microbatches(self, global_batch: int) -> int:
         return global_batch // (self.dp * self.mbs)
@@ -191,6 +193,22 @@ def placement_options(runtime: Runtime, pp: int, dp: int, pinned: str | None) ->
     return list(RUNTIME_PLACEMENTS[runtime]) if pp > 1 and dp > 1 else [DEFAULT_PLACEMENT]
 
 
+EP_RUNTIMES = (Runtime.MEGATRON, Runtime.FSDP)
+"""Runtimes whose exports say expert parallelism: Megatron-LM ``--expert-model-parallel-size``,
+torchtitan ``parallelism.expert_parallel_degree``."""
+
+
+def ep_options(graph: LayerGraph, runtime: Runtime, replicas: int, pinned: int | None) -> list[int]:
+    """Expert-parallel degrees: divisors of the experts every MoE layer has that divide the
+    dp*cp ``replicas`` they are carved from; 1 for dense models and other runtimes."""
+    experts = common_expert_count(graph.layers)
+    if experts is None or runtime not in EP_RUNTIMES:
+        options = [1]
+    else:
+        options = [e for e in divisors(experts) if replicas % e == 0]
+    return [e for e in options if pinned is None or e == pinned]
+
+
 def cp_options(training: TrainingSpec, pinned: int | None) -> list[int]:
     """Context-parallel degrees: 1, and for runtimes with ring attention over flash kernels the
     powers of two that split the sequence into 2*cp equal chunks (Megatron's load balancing of
@@ -223,11 +241,13 @@ def shapes(graph: LayerGraph, *, world: int, gpus_per_node: int, training: Train
                         continue
                     for vpp in vpp_options(graph, pp, per_rank // mbs, pins.vpp,
                                            uneven=training.runtime is Runtime.MEGATRON):
-                        shapes_ += [Shape(tp, pp, dp, cp, mbs, vpp, placement) for placement
+                        shapes_ += [Shape(tp, pp, dp, cp, mbs, vpp, placement, ep)
+                                    for ep in ep_options(graph, training.runtime, dp * cp, pins.ep)
+                                    for placement
                                     in placement_options(training.runtime, pp, dp, pins.placement)]
     if bounds is not None:
         shapes_ = [s for s in shapes_ if bounds.admits(tp=s.tp, pp=s.pp, dp=s.dp, mbs=s.mbs,
-                                                        vpp=s.vpp, cp=s.cp)]
+                                                        vpp=s.vpp, cp=s.cp, ep=s.ep)]
     return shapes_
 
 
@@ -263,19 +283,21 @@ def switches(shape: Shape, *, runtime: Runtime, pins: Pins,
              blocks_per_chunk: int = 1) -> list[Switches]:
     """ZeRO stage, recompute, SP and offload combinations the runtime can run on ``shape``
     whose largest model chunk has ``blocks_per_chunk`` blocks."""
-    return _switches(shape.tp > 1, shape.pp > 1, runtime, pins, blocks_per_chunk)
+    return _switches(shape.tp > 1, shape.pp > 1, runtime, pins, blocks_per_chunk, shape.ep > 1)
 
 
 @functools.lru_cache(maxsize=1024)
 def _switches(tensor_parallel: bool, pipelined: bool, runtime: Runtime, pins: Pins,
-              blocks_per_chunk: int) -> list[Switches]:
+              blocks_per_chunk: int, expert_parallel: bool = False) -> list[Switches]:
     """switches(), which depends on the shape only through these (cached: called per stage
-    layout of every shape)."""
+    layout of every shape). Megatron needs SP with both TP and EP (its arguments check)."""
     zeros = ZERO_STAGES[runtime]
     if pipelined and runtime is Runtime.DEEPSPEED:
         zeros = tuple(z for z in zeros if z <= 1)  # the pipeline engine refuses ZeRO-2/3
     options = []
     sps = (False, True) if tensor_parallel and runtime is Runtime.MEGATRON else (False,)
+    if tensor_parallel and expert_parallel and runtime is Runtime.MEGATRON:
+        sps = (True,)
     for zero, rc, sp, off in product(zeros, Recompute, sps, Offload):
         if off is Offload.OPTIMIZER and zero == 0 or off is Offload.PARAMS and zero < 3:
             continue
@@ -326,7 +348,7 @@ def make_plan(shape: Shape, sw: Switches, stages: tuple[Stage, ...], training: T
         micro_batch_size=shape.mbs, global_batch_size=training.global_batch,
         num_microbatches=shape.num_microbatches(training.global_batch), recompute=sw.recompute,
         recompute_num_layers=sw.recompute_num_layers, sequence_parallel=sw.sp, vpp=shape.vpp, offload=sw.offload,
-        world_size=shape.tp * shape.pp * shape.dp * shape.cp, placement=shape.placement,
+        world_size=shape.tp * shape.pp * shape.dp * shape.cp, placement=shape.placement, ep=shape.ep,
         stages=stages, pipeline_schedule=pipeline_schedule(training.runtime, shape.vpp),
     )
 
@@ -380,6 +402,8 @@ def check_pins(graph: LayerGraph, *, world: int, training: TrainingSpec, pins: P
             "data-parallel rank needs a whole number of sequences.")
     if pins.sp and pins.tp == 1:
         raise ConstraintError("--sp needs --tp > 1: sequence parallelism splits along TP.")
+    if pins.ep not in (None, 1):
+        check_ep(graph, training, pins)
     runnable = RUNTIME_PLACEMENTS[training.runtime]
     if pins.placement is not None and pins.placement not in runnable:
         raise ConstraintError(
@@ -400,3 +424,28 @@ def check_pins(graph: LayerGraph, *, world: int, training: TrainingSpec, pins: P
             f"{pins.recompute.value}.")
     if graph.layers and not any(l.kind is LayerKind.BLOCK for l in graph.layers) and pins.vpp not in (None, 1):
         raise ConstraintError("--vpp > 1 needs a model with repeated blocks to interleave.")
+
+
+def check_ep(graph: LayerGraph, training: TrainingSpec, pins: Pins) -> None:
+    """Reject an expert-parallel degree the model, the runtime or the pinned degrees cannot
+    take (``pins.ep`` > 1)."""
+    ep = pins.ep
+    experts = common_expert_count(graph.layers)
+    if experts is None:
+        raise ConstraintError(f"--ep {ep}: the model has no mixture-of-experts layers to split; "
+                              "leave --ep unset.")
+    if training.runtime not in EP_RUNTIMES:
+        raise ConstraintError(
+            f"--ep {ep}: autoplan exports expert parallelism only for Megatron-LM and torchtitan; "
+            f"the {training.runtime.value} export cannot say it. Use --runtime megatron or fsdp, "
+            "or leave --ep unset.")
+    if experts % ep:
+        raise ConstraintError(f"--ep {ep} does not divide the {experts} experts of each MoE "
+                              "layer; pick a divisor of the expert count.")
+    if pins.dp is not None and (pins.dp * (pins.cp or 1)) % ep:
+        raise ConstraintError(
+            f"--ep {ep} does not divide dp*cp = {pins.dp * (pins.cp or 1)}: expert-parallel "
+            "ranks are carved out of the data-parallel replicas. Change --ep or --dp.")
+    if training.runtime is Runtime.MEGATRON and pins.sp is False and (pins.tp or 1) > 1:
+        raise ConstraintError(f"--ep {ep} with --tp {pins.tp} needs sequence parallelism in "
+                              "Megatron-LM; drop --no-sp (or pin --tp 1).")
