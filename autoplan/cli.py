@@ -52,12 +52,12 @@ FROM = typer.Option(None, "--from", help="A Megatron-LM argument list or launch 
 
 
 def _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload,
-          recompute_num_layers=None, placement=None) -> dict:
+          recompute_num_layers=None, placement=None, ep=None) -> dict:
     values = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "mbs": mbs,
               "zero": int(zero.value) if zero else None,
               "recompute": recompute.value if recompute else None,
               "recompute_num_layers": recompute_num_layers, "sp": sp, "vpp": vpp,
-              "offload": offload.value if offload else None, "placement": placement}
+              "offload": offload.value if offload else None, "placement": placement, "ep": ep}
     return {k: v for k, v in values.items() if v is not None}
 
 
@@ -106,6 +106,8 @@ OFFLOAD = typer.Option(None, "--offload", help="CPU offload.")
 PLACEMENT = typer.Option(None, "--placement", help="Rank order, innermost axis first: "
                          "tp-cp-dp-pp (every runtime) or tp-cp-pp-dp (Megatron's "
                          "--use-tp-pp-dp-mapping: pipeline neighbours share a node).")
+EP = typer.Option(None, "--ep", min=1, help="Expert-parallel degree of MoE layers: experts split "
+                  "over ep ranks carved out of dp*cp (Megatron's --expert-model-parallel-size).")
 MEM_LIMIT = typer.Option(None, "--mem-limit", help="Per-GPU memory cap, e.g. 72GiB (default: the GPU's).")
 RUNTIME = typer.Option(None, "--runtime", help="megatron (default), deepspeed or fsdp.")
 PRECISION = typer.Option(None, "--precision", help="bf16 (default) or fp16.")
@@ -122,7 +124,7 @@ def solve(
     dp: Optional[int] = DP, cp: Optional[int] = CP, mbs: Optional[int] = MBS,
     zero: Optional[ZeroChoice] = ZERO, recompute: Optional[Recompute] = RECOMPUTE,
     recompute_num_layers: Optional[int] = RECOMPUTE_LAYERS, sp: Optional[bool] = SP, vpp: Optional[int] = VPP, offload: Optional[Offload] = OFFLOAD,
-    placement: Optional[str] = PLACEMENT,
+    placement: Optional[str] = PLACEMENT, ep: Optional[int] = EP,
     mem_limit: Optional[str] = MEM_LIMIT, runtime: Optional[str] = RUNTIME,
     precision: Optional[str] = PRECISION, profile: Optional[Path] = PROFILE,
     as_json: bool = JSON,
@@ -146,7 +148,7 @@ def solve(
     --objective); given options pin those dimensions. With --from, also price the setup you run
     now and say what to change."""
     pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload, recompute_num_layers,
-                 placement)
+                 placement, ep)
     if export is not None and out is None:  # before the solve, which may take minutes
         _fail(_NO_OUT)
     current = None
@@ -188,7 +190,7 @@ def estimate(
     dp: Optional[int] = DP, cp: Optional[int] = CP, mbs: Optional[int] = MBS,
     zero: Optional[ZeroChoice] = ZERO, recompute: Optional[Recompute] = RECOMPUTE,
     recompute_num_layers: Optional[int] = RECOMPUTE_LAYERS, sp: Optional[bool] = SP, vpp: Optional[int] = VPP, offload: Optional[Offload] = OFFLOAD,
-    placement: Optional[str] = PLACEMENT,
+    placement: Optional[str] = PLACEMENT, ep: Optional[int] = EP,
     mem_limit: Optional[str] = MEM_LIMIT, runtime: Optional[str] = RUNTIME,
     precision: Optional[str] = PRECISION, profile: Optional[Path] = PROFILE,
     as_json: bool = JSON,
@@ -196,7 +198,7 @@ def estimate(
     """Evaluate one plan. Unset dimensions default to tp=pp=cp=1, dp = the most GPUs left that
     divide the global batch, mbs=1, ZeRO-0, no recompute, no SP, no interleaving, no offload."""
     pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload, recompute_num_layers,
-                 placement)
+                 placement, ep)
 
     def plan():
         if from_file is None:

@@ -176,6 +176,9 @@ def bottleneck(problem: Problem, result: Result) -> str:
         links = axis_links(problem.cluster, plan, axis)
         return (head + f"{axis.upper()} communication ({share}) over "
                 f"{_describe_links(problem, links)}.")
+    if part == "ep_comm":
+        return head + (f"the expert-parallel all-to-alls ({share}) of the routed tokens over "
+                       f"{plan.ep} ranks.")
     if part == "bubble":
         return head + (f"the pipeline bubble ({share}): {plan.pp} stages and "
                        f"{plan.num_microbatches} micro-batches per step.")

@@ -19,7 +19,7 @@ from autoplan.files import replacing  # noqa: E402
 from autoplan.plan import Result  # noqa: E402
 from autoplan.sweep import FRONTS  # noqa: E402
 
-TIME_PARTS = ("compute", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "bubble", "optimizer")
+TIME_PARTS = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble", "optimizer")
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "other")
 FRONT_TITLES = {
     "time_vs_gpus": ("GPUs", "step time (s)"),

@@ -78,6 +78,7 @@ def plan_table(result: Result) -> Table:
         ("interleaved stages", f"{p.vpp} chunks per rank" if p.vpp > 1 else "no (1F1B)"),
         ("offload", p.offload.value),
         ("rank placement", f"{p.placement} (innermost first)"),
+        *([("expert parallel", f"{p.ep} ranks (experts split within dp*cp)")] if p.ep > 1 else []),
         ("layers", _stages_text(result)),
         *(_group_rows(result) if p.stage_groups else []),
     ])

@@ -231,11 +231,11 @@ NETWORK_BOUND_SHARE = 0.5
 """A step is network-bound when exposed communication is at least this share of it: the links,
 not the GPUs, then set the pace, and a faster fabric (not more GPUs) is what speeds it up."""
 
-COMM_PARTS = ("tp_comm", "cp_comm", "pp_comm", "dp_comm")
+COMM_PARTS = ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
 
 
 def communication_share(estimate) -> float:
-    """Exposed communication (TP, PP and DP/ZeRO collectives) as a share of the step time of an
+    """Exposed communication (TP, CP, EP, PP and DP/ZeRO collectives) as a share of the step time of an
     :class:`autoplan.plan.Estimate`."""
     parts = estimate.time_breakdown_s
     return sum(parts.get(k, 0.0) for k in COMM_PARTS) / estimate.step_time_s
