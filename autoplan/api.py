@@ -222,6 +222,7 @@ def _result(problem: Problem, model: Model, cluster: LoadedCluster, plan: Plan, 
             "hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_hidden_size",
             "vocab_size", "gated_mlp", "rmsnorm", "rotary", "tied_embeddings", "linear_bias")}
            if dims else {}),
+        **_moe_info(graph),
     )
     training = TrainingInfo(seq_len=problem.training.seq_len,
                             global_batch=problem.training.global_batch,
@@ -229,6 +230,12 @@ def _result(problem: Problem, model: Model, cluster: LoadedCluster, plan: Plan, 
                             runtime=problem.training.runtime.value)
     return Result(plan=plan, estimate=est, solver=info, model=model_info, cluster=cluster.spec,
                   training=training)
+
+
+def _moe_info(graph: LayerGraph) -> dict:
+    """Experts per MoE layer and experts per token, for exporters; empty for a dense model."""
+    moe = [e for layer in graph.layers for e in layer.experts]
+    return {"num_experts": moe[0].num_experts, "moe_top_k": moe[0].top_k} if moe else {}
 
 
 def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_limit=None,

@@ -239,6 +239,18 @@ class ModelInfo(BaseModel):
     rotary: bool = False
     tied_embeddings: bool = False
     linear_bias: bool = True
+    num_experts: int | None = None
+    """Experts per MoE layer (Megatron's --num-experts); None for a dense model, and then left
+    out of the JSON like ``moe_top_k``."""
+    moe_top_k: int | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_moe(self, handler):
+        data = handler(self)
+        for name in ("num_experts", "moe_top_k"):
+            if isinstance(data, dict) and data.get(name) is None:
+                data.pop(name, None)
+        return data
 
 
 class TrainingInfo(BaseModel):

@@ -20,6 +20,7 @@ from autoplan.errors import ExportError
 from autoplan.plan import Offload, Recompute, Result
 from autoplan.plugins.exporter import Exporter
 from autoplan.plugins.launch import (DEFAULT_MASTER_PORT, nodes_of, require_default_schedule,
+                                     require_no_expert_parallel,
                                      require_target_placement)
 from autoplan.plugins.megatron import check as check_megatron
 from autoplan.plugins.stages import blocks_per_stage
@@ -155,6 +156,7 @@ def accelerate_config(result: Result) -> dict:
     """
     require_target_placement(result, "accelerate")
     require_default_schedule(result, "accelerate")
+    require_no_expert_parallel(result, "accelerate")
     distributed_type, section = choose_backend(result)
     nodes = nodes_of(result)
     return {

@@ -17,7 +17,8 @@ import json
 from autoplan.errors import ExportError
 from autoplan.plan import Offload, Recompute, Result
 from autoplan.plugins.exporter import Exporter
-from autoplan.plugins.launch import require_default_schedule, require_target_placement
+from autoplan.plugins.launch import (require_default_schedule, require_no_expert_parallel,
+                                     require_target_placement)
 from autoplan.plugins.stages import blocks_per_stage
 from autoplan.plugins.summary import comment_header, precision
 
@@ -33,6 +34,7 @@ def check(result: Result) -> None:
     """
     require_target_placement(result, "Colossal-AI")
     require_default_schedule(result, "Colossal-AI")
+    require_no_expert_parallel(result, "Colossal-AI")
     plan = result.plan
     counts = blocks_per_stage(result) if plan.pp > 1 else []
     problems = [problem for problem, bad in (

@@ -23,6 +23,7 @@ from autoplan.errors import ExportError
 from autoplan.plan import Offload, Recompute, Result
 from autoplan.plugins.exporter import Exporter
 from autoplan.plugins.launch import (Nodes, nodes_of, require_default_schedule,
+                                     require_no_expert_parallel,
                                      require_target_placement)
 from autoplan.plugins.summary import comment_header, precision
 
@@ -40,6 +41,7 @@ def check(result: Result) -> None:
     """
     require_target_placement(result, "DeepSpeed")
     require_default_schedule(result, "DeepSpeed")
+    require_no_expert_parallel(result, "DeepSpeed")
     plan = result.plan
     problems = []
     if plan.recompute_num_layers is not None:

@@ -81,7 +81,8 @@ def _megatron(flags: dict) -> ImportedRun:
             "recompute": flags.get("recompute-granularity") or "none",
             "recompute_num_layers": _recompute_num_layers(flags),
             "offload": "optimizer" if flags.get("optimizer-cpu-offload") else None,
-            "placement": PIPELINE_INSIDE_PLACEMENT if flags.get("use-tp-pp-dp-mapping") else None}
+            "placement": PIPELINE_INSIDE_PLACEMENT if flags.get("use-tp-pp-dp-mapping") else None,
+            "ep": _int(flags, "expert-model-parallel-size")}
     precision = "bf16" if flags.get("bf16") else "fp16" if flags.get("fp16") else None
     return ImportedRun("megatron", {k: v for k, v in pins.items() if v is not None},
                        seq_len=_int(flags, "seq-length"),
@@ -104,7 +105,8 @@ def _torchtitan(tokens: list[str], flags: dict) -> ImportedRun:
             "sp": True if flags.get("parallelism.enable_sequence_parallel") else None,
             "mbs": _int(flags, "parallelism.pipeline_parallel_microbatch_size"),
             "zero": 0 if shard == 1 else (2 if reshard == "never" else 3),
-            "recompute": mode if mode in ("none", "selective", "full") else "none"}
+            "recompute": mode if mode in ("none", "selective", "full") else "none",
+            "ep": _int(flags, "parallelism.expert_parallel_degree")}
     return ImportedRun("torchtitan", {k: v for k, v in pins.items() if v is not None},
                        seq_len=_int(flags, "training.seq_len"),
                        global_batch=_int(flags, "training.global_batch_size"), runtime="fsdp")

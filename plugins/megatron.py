@@ -49,6 +49,10 @@ def check(result: Result) -> None:
         problems.append(f"seq_len {seq_len(result)} must be a multiple of 2*cp = {2 * plan.cp}")
     if plan.offload == Offload.PARAMS:
         problems.append("Megatron-LM cannot offload parameters to CPU (only optimizer state)")
+    if plan.ep > 1 and model.num_experts is None:
+        problems.append(f"ep={plan.ep} needs the model's expert count (model.num_experts)")
+    if plan.ep > 1 and plan.tp > 1 and not plan.sequence_parallel:
+        problems.append(f"ep={plan.ep} with tp={plan.tp} needs sequence parallelism")
     if problems:
         raise ExportError("Megatron-LM cannot run this plan: " + "; ".join(problems) +
                           ". Re-plan with pins that avoid it, or export to another target.")
@@ -61,6 +65,8 @@ def _parallel_args(result: Result) -> list[str]:
             "--context-parallel-size", str(plan.cp)]
     if plan.sequence_parallel:
         args.append("--sequence-parallel")
+    if plan.ep > 1:
+        args += ["--expert-model-parallel-size", str(plan.ep)]
     if plan.placement == PIPELINE_INSIDE_PLACEMENT:  # rank order tp-cp-ep-pp-dp
         args.append("--use-tp-pp-dp-mapping")
     return args + _pipeline_split_args(result)
@@ -172,6 +178,8 @@ def _model_args(result: Result) -> list[str]:
         args += ["--normalization", "RMSNorm"]
     if model.rotary:
         args += ["--position-embedding-type", "rope"]
+    if model.num_experts is not None:
+        args += ["--num-experts", str(model.num_experts), "--moe-router-topk", str(model.moe_top_k)]
     return args
 
 

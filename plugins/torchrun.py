@@ -18,6 +18,7 @@ from autoplan.errors import ExportError
 from autoplan.plan import Offload, Result
 from autoplan.plugins.exporter import Exporter
 from autoplan.plugins.launch import (args_file_text, nodes_of, require_default_schedule,
+                                     require_no_expert_parallel,
                                      require_target_placement, torchrun_script)
 from autoplan.plugins.stages import stage_kinds
 from autoplan.plugins.summary import comment_header, seq_len
@@ -90,6 +91,7 @@ def check(result: Result) -> None:
     """
     require_target_placement(result, "the torchrun script", places_groups=True)
     require_default_schedule(result, "the torchrun script")
+    require_no_expert_parallel(result, "the torchrun script")
     plan = result.plan
     problems = []
     if plan.cp > 1:

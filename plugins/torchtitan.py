@@ -46,8 +46,25 @@ def check(result: Result) -> None:
         problems.append(f"vpp={plan.vpp} needs pp > 1")
     if plan.pp > 1 and plan.num_microbatches < plan.pp:
         problems.append(f"{plan.num_microbatches} micro-batches cannot fill {plan.pp} stages")
+    problems += _expert_parallel_problems(plan)
     if problems:
         raise ExportError("torchtitan cannot run this plan: " + "; ".join(problems) + ".")
+
+
+def _expert_parallel_problems(plan) -> list[str]:
+    """torchtitan's EP borrows ranks from the FSDP shards, CP and TP (efsdp = dp_shard*cp*tp/ep)
+    and does not TP-split experts; the plan's EP (experts TP-split, ranks from dp*cp) matches it
+    only with tp = 1 and the data-parallel ranks sharded (ZeRO >= 1)."""
+    if plan.ep == 1:
+        return []
+    problems = []
+    if plan.tp > 1:
+        problems.append(f"ep={plan.ep} with tp={plan.tp}: torchtitan's experts are not split by "
+                        "TP as planned; re-plan with --tp 1")
+    if plan.zero_stage == 0:
+        problems.append(f"ep={plan.ep} borrows FSDP-sharded ranks, which ZeRO-0 (replicated "
+                        "data parallelism) has none of; re-plan with --zero 2 or 3")
+    return problems
 
 
 def _data_parallel_args(result: Result) -> list[str]:
@@ -122,6 +139,7 @@ def torchtitan_overrides(result: Result) -> list[str]:
     return (_data_parallel_args(result)
             + ["--parallelism.tensor_parallel_degree", str(plan.tp), sp,
                "--parallelism.context_parallel_degree", str(plan.cp)]
+            + (["--parallelism.expert_parallel_degree", str(plan.ep)] if plan.ep > 1 else [])
             + _pipeline_args(result) + _training_args(result)
             + [f"activation_checkpoint:{plan.recompute.value}"])
 
