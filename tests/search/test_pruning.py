@@ -11,6 +11,7 @@ from autoplan.costmodels.step import shape_lower_bound_s, step_and_peak
 from autoplan.search.space import Shape, candidate_plans, leanest, max_chunk_blocks, switches
 from autoplan.search.solver import Table
 from autoplan.training import Pins
+from tests.search.moe_models import tiny_moe
 from tests.search.test_solver import cluster, tiny_gpt
 
 small = st.fixed_dictionaries({
@@ -20,12 +21,14 @@ small = st.fixed_dictionaries({
     "gpus": st.sampled_from([2, 4, 8]),
     "batch": st.sampled_from([8, 16]),
     "runtime": st.sampled_from(["megatron", "deepspeed", "fsdp"]),
+    "moe": st.booleans(),  # a Mixtral of 4 experts: ep among the searched degrees
 })
 
 
 def _problem(case):
     hidden, heads = case["width"]
-    model = tiny_gpt(case["layers"], hidden, heads)
+    model = (tiny_moe(case["layers"], hidden, 4) if case.get("moe")
+             else tiny_gpt(case["layers"], hidden, heads))
     training = _training(256, case["batch"], "bf16", case["runtime"], "flash")
     return make_problem(model, load_cluster(cluster(case["nodes"], case["gpus"], False)), training)
 
@@ -57,12 +60,12 @@ def test_leanest_switches_need_the_least_memory_of_their_zero_stage(case):
     by_layout = defaultdict(dict)
     for plan in _plans(problem):
         layout = (plan.tp, plan.pp, plan.dp, plan.micro_batch_size, plan.vpp, plan.stages,
-                  plan.zero_stage)
+                  plan.zero_stage, plan.placement, plan.ep)
         by_layout[layout][(plan.recompute, plan.recompute_num_layers, plan.sequence_parallel,
                            plan.offload)] = step_and_peak(problem, plan)[1]
     for layout, peaks in by_layout.items():
-        tp, pp, dp, mbs, vpp, stages, zero = layout
-        shape = Shape(tp=tp, pp=pp, dp=dp, cp=1, mbs=mbs, vpp=vpp)
+        tp, pp, dp, mbs, vpp, stages, zero, placement, ep = layout
+        shape = Shape(tp=tp, pp=pp, dp=dp, cp=1, mbs=mbs, vpp=vpp, placement=placement, ep=ep)
         options = [sw for sw in switches(shape, runtime=problem.training.runtime, pins=Pins(),
                                          blocks_per_chunk=max_chunk_blocks(problem.graph, stages))
                    if sw.zero == zero]
