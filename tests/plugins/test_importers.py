@@ -67,6 +67,35 @@ def test_torchtitan_overrides_round_trip(tmp_path):
         planned.tp, planned.dp, planned.zero_stage, planned.recompute)
 
 
+MIXTRAL = "examples/models/hf_mixtral_tiny.py"
+
+
+@pytest.mark.parametrize("target, filename, runtime, pins", [
+    ("megatron", "megatron_args.txt", "megatron",
+     {"tp": 2, "pp": 1, "mbs": 1, "zero": 1, "sp": True, "ep": 4}),
+    ("torchtitan", "torchtitan_args.txt", "fsdp", {"tp": 1, "pp": 1, "mbs": 1, "zero": 2, "ep": 2}),
+])
+def test_expert_parallel_degree_round_trips(tmp_path, target, filename, runtime, pins):
+    pytest.importorskip("transformers")
+    planned = autoplan.estimate(MIXTRAL, DGX1, pins, seq_len=256, global_batch=16, runtime=runtime)
+    export_plan(planned, target, tmp_path)
+    imported = autoplan.estimate(MIXTRAL, DGX1, read_run(tmp_path / filename), seq_len=256,
+                                 global_batch=16, runtime=runtime)
+    assert (imported.plan.ep, imported.plan.tp, imported.plan.dp) == (
+        planned.plan.ep, planned.plan.tp, planned.plan.dp)
+    assert imported.estimate.step_time_s == pytest.approx(planned.estimate.step_time_s)
+
+
+@pytest.mark.parametrize("target", ["deepspeed", "accelerate", "torchrun", "colossalai"])
+def test_targets_without_expert_parallelism_refuse_it(tmp_path, target):
+    pytest.importorskip("transformers")
+    from autoplan.errors import ExportError
+    planned = autoplan.estimate(MIXTRAL, DGX1, {"tp": 1, "pp": 1, "ep": 2}, seq_len=256,
+                                global_batch=16)
+    with pytest.raises(ExportError, match="ep=2"):
+        export_plan(planned, target, tmp_path)
+
+
 def test_solve_from_a_file_says_what_to_change(tmp_path):
     args = tmp_path / "megatron_args.txt"
     args.write_text("--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1\n"

@@ -30,6 +30,8 @@ _VALUED = {
     "--pipeline-model-parallel-layout": "pipeline_model_parallel_layout",
     "--recompute-granularity": "recompute_granularity", "--recompute-method": "recompute_method",
     "--recompute-num-layers": "recompute_num_layers", "--normalization": "normalization",
+    "--expert-model-parallel-size": "expert_model_parallel_size",
+    "--num-experts": "num_moe_experts", "--moe-router-topk": "moe_router_topk",
 }
 _SWITCHES = {"--sequence-parallel": ("sequence_parallel", True), "--swiglu": ("gated_linear_unit", True),
              "--disable-bias-linear": ("add_bias_linear", False), "--bf16": ("bf16", True),
@@ -216,3 +218,27 @@ def test_uneven_interleaving_is_a_layout_megatron_builds():
     args = megatron_args(result)
     assert "--pipeline-model-parallel-layout" in args
     assert built_partition(transformer_config(args)) == blocks
+
+
+def _moe(result, **plan):
+    model = result.model.model_dump(mode="json") | {"num_experts": 8, "moe_top_k": 2}
+    return changed(result, plan=plan, model=model)
+
+
+def test_expert_parallelism_is_exported_with_the_expert_count():
+    result = _moe(load_plan("llama8b_3d_vpp_sp"), ep=2)  # tp=4 with SP, dp=2
+    args = megatron_args(result)
+    config = transformer_config(args)  # megatron-core checks EP against its MoE settings
+    assert (config.expert_model_parallel_size, config.num_moe_experts,
+            config.moe_router_topk) == (2, 8, 2)
+    # megatron-core refuses EP without the expert count: the flag we add is the one it needs.
+    without = [a for i, a in enumerate(args) if a != "--num-experts"
+               and (i == 0 or args[i - 1] != "--num-experts")]
+    with pytest.raises(Exception, match="num_moe_experts"):
+        transformer_config(without)
+
+
+def test_expert_parallelism_with_tp_needs_sequence_parallelism():
+    result = _moe(load_plan("llama8b_3d_vpp_sp"), ep=2, sequence_parallel=False)
+    with pytest.raises(ExportError, match="needs sequence parallelism"):
+        megatron_args(result)

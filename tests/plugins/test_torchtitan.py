@@ -108,3 +108,26 @@ def test_zero_bubble_schedule_is_one_torch_pipelining_knows():
     config = parse(torchtitan_overrides(result))
     name = config.parallelism.pipeline_parallel_schedule
     assert schedules.get_schedule_class(name) is schedules.ScheduleInterleavedZeroBubble
+
+
+def test_expert_parallel_degree_is_exported_where_torchtitan_borrows_it_from_fsdp():
+    # gpt13b_ethernet_10g: tp=1, dp=8; with ZeRO-2 torchtitan shards over the 8 DP ranks, and
+    # its EP borrows 2 of them: the experts' FSDP group is efsdp = dp_shard*cp*tp/ep = 4, the
+    # plan's expert-data-parallel group dp*cp/ep.
+    result = changed(load_plan("gpt13b_ethernet_10g"),
+                     plan={"ep": 2, "zero_stage": 2, "pp": 1, "world_size": 8,
+                           "num_microbatches": 16, "stages": [{"first_layer": 0, "num_layers": 34}]})
+    config = parse(torchtitan_overrides(result))
+    dims = parallel_dims.ParallelDims.from_config(config.parallelism, result.plan.world_size)
+    assert dims.ep == config.parallelism.expert_parallel_degree == 2
+    assert dims.dp_shard * dims.cp * dims.tp // dims.ep == result.plan.dp * result.plan.cp // 2
+
+
+@pytest.mark.parametrize("plan, reason", [
+    ({"ep": 2, "zero_stage": 0}, "ZeRO-0"),
+    ({"ep": 2, "tp": 2, "dp": 4, "num_microbatches": 32}, "not split by TP"),
+])
+def test_expert_parallelism_torchtitan_cannot_match_is_refused(plan, reason):
+    result = changed(load_plan("gpt13b_ethernet_10g"), plan=plan)
+    with pytest.raises(ExportError, match=reason):
+        torchtitan_overrides(result)
