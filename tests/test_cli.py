@@ -70,3 +70,28 @@ def test_mem_limit_without_unit_is_exit_2():
     result = run("solve", TINY, DGX1, "--seq-len", 256, "--global-batch", 16, "--mem-limit", 80)
     assert result.exit_code == 2
     assert "--mem-limit" in result.stderr
+
+
+MIXTRAL = "examples/models/hf_mixtral_tiny.py"
+
+
+def test_ep_pin_reaches_the_plan_and_the_report():
+    pytest.importorskip("transformers")
+    result = run("solve", MIXTRAL, DGX1, "--seq-len", 256, "--global-batch", 16, "--tp", 1,
+                 "--ep", 4)
+    assert result.exit_code == 0, result.output
+    assert "expert parallel" in result.stdout and "4 ranks" in result.stdout
+
+
+@pytest.mark.parametrize("model, flags, says", [
+    (MIXTRAL, ["--ep", 3], "does not divide the 8 experts"),
+    (MIXTRAL, ["--ep", 2, "--runtime", "deepspeed"], "deepspeed export cannot say it"),
+    (MIXTRAL, ["--ep", 4, "--dp", 2], "does not divide dp*cp = 2"),
+    (TINY, ["--ep", 2], "no mixture-of-experts layers"),
+])
+def test_bad_ep_pins_exit_2_with_one_message(model, flags, says):
+    if model == MIXTRAL:
+        pytest.importorskip("transformers")
+    result = run("estimate", model, DGX1, "--seq-len", 256, "--global-batch", 16, *flags)
+    assert result.exit_code == 2, result.output
+    assert says in " ".join(result.output.split()) and "Traceback" not in result.output
