@@ -422,7 +422,8 @@ def _rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLi
     split = Split(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel, mbs=plan.micro_batch_size,
                   flash=problem.flash_attention)
     sums, pp_comm_s, params = _rank_base(problem, plan, rank, split, links)
-    experts, ep_comm_s = _rank_experts(problem, plan, rank, split, links) if plan.ep > 1 else (0.0, 0.0)
+    experts, ep_comm_s = (_rank_experts(problem, plan, rank, split, links) if plan.ep > 1
+                          else (0.0, 0.0))
     params -= experts * (plan.ep - 1)  # the rank holds 1/ep of its experts
     states = _model_states(problem, plan, params - experts, experts)
     held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp, num_microbatches=plan.num_microbatches)

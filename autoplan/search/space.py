@@ -348,7 +348,8 @@ def make_plan(shape: Shape, sw: Switches, stages: tuple[Stage, ...], training: T
         micro_batch_size=shape.mbs, global_batch_size=training.global_batch,
         num_microbatches=shape.num_microbatches(training.global_batch), recompute=sw.recompute,
         recompute_num_layers=sw.recompute_num_layers, sequence_parallel=sw.sp, vpp=shape.vpp, offload=sw.offload,
-        world_size=shape.tp * shape.pp * shape.dp * shape.cp, placement=shape.placement, ep=shape.ep,
+        world_size=shape.tp * shape.pp * shape.dp * shape.cp, placement=shape.placement,
+        ep=shape.ep,
         stages=stages, pipeline_schedule=pipeline_schedule(training.runtime, shape.vpp),
     )
 
