@@ -93,7 +93,7 @@ class Plan(BaseModel):
     GPU holds num_experts/ep experts. Left out of the JSON when 1."""
 
     @model_serializer(mode="wrap")
-    def _without_default_schedule(self, handler):
+    def _without_defaults(self, handler):
         data = handler(self)
         if isinstance(data, dict) and data.get("pipeline_schedule") is None:
             data.pop("pipeline_schedule", None)
