@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from enum import Enum
 from functools import cached_property
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
@@ -39,7 +40,24 @@ class PipelineSchedule(str, Enum):
 PLACEMENT_AXES = ("tp", "cp", "dp", "pp")
 
 
-class Stage(BaseModel):
+class OmitsDefaults(BaseModel):
+    """Optional fields added after the JSON contract was fixed (``_omitted_defaults``: name ->
+    default) stay out of the JSON while they hold their default, so the documents of plans
+    that do not use them are byte-identical to before."""
+
+    _omitted_defaults: ClassVar[dict[str, object]] = {}
+
+    @model_serializer(mode="wrap")
+    def _without_defaults(self, handler):
+        data = handler(self)
+        if isinstance(data, dict):
+            for name, default in self._omitted_defaults.items():
+                if name in data and data[name] == default:
+                    del data[name]
+        return data
+
+
+class Stage(OmitsDefaults):
     """A pipeline stage: a contiguous run of layers of the LayerGraph chain (embedding and head
     count as layers, so ``first_layer`` indexes ``LayerGraph.layers``)."""
 
@@ -50,15 +68,10 @@ class Stage(BaseModel):
     """On a heterogeneous cluster: the node group (cluster.yaml ``groups[].name``) whose GPUs run
     this stage; None on a cluster of one kind of node (and then left out of the JSON)."""
 
-    @model_serializer(mode="wrap")
-    def _without_group(self, handler):
-        data = handler(self)
-        if self.group is None:
-            data.pop("group", None)
-        return data
+    _omitted_defaults: ClassVar[dict[str, object]] = {"group": None}
 
 
-class Plan(BaseModel):
+class Plan(OmitsDefaults):
     """A complete parallelization of one training step.
 
     ``placement`` orders the mesh axes innermost first: with ``tp-cp-dp-pp`` the ranks of a TP
@@ -92,14 +105,7 @@ class Plan(BaseModel):
     ``ep`` ranks carved out of the dp*cp replicas (it does not multiply the world size); each
     GPU holds num_experts/ep experts. Left out of the JSON when 1."""
 
-    @model_serializer(mode="wrap")
-    def _without_defaults(self, handler):
-        data = handler(self)
-        if isinstance(data, dict) and data.get("pipeline_schedule") is None:
-            data.pop("pipeline_schedule", None)
-        if isinstance(data, dict) and data.get("ep") == 1:
-            data.pop("ep", None)
-        return data
+    _omitted_defaults: ClassVar[dict[str, object]] = {"pipeline_schedule": None, "ep": 1}
 
     @model_validator(mode="after")
     def _consistent(self) -> "Plan":
@@ -164,7 +170,7 @@ class Plan(BaseModel):
         return self.num_microbatches
 
 
-class Estimate(BaseModel):
+class Estimate(OmitsDefaults):
     """Predicted step time and memory of a plan (memory is the worst GPU's: on a heterogeneous
     cluster the stage tightest against its own group's limit, which ``memory_limit_gib`` then
     is; ``stage_memory_limit_gib`` lists every stage's limit)."""
@@ -185,12 +191,7 @@ class Estimate(BaseModel):
     """Each stage's own limit when stages run on node groups with different limits (else left
     out of the JSON: ``memory_limit_gib`` holds for every stage)."""
 
-    @model_serializer(mode="wrap")
-    def _without_stage_limits(self, handler):
-        data = handler(self)
-        if self.stage_memory_limit_gib is None:
-            data.pop("stage_memory_limit_gib", None)
-        return data
+    _omitted_defaults: ClassVar[dict[str, object]] = {"stage_memory_limit_gib": None}
 
 
 class SolverInfo(BaseModel):
@@ -219,7 +220,7 @@ class ShapeRunnerUp(BaseModel):
     slower_by: float  # its time per token / the chosen plan's - 1 (step time for one batch)
 
 
-class ModelInfo(BaseModel):
+class ModelInfo(OmitsDefaults):
     """What exporters need to know of the traced model, carried in the plan JSON so that
     ``autoplan export PLAN_JSON`` needs no model.py."""
 
@@ -244,13 +245,7 @@ class ModelInfo(BaseModel):
     out of the JSON like ``moe_top_k``."""
     moe_top_k: int | None = None
 
-    @model_serializer(mode="wrap")
-    def _without_moe(self, handler):
-        data = handler(self)
-        for name in ("num_experts", "moe_top_k"):
-            if isinstance(data, dict) and data.get(name) is None:
-                data.pop(name, None)
-        return data
+    _omitted_defaults: ClassVar[dict[str, object]] = {"num_experts": None, "moe_top_k": None}
 
 
 class TrainingInfo(BaseModel):
