@@ -69,6 +69,43 @@ def test_any_cluster_file_gets_an_answer_not_a_traceback(tmp_path_factory, doc, 
         assert result.stderr.strip()
 
 
+group_docs = st.lists(st.fixed_dictionaries(
+    {"name": st.sampled_from(["a", "b", "c"]),
+     "gpu": st.sampled_from(["a100-sxm4-80gb", "v100-sxm2-32gb", "h100-sxm5-80gb", "nope"]),
+     "nodes": st.sampled_from([-1, 1, 1, 1, 2]),
+     "gpus_per_node": st.sampled_from([0, 1, 2, 2, 4]), "intra_node": st.just({"link": "nvswitch"})},
+    optional={"inter_node": st.fixed_dictionaries(
+        {"link": st.sampled_from(["infiniband", "ethernet"]),
+         "bandwidth": st.sampled_from(["100Gbps", "10Gbps", "10"])})}),
+    min_size=1, max_size=3, unique_by=lambda g: g["name"])
+
+
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(groups=group_docs, batch=st.sampled_from([4, 8, 16]), mem=st.sampled_from(["2GiB", "80GiB"]))
+def test_any_heterogeneous_cluster_gets_an_answer_and_plans_fit_their_groups(
+        tmp_path_factory, groups, batch, mem):
+    path = tmp_path_factory.mktemp("g") / "cluster.yaml"
+    path.write_text(yaml.safe_dump({"groups": groups}))
+    result = CliRunner().invoke(app, ["solve", "examples/models/tiny_gpt.py", str(path),
+                                      "--seq-len", "64", "--global-batch", str(batch),
+                                      "--mem-limit", mem, "--time-limit", "20", "--json"])
+    assert result.exit_code in (0, 2, 3, 4), result.output
+    assert "Traceback" not in result.output
+    if result.exit_code:
+        assert result.stderr.strip() and not result.stdout
+        return
+    document = yaml.safe_load(result.stdout)  # JSON is YAML
+    plan, est = document["plan"], document["estimate"]
+    per_stage = plan["tp"] * plan["dp"] * plan["cp"]
+    sizes = {g["name"]: g["nodes"] * g["gpus_per_node"] for g in groups}
+    names = [stage.get("group") for stage in plan["stages"]]
+    for name in set(names) - {None}:
+        assert names.count(name) * per_stage <= sizes[name]
+    limits = est.get("stage_memory_limit_gib") or [est["memory_limit_gib"]] * len(names)
+    assert all(used <= limit for used, limit in zip(est["stage_memory_gib"], limits))
+
+
 def _problem(gpus=8, inter="200Gbps", mem=None, batch=16):
     cluster = {"gpu": "a100-sxm4-80gb", "nodes": 2, "gpus_per_node": gpus // 2,
                "intra_node": {"link": "pcie", "bandwidth": "32GB/s"},
