@@ -33,6 +33,10 @@ CP_RUNTIMES = (Runtime.MEGATRON, Runtime.FSDP)
 """Runtimes with ring-attention context parallelism: Megatron-LM ``--context-parallel-size``,
 torchtitan ``context_parallel_degree`` (DeepSpeed's Ulysses is a different scheme)."""
 
+MAX_UNEVEN_CHUNKS = 16
+"""Uneven interleaving is searched up to this many chunks per rank: the bubble is then already
+1/16 of 1F1B's, and deep models (1,000 blocks) would otherwise add dozens of options per pp."""
+
 ZERO_STAGES = {Runtime.MEGATRON: (0, 1), Runtime.DEEPSPEED: (0, 1, 2, 3), Runtime.FSDP: (0, 2, 3)}
 """What each runtime implements: Megatron's distributed optimizer is ZeRO-1; FSDP's
 SHARD_GRAD_OP and FULL_SHARD are ZeRO-2 and ZeRO-3."""
@@ -180,8 +184,8 @@ def vpp_options(graph: LayerGraph, pp: int, num_microbatches: int, pinned: int |
     blocks = len(graph.block_indices())
     options = [1]
     if pp > 2 and blocks and num_microbatches % pp == 0:
-        options += [v for v in range(2, blocks // pp + 1)
-                    if blocks % (pp * v) == 0 or uneven and blocks % pp]
+        options += [v for v in range(2, blocks // pp + 1) if blocks % (pp * v) == 0
+                    or uneven and blocks % pp and v <= MAX_UNEVEN_CHUNKS]
     return [v for v in options if pinned is None or v == pinned]
 
 
