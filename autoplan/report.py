@@ -138,6 +138,8 @@ def render(result: Result, console: Console) -> None:
     if result.model:
         title += f" ({result.model.num_params / 1e9:.2f}B parameters)"
     console.print(Text(title, style="bold"))
+    if (line := training_line(result)) is not None:
+        console.print(line)
     console.print(Group(
         plan_table(result), "", estimate_table(result), "",
         _breakdown_table("Memory per GPU (worst stage)", e.memory_breakdown_gib, "GiB",
@@ -147,6 +149,24 @@ def render(result: Result, console: Console) -> None:
         solver_text(result),
         *([runners_up_table(result)] if result.runners_up else []),
     ))
+
+
+def training_line(result: Result) -> str | None:
+    """What trains and what is frozen, when not everything trains or the optimizer or the
+    frozen weights' storage is not the default; None for a plain full training."""
+    model, training = result.model, result.training
+    if model is None or training is None or model.num_trainable_params is None:
+        return None
+    frozen = model.num_params - model.num_trainable_params
+    if not frozen and training.optimizer == "adamw":
+        return None
+    share = model.num_trainable_params / model.num_params if model.num_params else 0.0
+    line = (f"Trains {model.num_trainable_params:,} parameters ({share:.2%}) with "
+            f"{training.optimizer}")
+    if frozen:
+        line += f"; {frozen:,} frozen (no gradients, no optimizer state), stored in " \
+                f"{training.frozen_dtype or training.precision}"
+    return line + "."
 
 
 def runners_up_table(result: Result, count: int = 6) -> Table:
@@ -178,7 +198,9 @@ def render_trace(document: dict, console: Console) -> None:
             f"{layer['boundary_bytes'] / 2**20:.1f}",
             ", ".join(f"{n} {s}" for s, n in splits.items()) or "-")
     console.print(table)
-    console.print(f"total: {document['num_params']:,} parameters, "
+    trainable = document.get("num_trainable_params", document["num_params"])
+    frozen = f" ({trainable:,} trainable)" if trainable != document["num_params"] else ""
+    console.print(f"total: {document['num_params']:,} parameters{frozen}, "
                   f"{document['fwd_flops'] / 1e12:.2f} TFLOP forward, "
                   f"{document['bwd_flops'] / 1e12:.2f} TFLOP backward")
 

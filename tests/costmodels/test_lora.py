@@ -118,3 +118,23 @@ def test_the_cli_flags_and_json_keys(tmp_path):
         "adamw8bit", "nf4")
     bad = CliRunner().invoke(app, [*args[:-3], "--frozen-dtype", "fp8"])
     assert bad.exit_code == 2 and "--frozen-dtype 'fp8' is not known" in bad.output
+
+
+def test_the_report_and_explain_say_what_fine_tuning_trained_and_saved(tmp_path):
+    from rich.console import Console
+
+    from autoplan.report import render
+    model = tmp_path / "tiny_lora.py"
+    model.write_text(TINY_LORA)
+    loaded = api.load_model(model)
+    result = api.solve(loaded, RTX4090, seq_len=64, global_batch=4, frozen_dtype="nf4",
+                       time_limit_s=20)
+    console = Console(record=True, width=200)
+    render(result, console)
+    graph = loaded.trace(64)
+    frozen = graph.num_params - graph.num_trainable_params
+    text = console.export_text()
+    assert f"Trains {graph.num_trainable_params:,} parameters" in text
+    assert f"{frozen:,} frozen" in text and "stored in nf4" in text
+    saved = api.explain(result, loaded).fine_tuning
+    assert saved.startswith(f"against training all {graph.num_params:,} parameters with AdamW")
