@@ -8,6 +8,7 @@ from rich.text import Text
 
 from autoplan.costmodels.comm import network_note
 from autoplan.plan import Result
+from autoplan.plugins.summary import fine_tuning_line
 
 
 def _kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
@@ -138,7 +139,7 @@ def render(result: Result, console: Console) -> None:
     if result.model:
         title += f" ({result.model.num_params / 1e9:.2f}B parameters)"
     console.print(Text(title, style="bold"))
-    if (line := training_line(result)) is not None:
+    if (line := fine_tuning_line(result)) is not None:
         console.print(line)
     console.print(Group(
         plan_table(result), "", estimate_table(result), "",
@@ -149,24 +150,6 @@ def render(result: Result, console: Console) -> None:
         solver_text(result),
         *([runners_up_table(result)] if result.runners_up else []),
     ))
-
-
-def training_line(result: Result) -> str | None:
-    """What trains and what is frozen, when not everything trains or the optimizer or the
-    frozen weights' storage is not the default; None for a plain full training."""
-    model, training = result.model, result.training
-    if model is None or training is None or model.num_trainable_params is None:
-        return None
-    frozen = model.num_params - model.num_trainable_params
-    if not frozen and training.optimizer == "adamw":
-        return None
-    share = model.num_trainable_params / model.num_params if model.num_params else 0.0
-    line = (f"Trains {model.num_trainable_params:,} parameters ({share:.2%}) with "
-            f"{training.optimizer}")
-    if frozen:
-        line += f"; {frozen:,} frozen (no gradients, no optimizer state), stored in " \
-                f"{training.frozen_dtype or training.precision}"
-    return line + "."
 
 
 def runners_up_table(result: Result, count: int = 6) -> Table:
