@@ -138,3 +138,20 @@ def test_the_report_and_explain_say_what_fine_tuning_trained_and_saved(tmp_path)
     assert f"{frozen:,} frozen" in text and "stored in nf4" in text
     saved = api.explain(result, loaded).fine_tuning
     assert saved.startswith(f"against training all {graph.num_params:,} parameters with AdamW")
+
+
+def test_options_yaml_keys_optimizer_and_frozen_dtype(tmp_path):
+    model = tmp_path / "tiny_lora.py"
+    model.write_text(TINY_LORA)
+    options = tmp_path / "options.yaml"
+    options.write_text("optimizer: sgd\nfrozen_dtype: int8\n")
+    loaded = api.load_model(model)
+    result = api.solve(loaded, RTX4090, seq_len=64, global_batch=4, options=options,
+                       time_limit_s=20)
+    assert (result.training.optimizer, result.training.frozen_dtype) == ("sgd", "int8")
+    flag = api.solve(loaded, RTX4090, seq_len=64, global_batch=4, options=options,
+                     optimizer="adamw", time_limit_s=20)  # a flag wins over the file
+    assert flag.training.optimizer == "adamw"
+    options.write_text("optimizer: lion\n")
+    with pytest.raises(api.ConstraintError, match="optimizer"):
+        api.solve(loaded, RTX4090, seq_len=64, global_batch=4, options=options)
