@@ -21,7 +21,7 @@ from autoplan.plan import Offload, Plan, Result
 from autoplan.plugins.colossalai_tp import compare_tp_modes
 from autoplan.search.runners_up import best_by_shape
 from autoplan.search.solver import Table
-from autoplan.training import Pins
+from autoplan.training import Optimizer, Pins
 
 SLOW_NETWORK_BPS = 100e9 / 8
 """Below 100 Gb/s per node-to-node path ZeRO-3's per-micro-batch gathers dominate (DESIGN.md:
@@ -323,10 +323,10 @@ def fine_tuning_savings(problem: Problem, result: Result) -> str | None:
     and the weights in the training precision; None when that is what the plan does."""
     training = problem.training
     if (problem.graph.num_trainable_params == problem.graph.num_params
-            and training.optimizer.value == "adamw" and training.frozen_dtype is None):
+            and training.optimizer is Optimizer.ADAMW and training.frozen_dtype is None):
         return None
     full = replace(problem, graph=_fully_trained(problem.graph), _cache={},
-                   training=training.model_copy(update={"optimizer": "adamw",
+                   training=training.model_copy(update={"optimizer": Optimizer.ADAMW,
                                                         "frozen_dtype": None}))
     mine, theirs = result.estimate, estimate(full, result.plan)
     saved = {part: theirs.memory_breakdown_gib[part] - mine.memory_breakdown_gib[part]

@@ -167,13 +167,13 @@ def elementwise_time(layer: Layer, split: Split, gpu: GpuSpec, profile: ComputeP
 def layer_time(layer: Layer, split: Split, recompute: Recompute, *, gpu: GpuSpec, precision: str,
                profile: ComputeProfile, frozen_dtype: FrozenDtype | None = None) -> LayerTime:
     """Compute time of one layer for one micro-batch (no communication); ``frozen_dtype``:
-    the storage of its frozen weights when it differs from the training precision."""
+    the storage of its frozen Linear weights (quantized ones are dequantized at each use)."""
     peak = gpu.peak_flops(precision)
     gemm, dgrad, wgrad = _backward_gemm_times(layer, split, gpu, peak, profile)
     att_fwd, att_bwd = attention_time(layer, split, gpu, peak, profile)
     att_bwd = att_bwd if any(a.backward for a in layer.attention) else 0.0
-    deq_fwd, deq_bwd = dequantize_time(layer, split, gpu, profile, frozen_dtype) \
-        if frozen_dtype else (0.0, 0.0)
+    deq_fwd, deq_bwd = (dequantize_time(layer, split, gpu, profile, frozen_dtype)
+                        if frozen_dtype is not None else (0.0, 0.0))
     other = elementwise_time(layer, split, gpu, profile)
     overhead = profile.kernel_overhead_s if layer.gemms or layer.attention else 0.0
     fwd = gemm + att_fwd + other + overhead + deq_fwd

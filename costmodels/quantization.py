@@ -43,5 +43,5 @@ def quantized_gemms(layer: Layer) -> tuple[Gemm, ...]:
     if layer.kind is LayerKind.HEAD:
         return ()
     experts = tuple(f"{e.name}." for e in layer.experts)
-    return tuple(g for g in layer.gemms
-                 if not g.wgrad and not g.adapter and not g.name.startswith(experts or ("\0",)))
+    return tuple(g for g in layer.gemms if not g.wgrad and not g.adapter
+                 and not (experts and g.name.startswith(experts)))
