@@ -11,13 +11,14 @@ only above the plan's step time); what-ifs solve the changed problem.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
 from autoplan.cluster.topology import GroupLinks
 from autoplan.costmodels.step import Problem, axis_links, estimate, limit_mib, memory_mib
 from autoplan.graph.layer_graph import LayerGraph
-from autoplan.plan import Offload, Plan, Result
+from autoplan.plan import Offload, OmitsDefaults, Plan, Result
 from autoplan.plugins.colossalai_tp import compare_tp_modes
 from autoplan.search.runners_up import best_by_shape
 from autoplan.search.solver import Table
@@ -71,7 +72,7 @@ class TpMode(BaseModel):
     vs_1d: float
 
 
-class Explanation(BaseModel):
+class Explanation(OmitsDefaults):
     """``autoplan explain --json``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -84,8 +85,10 @@ class Explanation(BaseModel):
     warnings: list[str]
     tp_modes: list[TpMode] = []  # 1D vs 2D/2.5D/3D TP near the plan's TP size
     fine_tuning: str | None = None
-    """What fine-tuning saved against training every parameter with AdamW (None for a full
-    training with AdamW)."""
+    """What fine-tuning saved against training every parameter with AdamW (None, and left out
+    of the JSON, for a full training with AdamW)."""
+
+    _omitted_defaults: ClassVar[dict[str, object]] = {"fine_tuning": None}
 
 
 UNLIMITED_BYTES = float(2**62)
@@ -323,7 +326,8 @@ def fine_tuning_savings(problem: Problem, result: Result) -> str | None:
     and the weights in the training precision; None when that is what the plan does."""
     training = problem.training
     if (problem.graph.num_trainable_params == problem.graph.num_params
-            and training.optimizer is Optimizer.ADAMW and training.frozen_dtype is None):
+            and training.optimizer is Optimizer.ADAMW
+            and training.frozen_storage.value == training.precision.value):
         return None
     full = replace(problem, graph=_fully_trained(problem.graph), _cache={},
                    training=training.model_copy(update={"optimizer": Optimizer.ADAMW,
