@@ -96,12 +96,13 @@ def test_bad_rows_exit_2_naming_row_and_column(tmp_path, header, row, expected):
 
 
 def test_a_model_that_fails_to_trace_names_its_row(tmp_path):
-    path = _runs_csv(tmp_path, [GOOD, GOOD.replace("mpt_760m.py", "broken.py")])
+    path = _runs_csv(tmp_path, [GOOD.replace("mpt_760m.py", "broken.py"), GOOD])
     (tmp_path / "broken.py").write_text("def build_model():\n    raise RuntimeError('boom')\n")
     result = runner.invoke(app, ["calibrate", "--runs", str(path), "--out",
                                  str(tmp_path / "p.yaml")])
     assert result.exit_code == 2, result.output
-    assert "row 3, column model" in " ".join(result.output.split())
+    assert "row 2, column model" in " ".join(result.output.split())
+    assert "boom" in result.output
 
 
 def test_an_existing_profile_is_not_overwritten_without_force(tmp_path):
@@ -206,3 +207,13 @@ def test_profile_on_another_gpu_runtime_or_scale_warns_in_json_and_report(tmp_pa
     assert "runtime fsdp" in text and "8-16 GPUs; this plan uses 64" in text
     report = runner.invoke(app, base)
     assert report.exit_code == 0 and "warning:" in report.output
+
+
+def test_logs_of_two_runtimes_are_not_fitted_together(tmp_path):
+    """The Megatron-LM log (runtime megatron) and the torchtitan one (fsdp) on one cluster."""
+    result = runner.invoke(app, [
+        "calibrate", "--runs", str(LOGS / "megatron.log"), "--runs", str(LOGS / "torchtitan.log"),
+        "--model", str(LLMF / "mpt_760m.py"), "--cluster", str(LLMF / "h100-x1.yaml"),
+        "--out", str(tmp_path / "p.yaml")])
+    assert result.exit_code == 2, result.output
+    assert "column runtime: fsdp, but" in " ".join(result.output.split())
