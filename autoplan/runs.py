@@ -137,8 +137,11 @@ def read_runs_csv(path: str | Path) -> list[MeasuredRun]:
     runs = []
     for line, cells in enumerate(reader, start=2):
         if None in cells or any(v is None for v in cells.values()):
-            raise RunsError(f"{path} row {line}: has {len(cells.get(None) or [])} cell(s) more "
-                            f"or some fewer than the {len(HEADER)} columns of the header.")
+            count = sum(v is not None for k, v in cells.items() if k is not None) + len(
+                cells.get(None) or [])
+            raise RunsError(f"{path} row {line}: {count} cells, but the header has "
+                            f"{len(HEADER)} columns; give every column a cell (leave "
+                            "peak_memory_gib blank when not measured).")
         try:
             row = RunRow.model_validate({k.strip(): v.strip() for k, v in cells.items()})
         except ValidationError as err:

@@ -85,6 +85,7 @@ GOOD = "mpt_760m.py,h100-x1.yaml,2048,384,1,1,8,1,24,3,none,false,fsdp,63147,"
     (None, GOOD.replace(",false,", ",maybe,"), "row 2, column sp"),
     (None, GOOD.replace("mpt_760m.py", "absent.py"), "row 2, column model: no such file"),
     (None, GOOD.replace(",1,1,8,1,", ",1,1,16,1,"), "row 2, columns tp,pp,dp,cp"),
+    (None, "mpt_760m.py,h100-x1.yaml,2048", "row 2: 3 cells, but the header has 15 columns"),
 ])
 def test_bad_rows_exit_2_naming_row_and_column(tmp_path, header, row, expected):
     path = _runs_csv(tmp_path, [row], header or ",".join(HEADER))
