@@ -43,7 +43,8 @@ from autoplan.search.space import (
 from autoplan.run_profile import RunsProfile
 from autoplan.options import as_options, global_batches, merge_options, options_mem_limit
 from autoplan.training import (
-    DEFAULT_PLACEMENT, AttentionKernel, Constraints, Pins, Precision, Runtime, TrainingSpec,
+    DEFAULT_PLACEMENT, AttentionKernel, Constraints, FrozenDtype, Optimizer, Pins, Precision,
+    Runtime, TrainingSpec,
 )
 from autoplan.units import parse_quantity
 
@@ -201,12 +202,16 @@ def runtime_with(runtime: RuntimeProfile, settings: Mapping[str, Any] | None) ->
 
 
 def _training(seq_len: int, global_batch: int, precision: str, runtime: str,
-              attention: str) -> TrainingSpec:
+              attention: str, optimizer: str | None = None,
+              frozen_dtype: str | None = None) -> TrainingSpec:
     try:
         return TrainingSpec(seq_len=seq_len, global_batch=global_batch,
                             precision=_choice(Precision, precision, "--precision"),
                             runtime=_choice(Runtime, runtime, "--runtime"),
-                            attention=_choice(AttentionKernel, attention, "attention"))
+                            attention=_choice(AttentionKernel, attention, "attention"),
+                            optimizer=_choice(Optimizer, optimizer or "adamw", "--optimizer"),
+                            frozen_dtype=frozen_dtype and _choice(FrozenDtype, frozen_dtype,
+                                                                  "--frozen-dtype"))
     except ValueError as err:
         raise ConstraintError(f"training settings: {err}".replace("\n", " ")) from None
 
@@ -244,7 +249,8 @@ def _result(problem: Problem, model: Model, cluster: LoadedCluster, plan: Plan, 
             info: SolverInfo, profile: Profile | None = None) -> Result:
     graph, dims = problem.graph, problem.graph.dims
     model_info = ModelInfo(
-        name=model.name, num_params=graph.num_params, seq_len=graph.seq_len,
+        name=model.name, num_params=graph.num_params,
+        num_trainable_params=graph.num_trainable_params, seq_len=graph.seq_len,
         layer_kinds=tuple(l.kind.value for l in graph.layers),
         **({k: getattr(dims, k) for k in (
             "hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_hidden_size",
@@ -255,7 +261,9 @@ def _result(problem: Problem, model: Model, cluster: LoadedCluster, plan: Plan, 
     training = TrainingInfo(seq_len=problem.training.seq_len,
                             global_batch=problem.training.global_batch,
                             precision=problem.training.precision.value,
-                            runtime=problem.training.runtime.value)
+                            runtime=problem.training.runtime.value,
+                            optimizer=problem.training.optimizer.value,
+                            frozen_dtype=problem.training.frozen_storage.value)
     return Result(plan=plan, estimate=est, solver=info, model=model_info, cluster=cluster.spec,
                   training=training, calibration=calibration_note(profile, problem, plan))
 
@@ -272,7 +280,8 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
           min_tokens_per_s: float | None = None, price_per_gpu_hour: float | None = None,
           bounds=None, max_gpus: int | None = None, tp_within_node: bool | None = None,
           forbid_offload: bool | None = None, options=None, profile=None,
-          num_workers: int = 1, runners_up: bool = True) -> Result:
+          num_workers: int = 1, runners_up: bool = True, optimizer: str | None = None,
+          frozen_dtype: str | None = None) -> Result:
     """The best plan that fits (fastest by default), with its estimate, the solver's status
     and the best plan of each other (TP, PP) shape.
 
@@ -301,6 +310,9 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
         forbid_offload: no CPU offload.
         options: a :class:`SolveOptions` or the path of an options YAML; keywords given here
             win over it.
+        optimizer: ``"adamw"`` (default), ``"adamw8bit"`` (bitsandbytes) or ``"sgd"``.
+        frozen_dtype: storage of the frozen Linear weights: ``"bf16"``, ``"fp16"``, ``"int8"``
+            or ``"nf4"`` (QLoRA); default: the training precision.
 
     Raises:
         InfeasibleError: nothing qualifies; the message names the conflicting requirements.
@@ -319,7 +331,9 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
     mem_limit = mem_limit if mem_limit is not None else options_mem_limit(opts, cluster.cluster)
     problems = _batch_problems(model, cluster, batches, constraints.pins, seq_len=seq_len,
                                precision=precision, runtime=runtime, attention=attention,
-                               mem_limit=mem_limit, profile=profile)
+                               mem_limit=mem_limit, profile=profile,
+                               optimizer=optimizer or opts.optimizer,
+                               frozen_dtype=frozen_dtype or opts.frozen_dtype)
     if not cluster.cluster.is_homogeneous:  # stages on node groups; no runners-up
         found = solve_on_groups(problems, constraints.pins, time_limit_s=constraints.time_limit_s,
                                 objective=constraints.objective, bounds=constraints.bounds,
@@ -338,14 +352,16 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
 
 def _batch_problems(model: Model, cluster: LoadedCluster, batches: list[int] | None, pins: Pins,
                     *, seq_len: int, precision: str, runtime: str, attention: str,
-                    mem_limit, profile=None) -> list[Problem]:
+                    mem_limit, profile=None, optimizer: str | None = None,
+                    frozen_dtype: str | None = None) -> list[Problem]:
     """One problem per allowed global batch whose pins are legal (all checked if none is)."""
     if not batches:
         raise ConstraintError("give --global-batch (or global_batch in --options).")
     _check_ep_cluster(cluster, pins.ep)
     problems, errors = [], []
     for batch in batches:
-        training = _training(seq_len, batch, precision, runtime, attention)
+        training = _training(seq_len, batch, precision, runtime, attention, optimizer,
+                             frozen_dtype)
         problem = make_problem(model, cluster, training, mem_limit, profile=profile)
         try:
             check_pins(problem.graph, world=cluster.cluster.num_gpus, training=training, pins=pins)
@@ -447,18 +463,21 @@ def _settings(run: ImportedRun | None, seq_len, global_batch, precision, runtime
 def estimate(model, cluster, plan_or_pins, *, seq_len: int | None = None,
              global_batch: int | None = None, mem_limit=None, precision: str | None = None,
              runtime: str | None = None, attention: str = "flash", profile=None,
-             runtime_settings: Mapping[str, Any] | None = None) -> Result:
+             runtime_settings: Mapping[str, Any] | None = None, optimizer: str | None = None,
+             frozen_dtype: str | None = None) -> Result:
     """Evaluate one plan: a Plan, pins completed with documented defaults, or an
     :class:`ImportedRun` read from a Megatron-LM, DeepSpeed or torchtitan configuration
     (``read_run(path)``), which may also supply the sequence length and global batch.
     ``profile`` replaces the compute profile as in :func:`solve`; ``runtime_settings`` fields
-    of the runtime's profile (:func:`runtime_with`)."""
+    of the runtime's profile (:func:`runtime_with`); ``optimizer`` and ``frozen_dtype`` as in
+    :func:`solve`."""
     start = time.perf_counter()
     model, cluster, profile = load_model(model), load_cluster(cluster), _loaded_profile(profile)
     run = plan_or_pins if isinstance(plan_or_pins, ImportedRun) else None
     seq_len, global_batch, precision, runtime = _settings(run, seq_len, global_batch, precision,
                                                          runtime)
-    training = _training(seq_len, global_batch, precision, runtime, attention)
+    training = _training(seq_len, global_batch, precision, runtime, attention, optimizer,
+                         frozen_dtype)
     problem = make_problem(model, cluster, training, mem_limit, profile=profile,
                            runtime_settings=runtime_settings)
     plan = _plan_for(problem, cluster, model, plan_or_pins)
@@ -498,13 +517,14 @@ def trace_document(graph: LayerGraph, batch: int = 1) -> dict:
     graph scale linearly with the batch)."""
     layers = [{
         "name": l.name, "kind": l.kind.value, "params": l.num_params,
+        "trainable_params": l.trainable_params,
         "fwd_flops": l.fwd_flops * batch, "bwd_flops": l.bwd_flops * batch,
         "activation_bytes": l.activation_bytes * batch + l.attention_internal_bytes * batch,
         "boundary_bytes": l.boundary_bytes * batch,
         "tp_split": {g.name: g.split.value for g in l.gemms},
     } for l in graph.layers]
     return {"model": graph.name, "seq_len": graph.seq_len, "batch": batch,
-            "num_params": graph.num_params, "fwd_flops": graph.fwd_flops * batch,
+            "num_params": graph.num_params, "num_trainable_params": graph.num_trainable_params, "fwd_flops": graph.fwd_flops * batch,
             "bwd_flops": graph.bwd_flops * batch, "layers": layers,
             "tp_constraints": tp_constraints(graph)}
 
@@ -670,7 +690,8 @@ def explain(result: Result | str | Path, model, *, pins=None, profile=None):
         raise PlanFileError("the plan JSON lacks its cluster or training section; save the "
                             "output of `autoplan solve --json` and explain that.")
     t = result.training
-    training = _training(t.seq_len, t.global_batch, t.precision, t.runtime, "flash")
+    training = _training(t.seq_len, t.global_batch, t.precision, t.runtime, "flash",
+                         t.optimizer, t.frozen_dtype)
     cluster = load_cluster(result.cluster)
     require_homogeneous(cluster.cluster, "explain")
     profile = _loaded_profile(profile)

@@ -111,6 +111,10 @@ EP = typer.Option(None, "--ep", min=1, help="Expert-parallel degree of MoE layer
 MEM_LIMIT = typer.Option(None, "--mem-limit", help="Per-GPU memory cap, e.g. 72GiB (default: the GPU's).")
 RUNTIME = typer.Option(None, "--runtime", help="megatron (default), deepspeed or fsdp.")
 PRECISION = typer.Option(None, "--precision", help="bf16 (default) or fp16.")
+OPTIMIZER = typer.Option(None, "--optimizer", help="adamw (default), adamw8bit (bitsandbytes "
+                         "8-bit states) or sgd (with momentum).")
+FROZEN_DTYPE = typer.Option(None, "--frozen-dtype", help="Storage of frozen Linear weights: "
+                            "bf16, fp16, int8 or nf4 (QLoRA 4-bit; default: --precision).")
 PROFILE = typer.Option(None, "--profile", help="A profile YAML from `autoplan calibrate`: "
                        "replaces the catalog's compute efficiencies (or, from `calibrate "
                        "--runs`, the parameters fitted to your runs).")
@@ -128,6 +132,7 @@ def solve(
     placement: Optional[str] = PLACEMENT, ep: Optional[int] = EP,
     mem_limit: Optional[str] = MEM_LIMIT, runtime: Optional[str] = RUNTIME,
     precision: Optional[str] = PRECISION, profile: Optional[Path] = PROFILE,
+    optimizer: Optional[str] = OPTIMIZER, frozen_dtype: Optional[str] = FROZEN_DTYPE,
     as_json: bool = JSON,
     time_limit: float = typer.Option(api.DEFAULT_TIME_LIMIT_S, "--time-limit", min=0.1,
                                      help="Solver time limit in seconds; the best plan so far is returned."),
@@ -137,7 +142,8 @@ def solve(
     explain: bool = typer.Option(False, "--explain", help="Also say why this plan (see `explain`)."),
     options: Optional[Path] = typer.Option(
         None, "--options", help="YAML of objective, pins, bounds, mem_limit, max_gpus, "
-        "global_batch, tp_within_node, forbid_offload; flags given here win."),
+        "global_batch, tp_within_node, forbid_offload, optimizer, frozen_dtype; flags given "
+        "here win."),
     objective: Optional[str] = typer.Option(
         None, "--objective", help="time (default), gpus, cost, or a lexicographic list: gpus,time."),
     min_tokens_per_s: Optional[float] = typer.Option(
@@ -156,7 +162,8 @@ def solve(
     if from_file is not None:
         current = _run(lambda: api.estimate(
             model, cluster, api.read_run(from_file), seq_len=seq_len, global_batch=global_batch,
-            mem_limit=mem_limit, runtime=runtime, precision=precision, profile=profile))
+            mem_limit=mem_limit, runtime=runtime, precision=precision, profile=profile,
+            optimizer=optimizer, frozen_dtype=frozen_dtype))
         training = current.training
         seq_len, global_batch = training.seq_len, training.global_batch
         runtime, precision = training.runtime, training.precision
@@ -165,7 +172,7 @@ def solve(
         model, cluster, seq_len=seq_len, global_batch=global_batch, pins=pins,
         mem_limit=mem_limit, time_limit_s=time_limit, runtime=runtime, precision=precision,
         objective=terms, min_tokens_per_s=min_tokens_per_s, price_per_gpu_hour=price,
-        options=options, profile=profile))
+        options=options, profile=profile, optimizer=optimizer, frozen_dtype=frozen_dtype))
     if explain:
         explanation = _run(lambda: api.explain(result, model, pins=pins, profile=profile))
     # Written (or refused) before anything is printed: a refusal leaves stdout empty.
@@ -194,6 +201,7 @@ def estimate(
     placement: Optional[str] = PLACEMENT, ep: Optional[int] = EP,
     mem_limit: Optional[str] = MEM_LIMIT, runtime: Optional[str] = RUNTIME,
     precision: Optional[str] = PRECISION, profile: Optional[Path] = PROFILE,
+    optimizer: Optional[str] = OPTIMIZER, frozen_dtype: Optional[str] = FROZEN_DTYPE,
     as_json: bool = JSON,
 ) -> None:
     """Evaluate one plan. Unset dimensions default to tp=pp=cp=1, dp = the most GPUs left that
@@ -209,7 +217,8 @@ def estimate(
 
     result = _run(lambda: api.estimate(
         model, cluster, plan(), seq_len=seq_len, global_batch=global_batch, mem_limit=mem_limit,
-        runtime=runtime, precision=precision, profile=profile))
+        runtime=runtime, precision=precision, profile=profile, optimizer=optimizer,
+        frozen_dtype=frozen_dtype))
     _emit(result, as_json)
 
 

@@ -13,6 +13,8 @@ Example::
     global_batch: [256, 512]     # or {min: 256, max: 1024}: the solver picks it
     tp_within_node: true
     forbid_offload: true
+    optimizer: adamw8bit         # adamw (default), adamw8bit or sgd
+    frozen_dtype: nf4            # frozen Linear weights: bf16, fp16, int8, nf4 (QLoRA)
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from autoplan.cluster.spec import Cluster
 from autoplan.errors import ConstraintError
 from autoplan.plan import Offload
-from autoplan.training import Bounds, Constraints, Objective, ObjectiveTerm, Pins, Range
+from autoplan.training import (
+    Bounds, Constraints, FrozenDtype, Objective, ObjectiveTerm, Optimizer, Pins, Range,
+)
 from autoplan.units import parse_quantity
 
 
@@ -62,6 +66,8 @@ class SolveOptions(BaseModel):
     global_batch: int | list[int] | BatchRange | None = None
     tp_within_node: bool = False
     forbid_offload: bool = False
+    optimizer: Optimizer | None = None
+    frozen_dtype: FrozenDtype | None = None
 
 
 def global_batches(value: int | list[int] | BatchRange | dict | None) -> list[int] | None:

@@ -227,6 +227,8 @@ class ModelInfo(OmitsDefaults):
     model_config = ConfigDict(frozen=True, extra="forbid")
     name: str
     num_params: int
+    num_trainable_params: int | None = None
+    """Parameters with requires_grad (None in plan files written before it was recorded)."""
     layer_kinds: tuple[str, ...]  # kind of each LayerGraph layer, indexed like Stage.first_layer
     hidden_size: int | None = None
     num_layers: int | None = None
@@ -256,6 +258,9 @@ class TrainingInfo(BaseModel):
     global_batch: int
     precision: str
     runtime: str
+    optimizer: str = "adamw"
+    frozen_dtype: str | None = None
+    """How frozen Linear weights are stored (bf16, fp16, int8, nf4); None in older files."""
 
 
 class CalibrationNote(BaseModel):

@@ -8,6 +8,7 @@ from rich.text import Text
 
 from autoplan.costmodels.comm import network_note
 from autoplan.plan import Result
+from autoplan.plugins.summary import fine_tuning_line
 
 
 def _kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
@@ -138,6 +139,8 @@ def render(result: Result, console: Console) -> None:
     if result.model:
         title += f" ({result.model.num_params / 1e9:.2f}B parameters)"
     console.print(Text(title, style="bold"))
+    if (line := fine_tuning_line(result)) is not None:
+        console.print(line)
     console.print(Group(
         plan_table(result), "", estimate_table(result), "",
         _breakdown_table("Memory per GPU (worst stage)", e.memory_breakdown_gib, "GiB",
@@ -218,7 +221,9 @@ def render_trace(document: dict, console: Console) -> None:
             f"{layer['boundary_bytes'] / 2**20:.1f}",
             ", ".join(f"{n} {s}" for s, n in splits.items()) or "-")
     console.print(table)
-    console.print(f"total: {document['num_params']:,} parameters, "
+    trainable = document.get("num_trainable_params", document["num_params"])
+    frozen = f" ({trainable:,} trainable)" if trainable != document["num_params"] else ""
+    console.print(f"total: {document['num_params']:,} parameters{frozen}, "
                   f"{document['fwd_flops'] / 1e12:.2f} TFLOP forward, "
                   f"{document['bwd_flops'] / 1e12:.2f} TFLOP backward")
 
