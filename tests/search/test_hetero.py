@@ -193,7 +193,7 @@ def test_estimate_places_pinned_stages_on_groups_in_order_and_keeps_given_groups
 
 
 @pytest.mark.parametrize("seed, terms, min_tokens", [
-    (9, ["gpus", "time"], None), (12, ["cost"], None), (25, ["time"], 1e5)])
+    (9, ["gpus", "time"], None), (12, ["cost"], None), (25, ["time"], 2e5)])
 def test_other_objectives_equal_brute_force(seed, terms, min_tokens):
     """Fewest GPUs then time, cost, and a throughput floor: each key is nondecreasing in step
     time for a fixed shape, so the same bounds prune exactly (as in the homogeneous solver)."""
