@@ -1,12 +1,9 @@
 """Compute time of one layer for one micro-batch on one GPU, after TP/CP splitting.
 
 Each Linear is a GEMM of ``m = tokens`` rows, its columns (column-parallel) or rows
-(row-parallel) divided by TP, costed from its shape (:func:`gemm_time`): the output is cut into
-GEMM_TILE tiles that run in waves of one per SM, so a last partial wave idles the rest of the
-GPU (wave quantization); on top, ``gemm_efficiency * f / (f + gemm_half_flops)`` for a GEMM of f
-FLOPs (launch and k-loop prologue of small GEMMs); and no GEMM runs faster than its operands
-stream through HBM (roofline: thin GEMMs under large TP, LoRA adapters, decode). Backward is two
-GEMMs of the same size (input and weight gradients).
+(row-parallel) divided by TP, running at an efficiency that grows with its size:
+``eff = gemm_efficiency * f / (f + gemm_half_flops)`` for a GEMM of f FLOPs (small per-GPU GEMMs
+are launch/tail-bound). Backward is two GEMMs of the same size (input and weight gradients).
 Attention runs as the fused flash kernel (causal masks skip half the tiles) or, for runtimes
 without it, as batched GEMMs plus a memory-bound softmax/dropout over the s x s scores.
 Everything else is memory-bound: its traced bytes over HBM bandwidth.
@@ -14,7 +11,6 @@ Everything else is memory-bound: its traced bytes over HBM bandwidth.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from autoplan.cluster.catalog import GpuSpec
@@ -62,72 +58,34 @@ class LayerTime:
     wgrad_s: float = 0.0  # weight-gradient GEMMs of backward (as long as the forward GEMMs)
 
 
-GEMM_TILE = (128, 128)
-"""Output tile (rows x columns) of one thread block of the 16-bit tensor-core GEMMs. CUTLASS's
-default for sm80 is 128x256 (``default_gemm_configuration.h``) and libraries pick among 128x128
-and larger tiles by shape; the smallest of these is taken, so the quantization modelled is the
-least a real kernel has."""
-
-GEMM_OPERAND_BYTES = 2
-"""16-bit operands and output (bf16/fp16 training)."""
-
-
-def wave_efficiency(m: float, n: float, sm_count: int | None) -> float:
-    """Share of the GPU's SMs busy over a GEMM's waves: ``tiles / (waves * SMs)`` for
-    ``ceil(m/128) * ceil(n/128)`` tiles, each SM running one tile at a time (NVIDIA Deep
-    Learning Performance Guide, "Matrix Multiplication Background", wave quantization: one tile
-    more than a multiple of the SM count costs a whole extra wave). 1 where the SM count is
-    unknown."""
-    if not sm_count:
-        return 1.0
-    tiles = math.ceil(m / GEMM_TILE[0]) * math.ceil(n / GEMM_TILE[1])
-    return tiles / (math.ceil(tiles / sm_count) * sm_count)
-
-
-def gemm_time(m: float, n: float, k: float, gpu: GpuSpec, peak: float,
-              profile: ComputeProfile) -> float:
-    """Seconds of one (m x k) @ (k x n) GEMM: tensor-core time at the wave-quantized, size-
-    dependent efficiency, or the time its operands and output take through HBM, whichever is
-    longer."""
-    flops = 2.0 * m * n * k
-    if flops <= 0:
-        return 0.0
-    compute = _flops_time(flops, peak, profile) / wave_efficiency(m, n, gpu.sm_count)
-    traffic = GEMM_OPERAND_BYTES * (m * k + k * n + m * n)
-    return max(compute, traffic / (gpu.memory_bandwidth_Bps * profile.memory_efficiency))
-
-
-def _flops_time(flops: float, peak: float, profile: ComputeProfile) -> float:
+def _gemm_time(flops: float, peak: float, profile: ComputeProfile) -> float:
     if flops <= 0:
         return 0.0
     efficiency = profile.gemm_efficiency * flops / (flops + profile.gemm_half_flops)
     return flops / (peak * efficiency)
 
 
-def gemm_times(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
-               profile: ComputeProfile) -> float:
-    """Forward time of the layer's Linears (and other matmul-like ops, unsplit, whose shapes
-    the trace does not keep) for one micro-batch."""
-    total = _flops_time(layer.other_fwd_flops * split.mbs, peak, profile)
-    return total + sum(_linear_time(g, split, gpu, peak, profile) for g in layer.gemms)
+def gemm_times(layer: Layer, split: Split, peak: float, profile: ComputeProfile) -> float:
+    """Forward time of the layer's Linears (and other matmul-like ops, unsplit) for one
+    micro-batch."""
+    total = _gemm_time(layer.other_fwd_flops * split.mbs, peak, profile)
+    return total + sum(_linear_time(g, split, peak, profile) for g in layer.gemms)
 
 
-def column_gemm_time(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
-                     profile: ComputeProfile) -> float:
+def column_gemm_time(layer: Layer, split: Split, peak: float, profile: ComputeProfile) -> float:
     """Forward time of the layer's column-parallel Linears for one micro-batch."""
-    return sum(_linear_time(g, split, gpu, peak, profile) for g in layer.gemms
+    return sum(_linear_time(g, split, peak, profile) for g in layer.gemms
                if g.split is TpSplit.COLUMN)
 
 
-def _linear_time(gemm: Gemm, split: Split, gpu: GpuSpec, peak: float,
-                 profile: ComputeProfile) -> float:
+def _linear_time(gemm: Gemm, split: Split, peak: float, profile: ComputeProfile) -> float:
     n, k = gemm.out_features, gemm.in_features
     if gemm.split is TpSplit.COLUMN:
         n = n / split.tp
     elif gemm.split is TpSplit.ROW:
         k = k / split.tp
     rows = split.mbs * gemm.rows / split.cp
-    return gemm.count * gemm_time(rows, n, k, gpu, peak, profile)
+    return gemm.count * _gemm_time(2.0 * rows * n * k, peak, profile)
 
 
 def attention_time(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
@@ -162,7 +120,7 @@ def layer_time(layer: Layer, split: Split, recompute: Recompute, *, gpu: GpuSpec
                profile: ComputeProfile) -> LayerTime:
     """Compute time of one layer for one micro-batch (no communication)."""
     peak = gpu.peak_flops(precision)
-    gemm = gemm_times(layer, split, gpu, peak, profile)
+    gemm = gemm_times(layer, split, peak, profile)
     att_fwd, att_bwd = attention_time(layer, split, gpu, peak, profile)
     other = elementwise_time(layer, split, gpu, profile)
     overhead = profile.kernel_overhead_s if layer.gemms or layer.attention else 0.0
@@ -174,5 +132,5 @@ def layer_time(layer: Layer, split: Split, recompute: Recompute, *, gpu: GpuSpec
     elif recompute is Recompute.SELECTIVE:
         recomputed = att_fwd
     return LayerTime(fwd_s=fwd, bwd_s=bwd, recompute_s=recomputed,
-                     column_gemm_s=column_gemm_time(layer, split, gpu, peak, profile),
+                     column_gemm_s=column_gemm_time(layer, split, peak, profile),
                      attention_fwd_s=att_fwd, attention_bwd_s=att_bwd, wgrad_s=gemm)
