@@ -1,4 +1,4 @@
-"""Predicted vs published step time for every row of ../shared/data/published_runs.csv.
+"""Predicted vs published step time for every row of data/published_runs.csv.
 
 Each run is estimated with the plan its authors used, on the hardware they used, with the
 software of the time: Megatron-LM without FlashAttention (explicit attention scores) and

@@ -1,5 +1,5 @@
 """Refit the [Empirical] A100 and DeepSpeed ZeRO-3 constants of costmodels/profiles.yaml over
-every row of ../shared/data/published_runs.csv at once, as documented there.
+every row of data/published_runs.csv at once, as documented there.
 
 Procedure: a grid over the three A100 compute efficiencies (GEMM, batched attention GEMMs,
 memory-bound kernels) and, for each point, over DeepSpeed's two ZeRO-3 constants (collective
