@@ -80,7 +80,7 @@ def _dgx_a100(nodes: int) -> dict:
 
 
 PUBLISHED_SETUPS = {
-    # Smith et al. 2022 (MT-NLG) / shared/data README sec. 2.1: TP=8, PP=35, DP=8 on 280 nodes.
+    # Smith et al. 2022 (MT-NLG) / data/README.md sec. 2.1: TP=8, PP=35, DP=8 on 280 nodes.
     "mtnlg_530b": ("examples/models/mtnlg_530b.py", _dgx_a100(280), 1920, "fp16", "explicit",
                    {"tp": 8, "pp": 35, "dp": 8, "mbs": 1, "recompute": "full"}),
     # BigScience 2022 (BLOOM, arXiv 2211.05100 sec. 3.4): 48 DGX A100 nodes, TP=4, PP=12, DP=8,

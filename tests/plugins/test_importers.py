@@ -9,6 +9,7 @@ from autoplan.cli import app
 from autoplan.errors import PlanFileError
 from autoplan.plugins import export_plan
 from autoplan.plugins.importers import read_run
+from tests.extras import require
 
 TINY = "examples/models/tiny_gpt.py"
 DGX1 = "examples/clusters/dgx-a100-x1.yaml"
@@ -76,7 +77,7 @@ MIXTRAL = "examples/models/hf_mixtral_tiny.py"
     ("torchtitan", "torchtitan_args.txt", "fsdp", {"tp": 1, "pp": 1, "mbs": 1, "zero": 2, "ep": 2}),
 ])
 def test_expert_parallel_degree_round_trips(tmp_path, target, filename, runtime, pins):
-    pytest.importorskip("transformers")
+    require("transformers")
     planned = autoplan.estimate(MIXTRAL, DGX1, pins, seq_len=256, global_batch=16, runtime=runtime)
     export_plan(planned, target, tmp_path)
     imported = autoplan.estimate(MIXTRAL, DGX1, read_run(tmp_path / filename), seq_len=256,
@@ -88,7 +89,7 @@ def test_expert_parallel_degree_round_trips(tmp_path, target, filename, runtime,
 
 @pytest.mark.parametrize("target", ["deepspeed", "accelerate", "torchrun", "colossalai"])
 def test_targets_without_expert_parallelism_refuse_it(tmp_path, target):
-    pytest.importorskip("transformers")
+    require("transformers")
     from autoplan.errors import ExportError
     planned = autoplan.estimate(MIXTRAL, DGX1, {"tp": 1, "pp": 1, "ep": 2}, seq_len=256,
                                 global_batch=16)
