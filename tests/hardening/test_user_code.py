@@ -58,3 +58,23 @@ def test_import_errors_name_the_file_and_exit_2(tmp_path):
                                       "--global-batch", "8"])
     assert result.exit_code == 2
     assert "no GPU here" in result.stderr and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("where", ["import", "build_model"])
+def test_sys_exit_in_model_py_is_one_paragraph_not_a_traceback(tmp_path, where):
+    body = ("import sys\nsys.exit(3)\ndef build_model():\n    return nn.Linear(4, 4)\n"
+            if where == "import" else
+            "import sys\ndef build_model():\n    sys.exit('done')\n")
+    result = CliRunner().invoke(app, ["solve", str(write(tmp_path, body)), DGX1, "--seq-len",
+                                      "64", "--global-batch", "8"])
+    assert result.exit_code == 2, result.output
+    assert "sys.exit(" in result.stderr and "must not exit" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_a_segfault_in_model_py_is_reported_as_a_crash_not_as_memory(tmp_path):
+    path = write(tmp_path, "import ctypes\ndef build_model():\n"
+                           "    ctypes.string_at(0)\n    return nn.Linear(4, 4)\n")
+    with pytest.raises(ModelFileError, match="SIGSEGV") as error:
+        autoplan.load_model(path).trace(64)
+    assert "memory" not in str(error.value)
