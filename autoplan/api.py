@@ -278,7 +278,8 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
         InfeasibleError: nothing qualifies; the message names the conflicting requirements.
     """
     opts = as_options(options)
-    model, cluster = load_model(model), load_cluster(cluster)
+    model = load_model(model, trace_time_limit_s=opts.trace_timeout or DEFAULT_TRACE_TIME_LIMIT_S)
+    cluster = load_cluster(cluster)
     batches = global_batches(global_batch if global_batch is not None else opts.global_batch)
     seq_len, _, precision, runtime = _settings(None, seq_len, (batches or [0])[0], precision,
                                                runtime)
@@ -507,7 +508,7 @@ def place_for_inference(model, cluster, *, context_len: int, batch: int = 1,
 
 
 def verify(model, plan_or_result: Plan | Result | str | Path, *, steps: int = 5,
-           seq_len: int | None = None) -> dict:
+           seq_len: int | None = None, trace_time_limit_s: float | None = None) -> dict:
     """Train ``plan_or_result`` on CPU, one gloo process per rank, next to a single-process
     reference with the same weights and batches; return losses and per-rank memory.
 
@@ -516,6 +517,8 @@ def verify(model, plan_or_result: Plan | Result | str | Path, *, steps: int = 5,
         plan_or_result: a :class:`Result` (or the path of ``solve --json`` output) or a bare
             :class:`Plan`, which then needs ``seq_len``.
         steps: optimizer steps to run.
+        trace_time_limit_s: how long model.py may take to import and trace (the default of
+            :func:`load_model` when None).
 
     Returns:
         The ``autoplan verify --json`` document (see :mod:`autoplan.verify.runner`).
@@ -542,7 +545,7 @@ def verify(model, plan_or_result: Plan | Result | str | Path, *, steps: int = 5,
             "verify runs a plan on one kind of CPU rank; this plan puts its stages on node "
             "groups of a heterogeneous cluster. Verify its layer split with `autoplan export "
             "--target torchrun` on the cluster, or solve for one group to verify here.")
-    loaded = load_model(model)
+    loaded = load_model(model, trace_time_limit_s=trace_time_limit_s or DEFAULT_TRACE_TIME_LIMIT_S)
     cluster = load_cluster(result.cluster if result and result.cluster else {
         "gpu": "a100-sxm4-80gb", "nodes": 1, "gpus_per_node": plan.world_size,
         "intra_node": {"link": "nvswitch", "bandwidth": "300GB/s"}})
@@ -603,12 +606,14 @@ def sweep(model, cluster, *, over, base=None, time_limit_s: float | None = None,
 
 
 def sweep_file(path: str | Path, *, workers: int | None = None, ray_address: str | None = None,
-               progress=None) -> dict:
-    """Run a sweep YAML (examples/sweeps/*.yaml)."""
+               progress=None, trace_time_limit_s: float | None = None) -> dict:
+    """Run a sweep YAML (examples/sweeps/*.yaml); ``trace_time_limit_s`` as in :func:`load_model`."""
     from autoplan import sweep as sweeps
 
     spec = sweeps.load_sweep_spec(path)
-    return sweep(spec.model, spec.cluster, over=spec.over, base=spec.base,
+    model = load_model(spec.model,
+                       trace_time_limit_s=trace_time_limit_s or DEFAULT_TRACE_TIME_LIMIT_S)
+    return sweep(model, spec.cluster, over=spec.over, base=spec.base,
                  time_limit_s=spec.time_limit_s, workers=workers,
                  price_per_gpu_hour=spec.price_per_gpu_hour, train_tokens=spec.train_tokens,
                  ray_address=ray_address, progress=progress)

@@ -13,6 +13,7 @@ Example::
     global_batch: [256, 512]     # or {min: 256, max: 1024}: the solver picks it
     tp_within_node: true
     forbid_offload: true
+    trace_timeout: 300           # seconds model.py may take to import and trace (default 120)
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class SolveOptions(BaseModel):
     global_batch: int | list[int] | BatchRange | None = None
     tp_within_node: bool = False
     forbid_offload: bool = False
+    trace_timeout: float | None = Field(default=None, gt=0)
 
 
 def global_batches(value: int | list[int] | BatchRange | dict | None) -> list[int] | None:

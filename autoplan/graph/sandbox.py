@@ -94,7 +94,9 @@ def run_guarded(fn: Callable, *args: Any, what: str,
             raise ModelFileError(
                 f"{what} did not finish within {time_limit_s:g} s and was stopped. build_model() "
                 "and the forward pass must not loop or wait; on the meta device they take "
-                "seconds even for trillion-parameter models.")
+                "seconds even for trillion-parameter models. If yours really needs longer, raise "
+                "the limit: --trace-timeout SECONDS (options file: trace_timeout; Python: "
+                "autoplan.load_model(path, trace_time_limit_s=...)).")
         kind, payload = parent.recv()
     except EOFError:
         process.join(timeout=5)

@@ -78,3 +78,30 @@ def test_a_segfault_in_model_py_is_reported_as_a_crash_not_as_memory(tmp_path):
     with pytest.raises(ModelFileError, match="SIGSEGV") as error:
         autoplan.load_model(path).trace(64)
     assert "memory" not in str(error.value)
+
+
+LOOPING = "def build_model():\n    while True:\n        pass\n"
+
+
+@pytest.mark.parametrize("command", [
+    ["solve", "{model}", DGX1, "--seq-len", "64", "--global-batch", "8"],
+    ["estimate", "{model}", DGX1, "--seq-len", "64", "--global-batch", "8"],
+    ["trace", "{model}", "--seq-len", "64"],
+    ["infer", "{model}", DGX1, "--context-len", "64"],
+])
+def test_trace_timeout_flag_stops_a_looping_model_and_says_how_to_raise_it(tmp_path, command):
+    path = write(tmp_path, LOOPING)
+    args = [a.format(model=path) for a in command] + ["--trace-timeout", "1.5"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "did not finish within 1.5 s" in result.stderr
+    assert "--trace-timeout SECONDS" in result.stderr and "Traceback" not in result.output
+
+
+def test_trace_timeout_options_key_stops_a_looping_model(tmp_path):
+    options = tmp_path / "options.yaml"
+    options.write_text("trace_timeout: 1.5\n")
+    result = CliRunner().invoke(app, ["solve", str(write(tmp_path, LOOPING)), DGX1, "--seq-len",
+                                      "64", "--global-batch", "8", "--options", str(options)])
+    assert result.exit_code == 2, result.output
+    assert "did not finish within 1.5 s" in result.stderr and "trace_timeout" in result.stderr
