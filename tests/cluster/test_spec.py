@@ -119,9 +119,9 @@ def test_a_one_gpu_cluster_needs_no_intra_node_link(tmp_path):
     path = tmp_path / "one.yaml"
     path.write_text(ONE_GPU)
     assert load_cluster(path).cluster.num_gpus == 1
+    tiny = str(EXAMPLES.parent / "models" / "tiny_gpt.py")
     for command in (["topo", str(path)],
-                    ["solve", str(EXAMPLES.parent / "models" / "tiny_gpt.py"), str(path), "--seq-len", "64",
-                     "--global-batch", "4"]):
+                    ["solve", tiny, str(path), "--seq-len", "64", "--global-batch", "4"]):
         result = CliRunner().invoke(app, command)
         assert result.exit_code == 0, result.output
 
