@@ -22,7 +22,7 @@ from autoplan.costmodels.profiles import (ComputeProfile, RuntimeProfile, comput
 from autoplan.costmodels.groups import check_groups, on_groups_in_order
 from autoplan.costmodels.step import Problem
 from autoplan.costmodels.step import estimate as estimate_plan
-from autoplan.errors import ConstraintError, ModelFileError, PlanFileError
+from autoplan.errors import ClusterSpecError, ConstraintError, ModelFileError, PlanFileError
 from autoplan.files import refuse_existing
 from autoplan.graph.layer_graph import LayerGraph
 from autoplan.graph.loader import ModelSource, load_model_source
@@ -38,7 +38,8 @@ from autoplan.search.solver import solve_search
 from autoplan.search.space import (
     balanced_stages, check_ep, check_pins, dp_options, pipeline_schedule,
 )
-from autoplan.options import as_options, global_batches, merge_options, options_mem_limit
+from autoplan.options import (as_options, global_batches, merge_options, options_mem_limit,
+                              validated)
 from autoplan.training import (
     DEFAULT_PLACEMENT, AttentionKernel, Constraints, Pins, Precision, Runtime, TrainingSpec,
 )
@@ -111,6 +112,9 @@ def load_model(path_or_module: str | Path | types.ModuleType | Model, *,
         return path_or_module
     if isinstance(path_or_module, types.ModuleType):
         return Model(path_or_module, trace_time_limit_s)
+    if not isinstance(path_or_module, (str, Path)):
+        raise ModelFileError(f"model: expected the path of a model.py, an imported module or a "
+                             f"Model; got {type(path_or_module).__name__}.")
     path = Path(path_or_module)
     if not path.is_file():
         raise ModelFileError(f"{path}: no such file; pass the path of a model.py.")
@@ -121,6 +125,9 @@ def load_cluster(path_or_dict: str | Path | Mapping | LoadedCluster) -> LoadedCl
     """Load and validate a cluster.yaml (path) or an equivalent mapping."""
     if isinstance(path_or_dict, LoadedCluster):
         return path_or_dict
+    if not isinstance(path_or_dict, (str, Path, Mapping)):
+        raise ClusterSpecError(f"cluster: expected the path of a cluster.yaml or a mapping; got "
+                               f"{type(path_or_dict).__name__}.")
     source = dict(path_or_dict) if isinstance(path_or_dict, Mapping) else path_or_dict
     spec = load_cluster_spec(source)
     return LoadedCluster(resolve(spec), spec.model_dump(mode="json", exclude_none=True))
@@ -186,13 +193,11 @@ def runtime_with(runtime: RuntimeProfile, settings: Mapping[str, Any] | None) ->
 
 def _training(seq_len: int, global_batch: int, precision: str, runtime: str,
               attention: str) -> TrainingSpec:
-    try:
-        return TrainingSpec(seq_len=seq_len, global_batch=global_batch,
-                            precision=_choice(Precision, precision, "--precision"),
-                            runtime=_choice(Runtime, runtime, "--runtime"),
-                            attention=_choice(AttentionKernel, attention, "attention"))
-    except ValueError as err:
-        raise ConstraintError(f"training settings: {err}".replace("\n", " ")) from None
+    return validated(TrainingSpec, {
+        "seq_len": seq_len, "global_batch": global_batch,
+        "precision": _choice(Precision, precision, "--precision"),
+        "runtime": _choice(Runtime, runtime, "--runtime"),
+        "attention": _choice(AttentionKernel, attention, "attention")}, "training settings")
 
 
 def _choice(enum, value: str, name: str):
@@ -206,10 +211,7 @@ def _choice(enum, value: str, name: str):
 def _pins(pins: Mapping[str, Any] | Pins | None) -> Pins:
     if isinstance(pins, Pins):
         return pins
-    try:
-        return Pins(**dict(pins or {}))
-    except ValueError as err:
-        raise ConstraintError(f"pins: {err}".replace("\n", " ")) from None
+    return validated(Pins, pins or {}, "pins")
 
 
 def _result(problem: Problem, model: Model, cluster: LoadedCluster, plan: Plan, est,
@@ -500,6 +502,9 @@ def place_for_inference(model, cluster, *, context_len: int, batch: int = 1,
                         mem_limit=None) -> InferencePlacement:
     """A Hugging Face ``device_map`` (module name -> GPU index) that fits the model for
     inference with ``context_len`` tokens of KV cache, and the predicted time per token."""
+    if context_len < 1 or batch < 1:
+        raise ConstraintError(f"context_len {context_len} and batch {batch}: both must be at "
+                              "least 1.")
     model, cluster = load_model(model), load_cluster(cluster)
     require_homogeneous(cluster.cluster, "inference placement")
     graph = model.trace(min(context_len, 2048))
@@ -592,8 +597,8 @@ def sweep(model, cluster, *, over, base=None, time_limit_s: float | None = None,
     start = time.perf_counter()
     model, cluster = load_model(model), load_cluster(cluster)
     require_homogeneous(cluster.cluster, "sweep")
-    axes = over if isinstance(over, sweeps.Axes) else _validated(sweeps.Axes, over, "over")
-    base = base if isinstance(base, sweeps.PointInputs) else _validated(
+    axes = over if isinstance(over, sweeps.Axes) else validated(sweeps.Axes, over, "over")
+    base = base if isinstance(base, sweeps.PointInputs) else validated(
         sweeps.PointInputs, base or {}, "base")
     inputs = sweeps.points(base, axes)
     rows = sweeps.run_points(model, cluster, inputs,
@@ -617,13 +622,6 @@ def sweep_file(path: str | Path, *, workers: int | None = None, ray_address: str
                  time_limit_s=spec.time_limit_s, workers=workers,
                  price_per_gpu_hour=spec.price_per_gpu_hour, train_tokens=spec.train_tokens,
                  ray_address=ray_address, progress=progress)
-
-
-def _validated(schema, values: Mapping, what: str):
-    try:
-        return schema.model_validate(dict(values))
-    except ValueError as err:
-        raise ConstraintError(f"{what}: {err}".replace("\n", " ")) from None
 
 
 def explain(result: Result | str | Path, model, *, pins=None):
