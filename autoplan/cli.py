@@ -120,6 +120,14 @@ TRACE_TIMEOUT = typer.Option(
          f"{api.DEFAULT_TRACE_TIME_LIMIT_S:g} s).")
 
 
+def _read_run(path: Path) -> api.ImportedRun:
+    """The setup of --from FILE; what was inferred from fields it leaves out goes to stderr."""
+    run = api.read_run(path)
+    for note in run.notes:
+        stderr.print(f"note: {path.name}: {note}", highlight=False, soft_wrap=True)
+    return run
+
+
 def _model(path: Path, trace_timeout: Optional[float]):
     """model.py with --trace-timeout when given; else the path (the options file's
     trace_timeout, or the default, then applies)."""
@@ -168,7 +176,7 @@ def solve(
     current = None
     if from_file is not None:
         current = _run(lambda: api.estimate(
-            model, cluster, api.read_run(from_file), seq_len=seq_len, global_batch=global_batch,
+            model, cluster, _read_run(from_file), seq_len=seq_len, global_batch=global_batch,
             mem_limit=mem_limit, runtime=runtime, precision=precision, profile=profile))
         training = current.training
         seq_len, global_batch = training.seq_len, training.global_batch
@@ -217,7 +225,7 @@ def estimate(
     def plan():
         if from_file is None:
             return pins
-        run = api.read_run(from_file)  # pins on the command line override the file's
+        run = _read_run(from_file)  # pins on the command line override the file's
         return dataclasses.replace(run, pins={**run.pins, **pins})
 
     model = _model(model, trace_timeout)
