@@ -258,7 +258,17 @@ class TrainingInfo(BaseModel):
     runtime: str
 
 
-class Result(BaseModel):
+class CalibrationNote(BaseModel):
+    """The ``--profile`` of ``calibrate --runs`` a result was costed with: the parameters it
+    set and why they may not hold here (another GPU or runtime, far outside its scale)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    profile: str
+    parameters: dict[str, float]
+    warnings: list[str] = []
+
+
+class Result(OmitsDefaults):
     """What ``autoplan.solve`` returns; ``model_dump()`` is the CLI's ``--json`` document.
 
     ``model``, ``cluster`` (the cluster.yaml mapping as validated) and ``training`` make the
@@ -273,6 +283,9 @@ class Result(BaseModel):
     cluster: dict | None = None
     training: TrainingInfo | None = None
     runners_up: list[ShapeRunnerUp] | None = None
+    calibration: CalibrationNote | None = None
+    """Set when costed with a ``calibrate --runs`` profile (left out of the JSON otherwise)."""
+    _omitted_defaults: ClassVar[dict[str, object]] = {"calibration": None}
 
     @property
     def status(self) -> str:
