@@ -24,7 +24,8 @@ from autoplan.costmodels.groups import check_groups, on_groups_in_order
 from autoplan.costmodels.parameters import with_parameters
 from autoplan.costmodels.step import Problem
 from autoplan.costmodels.step import estimate as estimate_plan
-from autoplan.errors import AutoplanError, ConstraintError, ModelFileError, PlanFileError
+from autoplan.errors import (AutoplanError, ClusterSpecError, ConstraintError, ModelFileError,
+                             PlanFileError)
 from autoplan.files import refuse_existing
 from autoplan.graph.layer_graph import LayerGraph
 from autoplan.graph.loader import ModelSource, load_model_source
@@ -41,7 +42,8 @@ from autoplan.search.space import (
     balanced_stages, check_ep, check_pins, dp_options, pipeline_schedule,
 )
 from autoplan.run_profile import RunsProfile
-from autoplan.options import as_options, global_batches, merge_options, options_mem_limit
+from autoplan.options import (as_options, global_batches, merge_options, options_mem_limit,
+                              validated)
 from autoplan.training import (
     DEFAULT_PLACEMENT, AttentionKernel, Constraints, FrozenDtype, Optimizer, Pins, Precision,
     Runtime, TrainingSpec,
@@ -115,6 +117,9 @@ def load_model(path_or_module: str | Path | types.ModuleType | Model, *,
         return path_or_module
     if isinstance(path_or_module, types.ModuleType):
         return Model(path_or_module, trace_time_limit_s)
+    if not isinstance(path_or_module, (str, Path)):
+        raise ModelFileError(f"model: expected the path of a model.py, an imported module or a "
+                             f"Model; got {type(path_or_module).__name__}.")
     path = Path(path_or_module)
     if not path.is_file():
         raise ModelFileError(f"{path}: no such file; pass the path of a model.py.")
@@ -125,6 +130,9 @@ def load_cluster(path_or_dict: str | Path | Mapping | LoadedCluster) -> LoadedCl
     """Load and validate a cluster.yaml (path) or an equivalent mapping."""
     if isinstance(path_or_dict, LoadedCluster):
         return path_or_dict
+    if not isinstance(path_or_dict, (str, Path, Mapping)):
+        raise ClusterSpecError(f"cluster: expected the path of a cluster.yaml or a mapping; got "
+                               f"{type(path_or_dict).__name__}.")
     source = dict(path_or_dict) if isinstance(path_or_dict, Mapping) else path_or_dict
     spec = load_cluster_spec(source)
     return LoadedCluster(resolve(spec), spec.model_dump(mode="json", exclude_none=True))
@@ -204,16 +212,14 @@ def runtime_with(runtime: RuntimeProfile, settings: Mapping[str, Any] | None) ->
 def _training(seq_len: int, global_batch: int, precision: str, runtime: str,
               attention: str, optimizer: str | None = None,
               frozen_dtype: str | None = None) -> TrainingSpec:
-    try:
-        return TrainingSpec(seq_len=seq_len, global_batch=global_batch,
-                            precision=_choice(Precision, precision, "--precision"),
-                            runtime=_choice(Runtime, runtime, "--runtime"),
-                            attention=_choice(AttentionKernel, attention, "attention"),
-                            optimizer=_choice(Optimizer, optimizer or "adamw", "--optimizer"),
-                            frozen_dtype=frozen_dtype and _choice(FrozenDtype, frozen_dtype,
-                                                                  "--frozen-dtype"))
-    except ValueError as err:
-        raise ConstraintError(f"training settings: {err}".replace("\n", " ")) from None
+    return validated(TrainingSpec, {
+        "seq_len": seq_len, "global_batch": global_batch,
+        "precision": _choice(Precision, precision, "--precision"),
+        "runtime": _choice(Runtime, runtime, "--runtime"),
+        "attention": _choice(AttentionKernel, attention, "attention"),
+        "optimizer": _choice(Optimizer, optimizer or "adamw", "--optimizer"),
+        "frozen_dtype": frozen_dtype and _choice(FrozenDtype, frozen_dtype, "--frozen-dtype")},
+        "training settings")
 
 
 def _choice(enum, value: str, name: str):
@@ -227,10 +233,7 @@ def _choice(enum, value: str, name: str):
 def _pins(pins: Mapping[str, Any] | Pins | None) -> Pins:
     if isinstance(pins, Pins):
         return pins
-    try:
-        return Pins(**dict(pins or {}))
-    except ValueError as err:
-        raise ConstraintError(f"pins: {err}".replace("\n", " ")) from None
+    return validated(Pins, pins or {}, "pins")
 
 
 def calibration_note(profile: Profile | None, problem: Problem, plan: Plan
@@ -318,7 +321,8 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
         InfeasibleError: nothing qualifies; the message names the conflicting requirements.
     """
     opts = as_options(options)
-    model, cluster, profile = load_model(model), load_cluster(cluster), _loaded_profile(profile)
+    model = load_model(model, trace_time_limit_s=opts.trace_timeout or DEFAULT_TRACE_TIME_LIMIT_S)
+    cluster, profile = load_cluster(cluster), _loaded_profile(profile)
     batches = global_batches(global_batch if global_batch is not None else opts.global_batch)
     seq_len, _, precision, runtime = _settings(None, seq_len, (batches or [0])[0], precision,
                                                runtime)
@@ -548,6 +552,9 @@ def place_for_inference(model, cluster, *, context_len: int, batch: int = 1,
                         mem_limit=None) -> InferencePlacement:
     """A Hugging Face ``device_map`` (module name -> GPU index) that fits the model for
     inference with ``context_len`` tokens of KV cache, and the predicted time per token."""
+    if context_len < 1 or batch < 1:
+        raise ConstraintError(f"context_len {context_len} and batch {batch}: both must be at "
+                              "least 1.")
     model, cluster = load_model(model), load_cluster(cluster)
     require_homogeneous(cluster.cluster, "inference placement")
     graph = model.trace(min(context_len, 2048))
@@ -556,7 +563,7 @@ def place_for_inference(model, cluster, *, context_len: int, batch: int = 1,
 
 
 def verify(model, plan_or_result: Plan | Result | str | Path, *, steps: int = 5,
-           seq_len: int | None = None) -> dict:
+           seq_len: int | None = None, trace_time_limit_s: float | None = None) -> dict:
     """Train ``plan_or_result`` on CPU, one gloo process per rank, next to a single-process
     reference with the same weights and batches; return losses and per-rank memory.
 
@@ -565,6 +572,8 @@ def verify(model, plan_or_result: Plan | Result | str | Path, *, steps: int = 5,
         plan_or_result: a :class:`Result` (or the path of ``solve --json`` output) or a bare
             :class:`Plan`, which then needs ``seq_len``.
         steps: optimizer steps to run.
+        trace_time_limit_s: how long model.py may take to import and trace (the default of
+            :func:`load_model` when None).
 
     Returns:
         The ``autoplan verify --json`` document (see :mod:`autoplan.verify.runner`).
@@ -591,7 +600,7 @@ def verify(model, plan_or_result: Plan | Result | str | Path, *, steps: int = 5,
             "verify runs a plan on one kind of CPU rank; this plan puts its stages on node "
             "groups of a heterogeneous cluster. Verify its layer split with `autoplan export "
             "--target torchrun` on the cluster, or solve for one group to verify here.")
-    loaded = load_model(model)
+    loaded = load_model(model, trace_time_limit_s=trace_time_limit_s or DEFAULT_TRACE_TIME_LIMIT_S)
     cluster = load_cluster(result.cluster if result and result.cluster else {
         "gpu": "a100-sxm4-80gb", "nodes": 1, "gpus_per_node": plan.world_size,
         "intra_node": {"link": "nvswitch", "bandwidth": "300GB/s"}})
@@ -639,8 +648,8 @@ def sweep(model, cluster, *, over, base=None, time_limit_s: float | None = None,
     start = time.perf_counter()
     model, cluster = load_model(model), load_cluster(cluster)
     require_homogeneous(cluster.cluster, "sweep")
-    axes = over if isinstance(over, sweeps.Axes) else _validated(sweeps.Axes, over, "over")
-    base = base if isinstance(base, sweeps.PointInputs) else _validated(
+    axes = over if isinstance(over, sweeps.Axes) else validated(sweeps.Axes, over, "over")
+    base = base if isinstance(base, sweeps.PointInputs) else validated(
         sweeps.PointInputs, base or {}, "base")
     inputs = sweeps.points(base, axes)
     rows = sweeps.run_points(model, cluster, inputs,
@@ -654,22 +663,17 @@ def sweep(model, cluster, *, over, base=None, time_limit_s: float | None = None,
 
 
 def sweep_file(path: str | Path, *, workers: int | None = None, ray_address: str | None = None,
-               progress=None, profile=None) -> dict:
-    """Run a sweep YAML (examples/sweeps/*.yaml)."""
+               progress=None, profile=None, trace_time_limit_s: float | None = None) -> dict:
+    """Run a sweep YAML (examples/sweeps/*.yaml); ``trace_time_limit_s`` as in :func:`load_model`."""
     from autoplan import sweep as sweeps
 
     spec = sweeps.load_sweep_spec(path)
-    return sweep(spec.model, spec.cluster, over=spec.over, base=spec.base,
+    model = load_model(spec.model,
+                       trace_time_limit_s=trace_time_limit_s or DEFAULT_TRACE_TIME_LIMIT_S)
+    return sweep(model, spec.cluster, over=spec.over, base=spec.base,
                  time_limit_s=spec.time_limit_s, workers=workers,
                  price_per_gpu_hour=spec.price_per_gpu_hour, train_tokens=spec.train_tokens,
                  ray_address=ray_address, progress=progress, profile=profile)
-
-
-def _validated(schema, values: Mapping, what: str):
-    try:
-        return schema.model_validate(dict(values))
-    except ValueError as err:
-        raise ConstraintError(f"{what}: {err}".replace("\n", " ")) from None
 
 
 def explain(result: Result | str | Path, model, *, pins=None, profile=None):

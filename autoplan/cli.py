@@ -119,6 +119,26 @@ PROFILE = typer.Option(None, "--profile", help="A profile YAML from `autoplan ca
                        "replaces the catalog's compute efficiencies (or, from `calibrate "
                        "--runs`, the parameters fitted to your runs).")
 JSON = typer.Option(False, "--json", help="Print one JSON document and nothing else.")
+TRACE_TIMEOUT = typer.Option(
+    None, "--trace-timeout", min=0.1, metavar="SECONDS",
+    help=f"Stop importing and tracing model.py after this long (default "
+         f"{api.DEFAULT_TRACE_TIME_LIMIT_S:g} s).")
+
+
+def _read_run(path: Path) -> api.ImportedRun:
+    """The setup of --from FILE; what was inferred from fields it leaves out goes to stderr."""
+    run = api.read_run(path)
+    for note in run.notes:
+        stderr.print(f"note: {path.name}: {note}", highlight=False, soft_wrap=True)
+    return run
+
+
+def _model(path: Path, trace_timeout: Optional[float]):
+    """model.py with --trace-timeout when given; else the path (the options file's
+    trace_timeout, or the default, then applies)."""
+    if trace_timeout is None:
+        return path
+    return _run(lambda: api.load_model(path, trace_time_limit_s=trace_timeout))
 
 
 @app.command()
@@ -142,14 +162,15 @@ def solve(
     explain: bool = typer.Option(False, "--explain", help="Also say why this plan (see `explain`)."),
     options: Optional[Path] = typer.Option(
         None, "--options", help="YAML of objective, pins, bounds, mem_limit, max_gpus, "
-        "global_batch, tp_within_node, forbid_offload, optimizer, frozen_dtype; flags given "
-        "here win."),
+        "global_batch, tp_within_node, forbid_offload, optimizer, frozen_dtype, trace_timeout; "
+        "flags given here win."),
     objective: Optional[str] = typer.Option(
         None, "--objective", help="time (default), gpus, cost, or a lexicographic list: gpus,time."),
     min_tokens_per_s: Optional[float] = typer.Option(
         None, "--min-tokens-per-s", min=0, help="Throughput every plan must reach."),
     price: Optional[float] = typer.Option(
         None, "--gpu-hour-price", min=0, help="$ per GPU-hour for --objective cost (default 2)."),
+    trace_timeout: Optional[float] = TRACE_TIMEOUT,
 ) -> None:
     """Find the fastest plan that fits in memory (or the fewest GPUs, or the cheapest, with
     --objective); given options pin those dimensions. With --from, also price the setup you run
@@ -158,10 +179,11 @@ def solve(
                  placement, ep)
     if export is not None and out is None:  # before the solve, which may take minutes
         _fail(_NO_OUT)
+    model = _model(model, trace_timeout)
     current = None
     if from_file is not None:
         current = _run(lambda: api.estimate(
-            model, cluster, api.read_run(from_file), seq_len=seq_len, global_batch=global_batch,
+            model, cluster, _read_run(from_file), seq_len=seq_len, global_batch=global_batch,
             mem_limit=mem_limit, runtime=runtime, precision=precision, profile=profile,
             optimizer=optimizer, frozen_dtype=frozen_dtype))
         training = current.training
@@ -202,7 +224,7 @@ def estimate(
     mem_limit: Optional[str] = MEM_LIMIT, runtime: Optional[str] = RUNTIME,
     precision: Optional[str] = PRECISION, profile: Optional[Path] = PROFILE,
     optimizer: Optional[str] = OPTIMIZER, frozen_dtype: Optional[str] = FROZEN_DTYPE,
-    as_json: bool = JSON,
+    as_json: bool = JSON, trace_timeout: Optional[float] = TRACE_TIMEOUT,
 ) -> None:
     """Evaluate one plan. Unset dimensions default to tp=pp=cp=1, dp = the most GPUs left that
     divide the global batch, mbs=1, ZeRO-0, no recompute, no SP, no interleaving, no offload."""
@@ -212,9 +234,10 @@ def estimate(
     def plan():
         if from_file is None:
             return pins
-        run = api.read_run(from_file)  # pins on the command line override the file's
+        run = _read_run(from_file)  # pins on the command line override the file's
         return dataclasses.replace(run, pins={**run.pins, **pins})
 
+    model = _model(model, trace_timeout)
     result = _run(lambda: api.estimate(
         model, cluster, plan(), seq_len=seq_len, global_batch=global_batch, mem_limit=mem_limit,
         runtime=runtime, precision=precision, profile=profile, optimizer=optimizer,
@@ -228,9 +251,10 @@ def trace(
     seq_len: int = typer.Option(2048, "--seq-len", help="Tokens per sequence."),
     batch: int = typer.Option(1, "--batch", min=1, help="Sequences (figures scale linearly)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    trace_timeout: Optional[float] = TRACE_TIMEOUT,
 ) -> None:
     """Print the traced layer table of a model."""
-    graph = _run(lambda: api.load_model(model).trace(seq_len))
+    graph = _run(lambda: api.load_model(_model(model, trace_timeout)).trace(seq_len))
     document = api.trace_document(graph, batch)
     if as_json:
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
@@ -285,11 +309,12 @@ def verify_cmd(
     model: Path = MODEL,
     plan_json: Path = typer.Argument(..., help="What `autoplan solve --json` printed."),
     steps: int = typer.Option(5, "--steps", min=1, help="Training steps to run."),
-    as_json: bool = JSON,
+    as_json: bool = JSON, trace_timeout: Optional[float] = TRACE_TIMEOUT,
 ) -> None:
     """Run a plan on CPU (one gloo process per rank) next to a single-process reference and
     compare losses and per-rank memory."""
-    document = _run(lambda: api.verify(model, plan_json, steps=steps))
+    document = _run(lambda: api.verify(model, plan_json, steps=steps,
+                                       trace_time_limit_s=trace_timeout))
     if as_json:
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
         return
@@ -321,7 +346,7 @@ def sweep_cmd(
     out: Optional[Path] = typer.Option(None, "--out", help="Folder for sweep.csv, sweep.json and plots."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing files in --out."),
     profile: Optional[Path] = PROFILE,
-    as_json: bool = JSON,
+    as_json: bool = JSON, trace_timeout: Optional[float] = TRACE_TIMEOUT,
 ) -> None:
     """Solve a grid of inputs in parallel; print the best plan per point and the Pareto fronts."""
     from rich.progress import Progress
@@ -338,10 +363,11 @@ def sweep_cmd(
         progress = lambda done, total: bar.update(task, completed=done, total=total)  # noqa: E731
         if cluster is None:
             doc = _run(lambda: api.sweep_file(source, workers=workers, ray_address=ray,
-                                              progress=progress, profile=profile))
+                                              progress=progress, profile=profile,
+                                              trace_time_limit_s=trace_timeout))
         else:
             doc = _run(lambda: api.sweep(
-                source, cluster, over=_run(lambda: sweeps.parse_over(over)), base=base,
+                _model(source, trace_timeout), cluster, over=_run(lambda: sweeps.parse_over(over)), base=base,
                 time_limit_s=time_limit, workers=workers, price_per_gpu_hour=price,
                 train_tokens=train_tokens, ray_address=ray, progress=progress,
                 profile=profile))
@@ -361,11 +387,12 @@ def explain_cmd(
     plots: Optional[Path] = typer.Option(None, "--plots", help="Folder for memory and placement plots."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing plots in --plots."),
     profile: Optional[Path] = PROFILE,
-    as_json: bool = JSON,
+    as_json: bool = JSON, trace_timeout: Optional[float] = TRACE_TIMEOUT,
 ) -> None:
     """Why this plan: binding constraint, runners-up per TP/PP shape, what-ifs and warnings."""
     result = _run(lambda: api.load_result(plan_json))
-    _emit_explanation(_run(lambda: api.explain(result, model, profile=profile)), as_json)
+    _emit_explanation(_run(lambda: api.explain(result, _model(model, trace_timeout),
+                                               profile=profile)), as_json)
     if plots is not None:
         for path in _run(lambda: api.plot_plan(result, plots, force=force)):
             stderr.print(f"wrote {path}")
@@ -386,9 +413,10 @@ def infer_cmd(
                                     help="Tokens of context (prompt plus generated) to hold in the KV cache."),
     batch: int = typer.Option(1, "--batch", min=1, help="Sequences generated together."),
     mem_limit: Optional[str] = MEM_LIMIT, as_json: bool = JSON,
+    trace_timeout: Optional[float] = TRACE_TIMEOUT,
 ) -> None:
     """Inference placement: a Hugging Face device_map and the predicted time per generated token."""
-    placement = _run(lambda: api.place_for_inference(model, cluster, context_len=context_len,
+    placement = _run(lambda: api.place_for_inference(_model(model, trace_timeout), cluster, context_len=context_len,
                                                      batch=batch, mem_limit=mem_limit))
     if as_json:
         sys.stdout.write(json.dumps(placement.model_dump(mode="json"), indent=2) + "\n")

@@ -15,11 +15,13 @@ Example::
     forbid_offload: true
     optimizer: adamw8bit         # adamw (default), adamw8bit or sgd
     frozen_dtype: nf4            # frozen Linear weights: bf16, fp16, int8, nf4 (QLoRA)
+    trace_timeout: 300           # seconds model.py may take to import and trace (default 120)
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Mapping
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -68,6 +70,7 @@ class SolveOptions(BaseModel):
     forbid_offload: bool = False
     optimizer: Optimizer | None = None
     frozen_dtype: FrozenDtype | None = None
+    trace_timeout: float | None = Field(default=None, gt=0)
 
 
 def global_batches(value: int | list[int] | BatchRange | dict | None) -> list[int] | None:
@@ -75,11 +78,12 @@ def global_batches(value: int | list[int] | BatchRange | dict | None) -> list[in
     if value is None:
         return None
     if isinstance(value, dict):
-        value = BatchRange(**value)
+        value = validated(BatchRange, value, "global_batch")
     if isinstance(value, BatchRange):
         return value.values()
-    values = [value] if isinstance(value, int) else list(value)
-    if not values or any(v < 1 for v in values):
+    listed = isinstance(value, (list, tuple))
+    values = [value] if isinstance(value, int) else list(value) if listed else []
+    if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
         raise ConstraintError("global_batch: give a positive integer, a list of them, or "
                               "{min: 256, max: 1024}.")
     return sorted(set(values))
@@ -102,10 +106,8 @@ def load_options(path: str | Path) -> SolveOptions:
     except yaml.YAMLError as err:
         raise ConstraintError(f"{path}: not valid YAML ({err}).") from None
     except ValidationError as err:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'file'}: {e['msg']}"
-                             for e in err.errors())
-        raise ConstraintError(f"{path}: {problems}. Keys: {', '.join(SolveOptions.model_fields)}."
-                              ) from None
+        raise ConstraintError(f"{path}: {field_problems(err)}. Keys: "
+                              f"{', '.join(SolveOptions.model_fields)}.") from None
 
 
 def as_options(options: SolveOptions | dict | str | Path | None) -> SolveOptions:
@@ -115,7 +117,10 @@ def as_options(options: SolveOptions | dict | str | Path | None) -> SolveOptions
     if isinstance(options, SolveOptions):
         return options
     if isinstance(options, dict):
-        return _validated(SolveOptions, options, "options")
+        return validated(SolveOptions, options, "options")
+    if not isinstance(options, (str, Path)):
+        raise ConstraintError(f"options: expected a SolveOptions, a mapping or the path of an "
+                              f"options YAML; got {type(options).__name__}.")
     return load_options(options)
 
 
@@ -146,22 +151,34 @@ def merge_options(opts: SolveOptions, cluster: Cluster, *, pins: Pins, bounds=No
     if bounds is None:
         bounds = opts.bounds
     elif not isinstance(bounds, Bounds):
-        bounds = _validated(Bounds, bounds, "bounds")
+        bounds = validated(Bounds, bounds, "bounds")
     if tp_within_node if tp_within_node is not None else opts.tp_within_node:
         bounds = with_node_limit(bounds, cluster.gpus_per_node)
     terms = objective if objective is not None else opts.objective or ObjectiveTerm.TIME
     terms = [terms] if isinstance(terms, (str, ObjectiveTerm)) else list(terms)
-    goal = _validated(Objective, {
+    goal = validated(Objective, {
         "terms": [t.strip() if isinstance(t, str) else t for t in terms],
         "min_tokens_per_s": min_tokens_per_s or opts.min_tokens_per_s,
         "price_per_gpu_hour": price_per_gpu_hour or opts.price_per_gpu_hour or 2.0}, "objective")
-    return Constraints(pins=_validated(Pins, merged, "pins"), bounds=bounds,
-                       max_gpus=max_gpus or opts.max_gpus, objective=goal,
-                       **({"time_limit_s": time_limit_s} if time_limit_s else {}))
+    return validated(Constraints, {
+        "pins": validated(Pins, merged, "pins"), "bounds": bounds,
+        "max_gpus": max_gpus if max_gpus is not None else opts.max_gpus, "objective": goal,
+        **({"time_limit_s": time_limit_s} if time_limit_s else {})}, "solve settings")
 
 
-def _validated(schema, values: dict, what: str):
+def validated(schema, values: Mapping, what: str):
+    """``schema`` built from the caller's ``values``; anything wrong is one ConstraintError
+    naming each bad field (the message the CLI prints)."""
+    if not isinstance(values, Mapping):
+        raise ConstraintError(f"{what}: expected a mapping of names to values; got "
+                              f"{type(values).__name__}.")
     try:
         return schema.model_validate(dict(values))
     except ValidationError as err:
-        raise ConstraintError(f"{what}: {err}".replace("\n", " ")) from None
+        raise ConstraintError(f"{what}: {field_problems(err)}.") from None
+
+
+def field_problems(err: ValidationError) -> str:
+    """``loc: message`` of each problem, without pydantic's type codes and links."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}"
+                     for e in err.errors())

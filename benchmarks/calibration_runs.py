@@ -1,6 +1,6 @@
 """Calibrate on three measured runs per model, judge on the rest (prints; not a test).
 
-Data: the 52 llm-foundry H100 rows of shared/data/more_runs.csv (LLMF-H100-01..52, MPT 760M to
+Data: the 52 llm-foundry H100 rows of data/more_runs.csv (LLMF-H100-01..52, MPT 760M to
 70B, PyTorch FSDP FULL_SHARD, 8-64 H100 GPUs), copied verbatim into
 tests/data/calibration/llmf_h100/more_runs_llmf_h100.csv and converted to runs.csv there (row
 k+1 of runs.csv is LLMF-H100-k). For each model the calibration takes its first, middle and

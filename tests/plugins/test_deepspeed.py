@@ -10,11 +10,12 @@ import pytest
 
 from autoplan.errors import ExportError
 from autoplan.plugins.deepspeed import deepspeed_config, render
+from tests.extras import require
 from tests.plugins.plans import changed, load_plan
 
-dist = pytest.importorskip("deepspeed.comm")
-ds_config = pytest.importorskip("deepspeed.runtime.config")
-runner = pytest.importorskip("deepspeed.launcher.runner")
+dist = require("deepspeed.comm")
+ds_config = require("deepspeed.runtime.config")
+runner = require("deepspeed.launcher.runner")
 
 DEEPSPEED_PLANS = ["llama8b_zero3_offload_1gpu", "gpt13b_ethernet_10g"]
 

@@ -1,5 +1,5 @@
 """MPT-30b as in llm-foundry's scripts/train/yamls/pretrain/mpt-30b.yaml (rows
-LLMF-H100-03, LLMF-H100-04, LLMF-H100-05, LLMF-H100-06, LLMF-H100-07, LLMF-H100-08 of shared/data/more_runs.csv): 48 layers,
+LLMF-H100-03, LLMF-H100-04, LLMF-H100-05, LLMF-H100-06, LLMF-H100-07, LLMF-H100-08 of data/more_runs.csv): 48 layers,
 d_model 7168, 56 heads, MLP 28672, vocabulary 50368, ALiBi, tied embeddings.
 Built with the zoo GPT (its Linears carry biases; MPT's do not: about 0.1% more parameters)."""
 

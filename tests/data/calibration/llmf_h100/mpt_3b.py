@@ -1,5 +1,5 @@
 """MPT-3b as in llm-foundry's scripts/train/yamls/pretrain/mpt-3b.yaml (rows
-LLMF-H100-23, LLMF-H100-24, LLMF-H100-25, LLMF-H100-26, LLMF-H100-27, LLMF-H100-28, LLMF-H100-29, LLMF-H100-30, LLMF-H100-31, LLMF-H100-32 of shared/data/more_runs.csv): 32 layers,
+LLMF-H100-23, LLMF-H100-24, LLMF-H100-25, LLMF-H100-26, LLMF-H100-27, LLMF-H100-28, LLMF-H100-29, LLMF-H100-30, LLMF-H100-31, LLMF-H100-32 of data/more_runs.csv): 32 layers,
 d_model 2560, 20 heads, MLP 10240, vocabulary 50368, ALiBi, tied embeddings.
 Built with the zoo GPT (its Linears carry biases; MPT's do not: about 0.1% more parameters)."""
 

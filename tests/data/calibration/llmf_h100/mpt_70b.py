@@ -1,5 +1,5 @@
 """MPT-70b as in llm-foundry's scripts/train/yamls/pretrain/mpt-70b.yaml (rows
-LLMF-H100-01, LLMF-H100-02 of shared/data/more_runs.csv): 80 layers,
+LLMF-H100-01, LLMF-H100-02 of data/more_runs.csv): 80 layers,
 d_model 8192, 64 heads, MLP 32768, vocabulary 50368, ALiBi, tied embeddings.
 Built with the zoo GPT (its Linears carry biases; MPT's do not: about 0.1% more parameters)."""
 

@@ -1,5 +1,5 @@
 """MPT-760m as in llm-foundry's scripts/train/yamls/pretrain/mpt-760m.yaml (rows
-LLMF-H100-44, LLMF-H100-45, LLMF-H100-46, LLMF-H100-47, LLMF-H100-48, LLMF-H100-49, LLMF-H100-50, LLMF-H100-51, LLMF-H100-52 of shared/data/more_runs.csv): 24 layers,
+LLMF-H100-44, LLMF-H100-45, LLMF-H100-46, LLMF-H100-47, LLMF-H100-48, LLMF-H100-49, LLMF-H100-50, LLMF-H100-51, LLMF-H100-52 of data/more_runs.csv): 24 layers,
 d_model 1536, 12 heads, MLP 6144, vocabulary 50368, ALiBi, tied embeddings.
 Built with the zoo GPT (its Linears carry biases; MPT's do not: about 0.1% more parameters)."""
 

@@ -1,5 +1,5 @@
 """MPT-7b as in llm-foundry's scripts/train/yamls/pretrain/mpt-7b.yaml (rows
-LLMF-H100-17, LLMF-H100-18, LLMF-H100-19, LLMF-H100-20, LLMF-H100-21, LLMF-H100-22 of shared/data/more_runs.csv): 32 layers,
+LLMF-H100-17, LLMF-H100-18, LLMF-H100-19, LLMF-H100-20, LLMF-H100-21, LLMF-H100-22 of data/more_runs.csv): 32 layers,
 d_model 4096, 32 heads, MLP 16384, vocabulary 50368, ALiBi, tied embeddings.
 Built with the zoo GPT (its Linears carry biases; MPT's do not: about 0.1% more parameters)."""
 
