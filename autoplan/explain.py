@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from autoplan.cluster.topology import GroupLinks
 from autoplan.costmodels.step import Problem, axis_links, limit_mib, memory_mib
-from autoplan.plan import Offload, Plan, Result
+from autoplan.plan import Offload, Plan, Result, one_line
 from autoplan.plugins.colossalai_tp import compare_tp_modes
 from autoplan.search.runners_up import best_by_shape
 from autoplan.search.solver import Table
@@ -88,19 +88,6 @@ UNLIMITED_BYTES = float(2**62)
 """A memory limit nothing reaches: the table of what would be fastest if memory were free."""
 
 
-def summary(plan: Plan) -> str:
-    """A one-line plan name, e.g. ``TP8 PP4 DP2 ZeRO-1 mbs1 selective recompute SP``."""
-    text = (f"TP{plan.tp} PP{plan.pp} DP{plan.dp} ZeRO-{plan.zero_stage} "
-            f"mbs{plan.micro_batch_size} {plan.recompute.value} recompute")
-    if plan.sequence_parallel:
-        text += " SP"
-    if plan.vpp > 1:
-        text += f" VPP{plan.vpp}"
-    if plan.offload is not Offload.NONE:
-        text += f" offload {plan.offload.value}"
-    return text
-
-
 def _key(plan: Plan) -> tuple:
     return tuple(sorted(plan.model_dump(mode="json", exclude={"stages"}).items())) + (plan.stages,)
 
@@ -145,7 +132,7 @@ def binding(table: Table, problem: Problem, row: int, pins: Pins) -> str:
     limit = limit_mib(problem)
     fest = free.estimate(fastest)
     if memory_mib(free.peak_bytes[fastest]) <= limit:
-        return (f"pins: the fastest candidate, {summary(free.plans[fastest])}, would take "
+        return (f"pins: the fastest candidate, {one_line(free.plans[fastest])}, would take "
                 f"{fest.step_time_s:.3f} s and fits, but the pins exclude it; {own}.")
     faster = [r for r in range(len(free)) if free.key(r) < table.key(row)
               and memory_mib(free.peak_bytes[r]) > limit]
@@ -154,9 +141,9 @@ def binding(table: Table, problem: Problem, row: int, pins: Pins) -> str:
     stage = max(range(len(nest.stage_memory_gib)), key=lambda s: nest.stage_memory_gib[s])
     limit_gib = problem.mem_limit_bytes / 2**30
     return (f"memory: {len(faster)} faster candidates do not fit (the fastest, "
-            f"{summary(free.plans[fastest])}, {1 - fest.step_time_s / est.step_time_s:.1%} "
+            f"{one_line(free.plans[fastest])}, {1 - fest.step_time_s / est.step_time_s:.1%} "
             f"faster, needs {fest.peak_memory_gib:.0f} GiB); the nearest miss, "
-            f"{summary(free.plans[nearest])}, would take {nest.step_time_s:.3f} s "
+            f"{one_line(free.plans[nearest])}, would take {nest.step_time_s:.3f} s "
             f"({1 - nest.step_time_s / est.step_time_s:.1%} faster) but needs "
             f"{nest.peak_memory_gib:.1f} GiB on pipeline stage {stage} (limit "
             f"{limit_gib:.1f} GiB); {own}.")
@@ -196,7 +183,7 @@ def runners_up(table: Table, chosen: int, *, count: int = 8) -> list[RunnerUp]:
     out = []
     for shape in shapes:
         row = best[shape]
-        out.append(RunnerUp(tp=shape[0], pp=shape[1], plan=summary(table.plans[row]),
+        out.append(RunnerUp(tp=shape[0], pp=shape[1], plan=one_line(table.plans[row]),
                             step_time_s=table.step_times_s[row],
                             slower_by=table.step_times_s[row] / base - 1,
                             peak_memory_gib=table.peak_bytes[row] / 2**30, fits=True))
@@ -214,7 +201,7 @@ def _what_if(change: str, problem: Problem, pins: Pins, chosen: Plan, base_s: fl
     if row is None:
         return WhatIf(change=change, plan=None, step_time_s=None, speedup=None, plan_changes=True)
     plan, step_s = table.plans[row], table.step_times_s[row]
-    return WhatIf(change=change, plan=summary(plan), step_time_s=step_s,
+    return WhatIf(change=change, plan=one_line(plan), step_time_s=step_s,
                   speedup=base_s / step_s - 1, plan_changes=_key(plan) != _key(chosen))
 
 
@@ -311,10 +298,10 @@ def explain_plan(problem: Problem, result: Result, pins: Pins = Pins()) -> Expla
     notes = []
     best = best_row(table)
     if best is not None and table.step_times_s[best] < result.estimate.step_time_s * (1 - 1e-6):
-        notes.append(f"not the fastest fitting plan: {summary(table.plans[best])} takes "
+        notes.append(f"not the fastest fitting plan: {one_line(table.plans[best])} takes "
                      f"{table.step_times_s[best]:.3f} s; was the plan pinned?")
     return Explanation(
-        plan=summary(result.plan), step_time_s=result.estimate.step_time_s,
+        plan=one_line(result.plan), step_time_s=result.estimate.step_time_s,
         binding=binding(table, problem, chosen, pins), bottleneck=bottleneck(problem, result),
         runners_up=runners_up(table, chosen),
         what_ifs=what_ifs(problem, result.plan, result.estimate.step_time_s, pins),

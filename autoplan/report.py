@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autoplan.costmodels.comm import network_note
-from autoplan.plan import Result
+from autoplan.plan import Result, degrees
 
 
 def _kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
@@ -67,8 +67,7 @@ def plan_table(result: Result) -> Table:
     total = _cluster_gpus(result)
     of_total = f" of {total}" if total and total != p.world_size else ""
     return _kv_table("Plan", [
-        ("TP x PP x DP (x CP)", f"{p.tp} x {p.pp} x {p.dp}" + (f" x {p.cp}" if p.cp > 1 else "")
-         + f" = {p.world_size}{of_total} GPUs"),
+        ("parallelism", f"{degrees(p)} = {p.world_size}{of_total} GPUs"),
         ("micro-batch", f"{p.micro_batch_size} x {p.num_microbatches} micro-batches "
          f"(global batch {p.global_batch_size})"),
         ("ZeRO stage", str(p.zero_stage)),
@@ -153,10 +152,10 @@ def runners_up_table(result: Result, count: int = 6) -> Table:
     """The best plan of each other (TP, PP) shape and how much slower it is."""
     table = Table(title="Runners-up (best plan of each other TP x PP shape)",
                   title_justify="left")
-    for column in ("TP", "PP", "DP", "step s", "slower"):
-        table.add_column(column, justify="right")
+    for column in ("plan", "step s", "slower"):
+        table.add_column(column, justify="left" if column == "plan" else "right")
     for u in result.runners_up[:count]:
-        table.add_row(str(u.tp), str(u.pp), str(u.dp), f"{u.step_time_s:.3f}",
+        table.add_row(u.plan or f"TP{u.tp} x PP{u.pp} x DP{u.dp}", f"{u.step_time_s:.3f}",
                       f"{u.slower_by:+.1%}")
     return table
 
