@@ -12,6 +12,7 @@ import functools
 import math
 from dataclasses import dataclass
 from itertools import product
+from typing import Iterable
 
 from autoplan.costmodels.experts import common_expert_count
 from autoplan.errors import ConstraintError
@@ -58,6 +59,35 @@ class Shape:
 
     def num_microbatches(self, global_batch: int) -> int:
         return global_batch // (self.dp * self.mbs)
+
+
+def family_of(shape: Shape) -> tuple:
+    """What a shape's memory per GPU depends on besides its data-parallel degree, micro-batch
+    and rank placement (see leanest_members)."""
+    return shape.tp, shape.pp, shape.cp, shape.vpp, shape.ep
+
+
+def leanest_members(shapes_: Iterable[Shape]) -> dict[tuple, list[Shape]]:
+    """Per family (family_of), the shapes no other shape of the family beats in memory: with
+    the rest fixed, more data parallelism never needs more memory per GPU (fewer micro-batches
+    in flight, ZeRO shards over more ranks), a smaller micro-batch never more (activations
+    scale with it) and the placement none at all. So these are the shapes of largest DP for
+    each smallest micro-batch (the Pareto front); if none of them fits, no member does
+    (checked by enumeration in tests/search/test_pruning.py)."""
+    smallest: dict[tuple, dict[int, Shape]] = {}
+    for shape in shapes_:
+        by_dp = smallest.setdefault(family_of(shape), {})
+        if shape.dp not in by_dp or shape.mbs < by_dp[shape.dp].mbs:
+            by_dp[shape.dp] = shape
+    front: dict[tuple, list[Shape]] = {}
+    for family, by_dp in smallest.items():
+        members, least_mbs = [], math.inf
+        for dp in sorted(by_dp, reverse=True):
+            if by_dp[dp].mbs < least_mbs:
+                members.append(by_dp[dp])
+                least_mbs = by_dp[dp].mbs
+        front[family] = members
+    return front
 
 
 def divisors(n: int) -> list[int]:
