@@ -211,7 +211,8 @@ def _result(problem: Problem, model: Model, cluster: LoadedCluster, plan: Plan, 
         layer_kinds=tuple(l.kind.value for l in graph.layers),
         **({k: getattr(dims, k) for k in (
             "hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_hidden_size",
-            "vocab_size", "gated_mlp", "rmsnorm", "rotary", "tied_embeddings", "linear_bias")}
+            "vocab_size", "gated_mlp", "rmsnorm", "rotary", "tied_embeddings", "linear_bias",
+            "rope_theta", "rope_scaling_type", "rope_scaling_factor", "norm_eps")}
            if dims else {}),
         **_moe_info(graph),
     )

@@ -277,8 +277,15 @@ class ModelInfo(OmitsDefaults):
     """Experts per MoE layer (Megatron's --num-experts); None for a dense model, and then left
     out of the JSON like ``moe_top_k``."""
     moe_top_k: int | None = None
+    rope_theta: float | None = None
+    """Rotary base (Llama 3: 500000), when the model states it; exported as --rotary-base."""
+    rope_scaling_type: str | None = None  # e.g. "llama3"; None: no scaling
+    rope_scaling_factor: float | None = None
+    norm_eps: float | None = None  # epsilon of the norms (--norm-epsilon)
 
-    _omitted_defaults: ClassVar[dict[str, object]] = {"num_experts": None, "moe_top_k": None}
+    _omitted_defaults: ClassVar[dict[str, object]] = {
+        "num_experts": None, "moe_top_k": None, "rope_theta": None, "rope_scaling_type": None,
+        "rope_scaling_factor": None, "norm_eps": None}
 
 
 class TrainingInfo(BaseModel):

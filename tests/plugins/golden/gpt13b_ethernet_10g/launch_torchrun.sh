@@ -12,6 +12,8 @@
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 : "${MODEL_PY:?set MODEL_PY to the model.py the plan was made for}"
+export NCCL_IB_DISABLE=1
+export NCCL_SOCKET_IFNAME=eth0
 NNODES=2
 NPROC_PER_NODE=8
 MASTER_ADDR="${MASTER_ADDR:-192.168.1.11}"

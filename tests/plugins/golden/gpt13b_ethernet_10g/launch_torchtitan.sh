@@ -13,6 +13,8 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 : "${TORCHTITAN_MODULE:?set TORCHTITAN_MODULE to a torchtitan model, e.g. llama3}"
 : "${TORCHTITAN_CONFIG:?set TORCHTITAN_CONFIG to its config, e.g. llama3_8b}"
+export NCCL_IB_DISABLE=1
+export NCCL_SOCKET_IFNAME=eth0
 NNODES=2
 NPROC_PER_NODE=8
 MASTER_ADDR="${MASTER_ADDR:-192.168.1.11}"
