@@ -23,7 +23,10 @@ from autoplan.plan import Offload, Recompute, Result
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan tensor/pipeline/data parallelism for training a PyTorch model.")
-stdout = Console()
+PIPED_WIDTH = 1000
+"""Columns for output into a pipe or file, which has no width: rich would take 80 and cut
+wide tables (the trace's layer names); a terminal keeps its own width."""
+stdout = Console(width=None if sys.stdout.isatty() else PIPED_WIDTH)
 stderr = Console(stderr=True)
 
 

@@ -15,16 +15,15 @@ from dataclasses import replace
 from pydantic import BaseModel, ConfigDict
 
 from autoplan.cluster.topology import GroupLinks
+from autoplan.costmodels.comm import SLOW_NETWORK_BPS
 from autoplan.costmodels.step import Problem, axis_links, limit_mib, memory_mib
 from autoplan.plan import Offload, Plan, Result, one_line
 from autoplan.plugins.colossalai_tp import compare_tp_modes
 from autoplan.search.runners_up import best_by_shape
 from autoplan.search.solver import Table
 from autoplan.training import Pins
+from autoplan.units import format_seconds
 
-SLOW_NETWORK_BPS = 100e9 / 8
-"""Below 100 Gb/s per node-to-node path ZeRO-3's per-micro-batch gathers dominate (DESIGN.md:
-a 65B model over 10 Gb/s Ethernet spends minutes per step on communication)."""
 POOR_SCALING = 0.7
 """Per-GPU throughput under 70% of one node's: a healthy run scales close to linearly."""
 LOW_HEADROOM = 0.05
@@ -145,8 +144,19 @@ def binding(table: Table, problem: Problem, row: int, pins: Pins) -> str:
             f"faster, needs {fest.peak_memory_gib:.0f} GiB); the nearest miss, "
             f"{one_line(free.plans[nearest])}, would take {nest.step_time_s:.3f} s "
             f"({1 - nest.step_time_s / est.step_time_s:.1%} faster) but needs "
-            f"{nest.peak_memory_gib:.1f} GiB on pipeline stage {stage} (limit "
-            f"{limit_gib:.1f} GiB); {own}.")
+            f"{_over(nest.peak_memory_gib, limit_gib)} on pipeline stage {stage}; {own}.")
+
+
+def _over(need_gib: float, limit_gib: float) -> str:
+    """``81.3 GiB (limit 80.0 GiB)`` with as many decimals as it takes for the two to differ
+    (a near miss is over by MiBs, which one decimal rounds away), and the excess."""
+    digits = 1
+    while digits < 4 and f"{need_gib:.{digits}f}" == f"{limit_gib:.{digits}f}":
+        digits += 1
+    excess = (need_gib - limit_gib) * 1024
+    return (f"{need_gib:.{digits}f} GiB (limit {limit_gib:.1f} GiB, "
+            f"{excess:,.0f} MiB over)" if excess < 1024 else
+            f"{need_gib:.{digits}f} GiB (limit {limit_gib:.1f} GiB)")
 
 
 def bottleneck(problem: Problem, result: Result) -> str:
@@ -313,7 +323,7 @@ def render(explanation: Explanation, console) -> None:
     from rich.table import Table as RichTable
 
     e = explanation
-    console.print(f"[bold]Why {e.plan}[/] ({e.step_time_s:.3f} s per step)")
+    console.print(f"[bold]Why {e.plan}[/] ({format_seconds(e.step_time_s)} per step)")
     console.print(f"[bold]binding:[/] {e.binding}", soft_wrap=True)
     console.print(f"[bold]bottleneck:[/] {e.bottleneck}", soft_wrap=True)
     table = RichTable(title="Runners-up (best plan of each other TP x PP shape)",

@@ -6,8 +6,10 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from autoplan.costmodels.comm import network_note
+from autoplan.cluster.spec import load_cluster_spec, resolve
+from autoplan.costmodels.comm import network_note, slow_link_note
 from autoplan.plan import Result, degrees
+from autoplan.units import format_count, format_seconds
 
 
 def _kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
@@ -87,7 +89,7 @@ def estimate_table(result: Result) -> Table:
     e = result.estimate
     status = "fits" if e.feasible else "DOES NOT FIT"
     return _kv_table("Predicted", [
-        ("step time", f"{e.step_time_s:.3f} s"),
+        ("step time", format_seconds(e.step_time_s)),
         ("throughput", f"{e.tokens_per_s:,.0f} tokens/s"),
         ("per GPU", f"{e.model_tflops_per_gpu:.1f} model TFLOP/s, "
          f"{e.hardware_tflops_per_gpu:.1f} hardware TFLOP/s, MFU {e.mfu:.1%}"),
@@ -115,6 +117,12 @@ def _breakdown_table(title: str, values: dict[str, float], unit: str, total: flo
     return table
 
 
+def _slow_link(result: Result) -> str | None:
+    if not result.cluster:
+        return None
+    return slow_link_note(resolve(load_cluster_spec(result.cluster)), result.plan.world_size)
+
+
 def solver_text(result: Result) -> Text:
     s = result.solver
     goal = "" if s.objective_terms == ("time",) else (
@@ -135,7 +143,7 @@ def render(result: Result, console: Console) -> None:
     e = result.estimate
     title = f"autoplan: {result.model.name if result.model else 'model'}"
     if result.model:
-        title += f" ({result.model.num_params / 1e9:.2f}B parameters)"
+        title += f" ({format_count(result.model.num_params)} parameters)"
     console.print(Text(title, style="bold"))
     console.print(Group(
         plan_table(result), "", estimate_table(result), "",
@@ -143,6 +151,7 @@ def render(result: Result, console: Console) -> None:
                          e.peak_memory_gib),
         _breakdown_table("Step time", e.time_breakdown_s, "s", e.step_time_s),
         *([Text(note, style="yellow")] if (note := network_note(e)) else []),
+        *([Text(note, style="yellow")] if (note := _slow_link(result)) else []),
         solver_text(result),
         *([runners_up_table(result)] if result.runners_up else []),
     ))
