@@ -87,3 +87,14 @@ def test_the_solve_report_lists_runners_up_by_their_one_liner():
                                       "--global-batch", "16", "--cp", "2"])
     assert result.exit_code == 0, result.output
     assert "x CP2, mbs" in result.output.split("Runners-up")[1]
+
+
+def test_the_memory_figure_has_whole_stage_ticks_and_the_one_liner(monkeypatch, tmp_path):
+    from autoplan import plots
+    result = api.estimate(TINY, DGX1, {"pp": 3, "dp": 2}, seq_len=256, global_batch=16)
+    kept = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: kept.setdefault("fig", fig))
+    plots.memory_per_stage(result, tmp_path / "m.png")
+    ax = kept["fig"].axes[0]
+    assert list(ax.get_xticks()) == [0, 1, 2]
+    assert ax.get_title() == f"tiny_gpt: {one_line(result.plan)}"
