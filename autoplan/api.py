@@ -382,8 +382,8 @@ def check_plan_matches(problem: Problem, plan: Plan, model: Model,
         raise ConstraintError(
             f"the plan's stages cover {plan.num_layers} layers but {model.name} traces into "
             f"{len(problem.graph.layers)} (embedding, blocks, head and loss each count): the "
-            "plan does not match the model. Pass the model.py it was solved for, or solve "
-            "this model afresh.")
+            "plan does not match the model (was it made for another model?). Pass the "
+            "model.py it was solved for, or solve this model afresh.")
 
 
 def _plan_for(problem: Problem, cluster: LoadedCluster, model: Model, plan_or_pins) -> Plan:

@@ -248,9 +248,7 @@ class ShapeRunnerUp(BaseModel):
     dp: int
     step_time_s: float
     slower_by: float  # its time per token / the chosen plan's - 1 (step time for one batch)
-    plan: str | None = Field(default=None, exclude=True)
-    """Its one-line description (one_line) for the report; kept out of the JSON, whose
-    runners-up keys are fixed."""
+    plan: str | None = None  # its one-line description (one_line); None in older plan JSON
 
 
 class ModelInfo(OmitsDefaults):

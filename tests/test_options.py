@@ -132,7 +132,7 @@ def test_cli_flags_win_over_the_file(tmp_path):
     assert document["solver"]["objective_terms"] == ["gpus", "time"]
     assert isinstance(document["runners_up"], list)
     for row in document["runners_up"]:
-        assert set(row) == {"tp", "pp", "dp", "step_time_s", "slower_by"}
+        assert set(row) == {"tp", "pp", "dp", "step_time_s", "slower_by", "plan"}
 
 
 def test_cli_conflict_exits_3_naming_the_pins():
