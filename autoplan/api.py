@@ -24,9 +24,9 @@ from autoplan.costmodels.groups import check_groups, on_groups_in_order
 from autoplan.costmodels.parameters import with_parameters
 from autoplan.costmodels.step import Problem
 from autoplan.costmodels.step import estimate as estimate_plan
-from autoplan.errors import (AutoplanError, ClusterSpecError, ConstraintError, ModelFileError,
-                             PlanFileError)
-from autoplan.files import refuse_existing
+from autoplan.errors import (AutoplanError, ClusterSpecError, ConstraintError, ExportError,
+                             ModelFileError, OutputExistsError, PlanFileError)
+from autoplan.files import check_writable_folder, refuse_existing, write_errors_as
 from autoplan.graph.layer_graph import LayerGraph
 from autoplan.graph.loader import ModelSource, load_model_source
 from autoplan.graph.sandbox import DEFAULT_TIME_LIMIT_S as DEFAULT_TRACE_TIME_LIMIT_S
@@ -39,16 +39,15 @@ from autoplan.plugins.importers import ImportedRun, read_run  # noqa: F401 (API)
 from autoplan.search.hetero import solve_on_groups
 from autoplan.search.solver import solve_search
 from autoplan.search.space import (
-    balanced_stages, check_ep, check_pins, dp_options, pipeline_schedule,
+    balanced_stages, check_ep, check_pins, check_tp, dp_options, pipeline_schedule,
 )
 from autoplan.run_profile import RunsProfile
-from autoplan.options import (as_options, global_batches, merge_options, options_mem_limit,
-                              validated)
+from autoplan.options import (as_options, global_batches, mem_limit_bytes, merge_options,
+                              options_mem_limit, validated)
 from autoplan.training import (
-    DEFAULT_PLACEMENT, AttentionKernel, Constraints, FrozenDtype, Optimizer, Pins, Precision,
+    DEFAULT_PLACEMENT, AttentionKernel, FrozenDtype, Optimizer, Pins, Precision,
     Runtime, TrainingSpec,
 )
-from autoplan.units import parse_quantity
 
 DEFAULT_TIME_LIMIT_S = 60.0
 
@@ -138,16 +137,6 @@ def load_cluster(path_or_dict: str | Path | Mapping | LoadedCluster) -> LoadedCl
     return LoadedCluster(resolve(spec), spec.model_dump(mode="json", exclude_none=True))
 
 
-def _mem_limit_bytes(mem_limit: str | float | None, cluster: Cluster) -> float:
-    """The user's per-GPU cap, else the largest GPU's memory (each node group's stages are
-    also held to their own GPU's memory: Problem.on_group)."""
-    if mem_limit is None:
-        return max(g.gpu.memory_bytes for g in cluster.groups or (cluster,))
-    if isinstance(mem_limit, (int, float)) and not isinstance(mem_limit, bool):
-        return float(mem_limit)
-    return parse_quantity(mem_limit, "memory", field="--mem-limit")
-
-
 Profile = ComputeProfile | RunsProfile
 
 
@@ -187,7 +176,7 @@ def make_problem(model: Model, cluster: LoadedCluster, training: TrainingSpec,
         graph=graph, cluster=cluster.cluster, training=training,
         runtime=runtime,
         compute=_compute(cluster.cluster, profile),
-        mem_limit_bytes=_mem_limit_bytes(mem_limit, cluster.cluster),
+        mem_limit_bytes=mem_limit_bytes(mem_limit, cluster.cluster),
     )
     if isinstance(profile, RunsProfile):
         return with_parameters(problem, profile.parameters)
@@ -257,7 +246,8 @@ def _result(problem: Problem, model: Model, cluster: LoadedCluster, plan: Plan, 
         layer_kinds=tuple(l.kind.value for l in graph.layers),
         **({k: getattr(dims, k) for k in (
             "hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_hidden_size",
-            "vocab_size", "gated_mlp", "rmsnorm", "rotary", "tied_embeddings", "linear_bias")}
+            "vocab_size", "gated_mlp", "rmsnorm", "rotary", "tied_embeddings", "linear_bias",
+            "rope_theta", "rope_scaling_type", "rope_scaling_factor", "norm_eps")}
            if dims else {}),
         **_moe_info(graph),
     )
@@ -421,15 +411,34 @@ def _check_ep_cluster(cluster: LoadedCluster, ep: int | None) -> None:
             "yet; leave --ep unset or plan on one node group.")
 
 
+def check_plan_matches(problem: Problem, plan: Plan, model: Model,
+                       info: ModelInfo | None = None) -> None:
+    """Refuse a plan made for another model: its stages must cover the traced layers and the
+    model section of its JSON (``info``, when there is one) must count the same parameters.
+
+    Raises:
+        ConstraintError: saying what differs.
+    """
+    graph = problem.graph
+    if info is not None and info.num_params != graph.num_params:
+        raise ConstraintError(
+            f"the plan was made for {info.name} ({info.num_params:,} parameters) but "
+            f"{model.name} has {graph.num_params:,}: the plan does not match the model. Pass "
+            "the model.py it was solved for, or solve this model afresh.")
+    if plan.num_layers != len(graph.layers):
+        raise ConstraintError(
+            f"the plan's stages cover {plan.num_layers} layers but {model.name} traces into "
+            f"{len(problem.graph.layers)} (embedding, blocks, head and loss each count): the "
+            "plan does not match the model (was it made for another model?). Pass the "
+            "model.py it was solved for, or solve this model afresh.")
+
+
 def _plan_for(problem: Problem, cluster: LoadedCluster, model: Model, plan_or_pins) -> Plan:
     """The plan to estimate: a Plan checked against the problem, or pins (from the caller or an
     imported configuration) completed with the documented defaults."""
     if isinstance(plan_or_pins, Plan):
-        if plan_or_pins.num_layers != len(problem.graph.layers):
-            raise ConstraintError(
-                f"the plan's stages cover {plan_or_pins.num_layers} layers but {model.name} "
-                f"traces into {len(problem.graph.layers)} (embedding, blocks, head and loss each "
-                "count); was the plan made for another model?")
+        check_plan_matches(problem, plan_or_pins, model)
+        check_tp(problem.graph, plan_or_pins.tp, world=cluster.cluster.num_gpus)
         if plan_or_pins.world_size > cluster.cluster.num_gpus:
             raise ConstraintError(f"the plan needs {plan_or_pins.world_size} GPUs but the "
                                   f"cluster has {cluster.cluster.num_gpus}.")
@@ -559,7 +568,7 @@ def place_for_inference(model, cluster, *, context_len: int, batch: int = 1,
     require_homogeneous(cluster.cluster, "inference placement")
     graph = model.trace(min(context_len, 2048))
     return inference_placement(graph, cluster.cluster, context_len=context_len, batch=batch,
-                               mem_limit_bytes=_mem_limit_bytes(mem_limit, cluster.cluster))
+                               mem_limit_bytes=mem_limit_bytes(mem_limit, cluster.cluster))
 
 
 def verify(model, plan_or_result: Plan | Result | str | Path, *, steps: int = 5,
@@ -698,9 +707,11 @@ def explain(result: Result | str | Path, model, *, pins=None, profile=None):
                          t.optimizer, t.frozen_dtype)
     cluster = load_cluster(result.cluster)
     require_homogeneous(cluster.cluster, "explain")
+    model = load_model(model)
     profile = _loaded_profile(profile)
-    problem = make_problem(load_model(model), cluster, training,
+    problem = make_problem(model, cluster, training,
                            result.estimate.memory_limit_gib * 2**30, profile=profile)
+    check_plan_matches(problem, result.plan, model, result.model)
     explanation = explain_plan(problem, result, _pins(pins))
     note = calibration_note(profile, problem, result.plan)
     if note is None or not note.warnings:
@@ -720,26 +731,40 @@ def write_sweep(doc: dict, folder: str | Path, *, force: bool = False) -> list[P
 
     folder = Path(folder)
     figures = any(p["plan"] for p in doc["points"])
-    if not force:
-        check_sweep_out(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    written = [sweeps.write_csv(doc, folder / "sweep.csv"), sweeps.write_json(doc, folder / "sweep.json")]
-    if figures:
-        written += plots.sweep_figures(doc, folder)
+    check_sweep_out(folder, force=force)
+    with write_errors_as(OutputExistsError):
+        folder.mkdir(parents=True, exist_ok=True)
+        written = [sweeps.write_csv(doc, folder / "sweep.csv"),
+                   sweeps.write_json(doc, folder / "sweep.json")]
+        if figures:
+            written += plots.sweep_figures(doc, folder)
     return written
 
 
-def check_sweep_out(folder: str | Path) -> None:
-    """Refuse a ``folder`` holding any file :func:`write_sweep` may write (called before the
-    sweep runs, so a refusal costs nothing).
+def check_sweep_out(folder: str | Path, *, force: bool = False) -> None:
+    """Refuse a ``folder`` that is a file or cannot be written, or (without ``force``) holds
+    any file :func:`write_sweep` may write (called before the sweep runs, so a refusal costs
+    nothing).
 
     Raises:
-        OutputExistsError: naming the files.
+        OutputExistsError: saying what is wrong, naming the files.
     """
     from autoplan import plots
 
-    names = ["sweep.csv", "sweep.json", *(f"{n}.png" for n in plots.SWEEP_FIGURES)]
-    refuse_existing([Path(folder) / name for name in names])
+    check_writable_folder(Path(folder))
+    if not force:
+        names = ["sweep.csv", "sweep.json", *(f"{n}.png" for n in plots.SWEEP_FIGURES)]
+        refuse_existing([Path(folder) / name for name in names])
+
+
+def check_export_out(folder: str | Path) -> None:
+    """Refuse an ``--out`` folder for launch files that is a file or cannot be written (called
+    before the solve, which may take minutes).
+
+    Raises:
+        ExportError: saying what is wrong.
+    """
+    check_writable_folder(Path(folder), error=ExportError)
 
 
 def plot_plan(result: Result, folder: str | Path, *, force: bool = False) -> list[Path]:
@@ -750,9 +775,11 @@ def plot_plan(result: Result, folder: str | Path, *, force: bool = False) -> lis
     """
     from autoplan import plots
 
+    check_writable_folder(Path(folder), flag="--plots")
     if not force:
         refuse_existing([Path(folder) / f"{name}.png" for name in plots.PLAN_FIGURES])
-    return plots.plan_figures(result, folder)
+    with write_errors_as(OutputExistsError, "--plots"):
+        return plots.plan_figures(result, folder)
 
 
 def calibrate(out: str | Path, *, device: str | None = None, quick: bool = False
@@ -778,9 +805,14 @@ def draw_topology(cluster: LoadedCluster, path: str | Path, *, force: bool = Fal
     """
     from autoplan.cluster.render import draw_png
 
+    path = Path(path)
+    if path.is_dir():
+        raise OutputExistsError(f"--png {path} is a folder; give the path of the PNG file to write.")
+    check_writable_folder(path.parent, flag="--png")
     if not force:
-        refuse_existing([Path(path)])
-    return draw_png(cluster.cluster, path)
+        refuse_existing([path])
+    with write_errors_as(OutputExistsError, "--png"):
+        return draw_png(cluster.cluster, path)
 
 
 def calibrate_runs(runs: list[str | Path], out: str | Path, *, model=None, cluster=None,

@@ -23,7 +23,10 @@ from autoplan.plan import Offload, Recompute, Result
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan tensor/pipeline/data parallelism for training a PyTorch model.")
-stdout = Console()
+PIPED_WIDTH = 1000
+"""Columns for output into a pipe or file, which has no width: rich would take 80 and cut
+wide tables (the trace's layer names); a terminal keeps its own width."""
+stdout = Console(width=None if sys.stdout.isatty() else PIPED_WIDTH)
 stderr = Console(stderr=True)
 
 
@@ -177,8 +180,10 @@ def solve(
     now and say what to change."""
     pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload, recompute_num_layers,
                  placement, ep)
-    if export is not None and out is None:  # before the solve, which may take minutes
-        _fail(_NO_OUT)
+    if export is not None:  # before the solve, which may take minutes
+        if out is None:
+            _fail(_NO_OUT)
+        _run(lambda: api.check_export_out(out))
     model = _model(model, trace_timeout)
     current = None
     if from_file is not None:
@@ -287,6 +292,7 @@ def export_cmd(
 ) -> None:
     """Write launch files for a plan saved from `solve --json`."""
     result = _run(lambda: api.load_result(plan_json))
+    _run(lambda: api.check_export_out(out))
     _print_written(_export(result, to, out, force))
 
 
@@ -353,8 +359,8 @@ def sweep_cmd(
 
     from autoplan import sweep as sweeps
 
-    if out is not None and not force:  # before the sweep, which may take minutes
-        _run(lambda: api.check_sweep_out(out))
+    if out is not None:  # before the sweep, which may take minutes
+        _run(lambda: api.check_sweep_out(out, force=force))
     base = {k: v for k, v in {"seq_len": seq_len, "global_batch": global_batch,
                               "mem_limit": mem_limit, "runtime": runtime,
                               "precision": precision}.items() if v is not None}

@@ -16,17 +16,16 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from autoplan.cluster.topology import GroupLinks
+from autoplan.costmodels.comm import SLOW_NETWORK_BPS
 from autoplan.costmodels.step import Problem, axis_links, estimate, limit_mib, memory_mib
 from autoplan.graph.layer_graph import LayerGraph
-from autoplan.plan import Offload, OmitsDefaults, Plan, Result
+from autoplan.plan import Offload, OmitsDefaults, Plan, Result, one_line
 from autoplan.plugins.colossalai_tp import compare_tp_modes
 from autoplan.search.runners_up import best_by_shape
 from autoplan.search.solver import Table
 from autoplan.training import Optimizer, Pins
+from autoplan.units import format_seconds
 
-SLOW_NETWORK_BPS = 100e9 / 8
-"""Below 100 Gb/s per node-to-node path ZeRO-3's per-micro-batch gathers dominate (DESIGN.md:
-a 65B model over 10 Gb/s Ethernet spends minutes per step on communication)."""
 POOR_SCALING = 0.7
 """Per-GPU throughput under 70% of one node's: a healthy run scales close to linearly."""
 LOW_HEADROOM = 0.05
@@ -95,19 +94,6 @@ UNLIMITED_BYTES = float(2**62)
 """A memory limit nothing reaches: the table of what would be fastest if memory were free."""
 
 
-def summary(plan: Plan) -> str:
-    """A one-line plan name, e.g. ``TP8 PP4 DP2 ZeRO-1 mbs1 selective recompute SP``."""
-    text = (f"TP{plan.tp} PP{plan.pp} DP{plan.dp} ZeRO-{plan.zero_stage} "
-            f"mbs{plan.micro_batch_size} {plan.recompute.value} recompute")
-    if plan.sequence_parallel:
-        text += " SP"
-    if plan.vpp > 1:
-        text += f" VPP{plan.vpp}"
-    if plan.offload is not Offload.NONE:
-        text += f" offload {plan.offload.value}"
-    return text
-
-
 def _key(plan: Plan) -> tuple:
     return tuple(sorted(plan.model_dump(mode="json", exclude={"stages"}).items())) + (plan.stages,)
 
@@ -152,7 +138,7 @@ def binding(table: Table, problem: Problem, row: int, pins: Pins) -> str:
     limit = limit_mib(problem)
     fest = free.estimate(fastest)
     if memory_mib(free.peak_bytes[fastest]) <= limit:
-        return (f"pins: the fastest candidate, {summary(free.plans[fastest])}, would take "
+        return (f"pins: the fastest candidate, {one_line(free.plans[fastest])}, would take "
                 f"{fest.step_time_s:.3f} s and fits, but the pins exclude it; {own}.")
     faster = [r for r in range(len(free)) if free.key(r) < table.key(row)
               and memory_mib(free.peak_bytes[r]) > limit]
@@ -161,12 +147,23 @@ def binding(table: Table, problem: Problem, row: int, pins: Pins) -> str:
     stage = max(range(len(nest.stage_memory_gib)), key=lambda s: nest.stage_memory_gib[s])
     limit_gib = problem.mem_limit_bytes / 2**30
     return (f"memory: {len(faster)} faster candidates do not fit (the fastest, "
-            f"{summary(free.plans[fastest])}, {1 - fest.step_time_s / est.step_time_s:.1%} "
+            f"{one_line(free.plans[fastest])}, {1 - fest.step_time_s / est.step_time_s:.1%} "
             f"faster, needs {fest.peak_memory_gib:.0f} GiB); the nearest miss, "
-            f"{summary(free.plans[nearest])}, would take {nest.step_time_s:.3f} s "
+            f"{one_line(free.plans[nearest])}, would take {nest.step_time_s:.3f} s "
             f"({1 - nest.step_time_s / est.step_time_s:.1%} faster) but needs "
-            f"{nest.peak_memory_gib:.1f} GiB on pipeline stage {stage} (limit "
-            f"{limit_gib:.1f} GiB); {own}.")
+            f"{_over(nest.peak_memory_gib, limit_gib)} on pipeline stage {stage}; {own}.")
+
+
+def _over(need_gib: float, limit_gib: float) -> str:
+    """``81.3 GiB (limit 80.0 GiB)`` with as many decimals as it takes for the two to differ
+    (a near miss is over by MiBs, which one decimal rounds away), and the excess."""
+    digits = 1
+    while digits < 4 and f"{need_gib:.{digits}f}" == f"{limit_gib:.{digits}f}":
+        digits += 1
+    excess = (need_gib - limit_gib) * 1024
+    return (f"{need_gib:.{digits}f} GiB (limit {limit_gib:.1f} GiB, "
+            f"{excess:,.0f} MiB over)" if excess < 1024 else
+            f"{need_gib:.{digits}f} GiB (limit {limit_gib:.1f} GiB)")
 
 
 def bottleneck(problem: Problem, result: Result) -> str:
@@ -203,7 +200,7 @@ def runners_up(table: Table, chosen: int, *, count: int = 8) -> list[RunnerUp]:
     out = []
     for shape in shapes:
         row = best[shape]
-        out.append(RunnerUp(tp=shape[0], pp=shape[1], plan=summary(table.plans[row]),
+        out.append(RunnerUp(tp=shape[0], pp=shape[1], plan=one_line(table.plans[row]),
                             step_time_s=table.step_times_s[row],
                             slower_by=table.step_times_s[row] / base - 1,
                             peak_memory_gib=table.peak_bytes[row] / 2**30, fits=True))
@@ -221,7 +218,7 @@ def _what_if(change: str, problem: Problem, pins: Pins, chosen: Plan, base_s: fl
     if row is None:
         return WhatIf(change=change, plan=None, step_time_s=None, speedup=None, plan_changes=True)
     plan, step_s = table.plans[row], table.step_times_s[row]
-    return WhatIf(change=change, plan=summary(plan), step_time_s=step_s,
+    return WhatIf(change=change, plan=one_line(plan), step_time_s=step_s,
                   speedup=base_s / step_s - 1, plan_changes=_key(plan) != _key(chosen))
 
 
@@ -256,7 +253,7 @@ def _one_node(problem: Problem, pins: Pins) -> tuple[Plan, float] | None:
 
 def warnings(problem: Problem, result: Result, pins: Pins) -> list[str]:
     """What a practitioner would point out about this plan on this cluster."""
-    plan, est, cluster = result.plan, result.estimate, problem.cluster
+    plan, cluster = result.plan, problem.cluster
     out = []
     if plan.tp > cluster.gpus_per_node:
         out.append(f"TP={plan.tp} spans nodes ({cluster.gpus_per_node} GPUs per node): TP's "
@@ -351,10 +348,10 @@ def explain_plan(problem: Problem, result: Result, pins: Pins = Pins()) -> Expla
     notes = []
     best = best_row(table)
     if best is not None and table.step_times_s[best] < result.estimate.step_time_s * (1 - 1e-6):
-        notes.append(f"not the fastest fitting plan: {summary(table.plans[best])} takes "
+        notes.append(f"not the fastest fitting plan: {one_line(table.plans[best])} takes "
                      f"{table.step_times_s[best]:.3f} s; was the plan pinned?")
     return Explanation(
-        plan=summary(result.plan), step_time_s=result.estimate.step_time_s,
+        plan=one_line(result.plan), step_time_s=result.estimate.step_time_s,
         binding=binding(table, problem, chosen, pins), bottleneck=bottleneck(problem, result),
         runners_up=runners_up(table, chosen),
         what_ifs=what_ifs(problem, result.plan, result.estimate.step_time_s, pins),
@@ -367,7 +364,7 @@ def render(explanation: Explanation, console) -> None:
     from rich.table import Table as RichTable
 
     e = explanation
-    console.print(f"[bold]Why {e.plan}[/] ({e.step_time_s:.3f} s per step)")
+    console.print(f"[bold]Why {e.plan}[/] ({format_seconds(e.step_time_s)} per step)")
     console.print(f"[bold]binding:[/] {e.binding}", soft_wrap=True)
     console.print(f"[bold]bottleneck:[/] {e.bottleneck}", soft_wrap=True)
     table = RichTable(title="Runners-up (best plan of each other TP x PP shape)",

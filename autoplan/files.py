@@ -20,6 +20,33 @@ from autoplan.errors import AutoplanError, OutputExistsError
 EXECUTABLE_SUFFIXES = (".sh",)
 
 
+def check_writable_folder(folder: Path, *, flag: str = "--out",
+                          error: type[AutoplanError] = OutputExistsError) -> None:
+    """Refuse a ``folder`` that names an existing file or lies where nothing can be written
+    (a read-only mount, no permission), so that work that takes minutes is not thrown away at
+    the end. A missing folder is fine when its nearest existing parent takes new entries.
+
+    Raises:
+        AutoplanError: (``error``) saying what is wrong and what to give instead.
+    """
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise error(f"{flag} {folder} is an existing file, not a folder; give a folder (it is "
+                    "created if missing) for the files to go in.")
+    parent = folder
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise error(f"{flag} {folder}: {parent} is a file, so the folder cannot be created; "
+                    "give a folder path that is not below a file.")
+    try:
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as err:
+        raise error(f"{flag} {folder}: nothing can be written in {parent} ({err.strerror}); "
+                    "give a folder you can write to.") from None
+
+
 def refuse_existing(paths: Iterable[Path], *,
                     error: type[AutoplanError] = OutputExistsError) -> None:
     """Raise ``error`` if any of ``paths`` already exists.
@@ -68,3 +95,14 @@ def write_files(files: dict[str, str], out_dir: Path) -> list[Path]:
     overwriting was asked for."""
     out_dir = Path(out_dir)
     return [write_atomically(out_dir / name, text) for name, text in files.items()]
+
+
+@contextmanager
+def write_errors_as(error: type[AutoplanError], flag: str = "--out") -> Iterator[None]:
+    """Turn an OSError raised while writing (a disk that filled, a folder made read-only since
+    it was checked) into ``error`` with the system's reason."""
+    try:
+        yield
+    except OSError as err:
+        raise error(f"{flag}: writing {err.filename or 'a file'} failed ({err.strerror}); "
+                    "free space or give a folder you can write to.") from None

@@ -8,7 +8,7 @@ Example::
     price_per_gpu_hour: 2.5      # $ for the cost objective's report
     pins: {zero: 1}
     bounds: {tp: {max: 4}, pp: {min: 2, max: 8}}
-    mem_limit: 70GiB             # at most the GPU's memory
+    mem_limit: 70GiB             # may only lower the GPU's memory
     max_gpus: 64                 # a GPU budget: plans use at most this many
     global_batch: [256, 512]     # or {min: 256, max: 1024}: the solver picks it
     tp_within_node: true
@@ -128,11 +128,31 @@ def options_mem_limit(opts: SolveOptions, cluster: Cluster) -> float | None:
     """The file's ``mem_limit`` in bytes, which may only lower the GPU's memory."""
     if opts.mem_limit is None:
         return None
-    limit = parse_quantity(opts.mem_limit, "memory", field="mem_limit")
-    if limit > cluster.gpu.memory_bytes:
+    return mem_limit_bytes(opts.mem_limit, cluster, field="mem_limit")
+
+
+def mem_limit_bytes(value: str | float | None, cluster: Cluster, *, field: str = "--mem-limit"
+                    ) -> float:
+    """A per-GPU memory cap in bytes (a quantity like ``72GiB`` or bytes), else the largest
+    GPU's memory. One rule for the command line and the options file: a cap may only lower the
+    GPU's memory (memory beyond it does not exist, so plans "fitting" there would not run).
+
+    Raises:
+        ConstraintError: the cap exceeds the GPU's memory.
+    """
+    gpu_bytes = max(g.gpu.memory_bytes for g in cluster.groups or (cluster,))
+    if value is None:
+        return float(gpu_bytes)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        limit = float(value)
+    else:
+        limit = parse_quantity(value, "memory", field=field)
+    if limit > gpu_bytes * (1 + 1e-9):  # a limit read back from a plan JSON rounds
+        name = cluster.gpu.name if cluster.is_homogeneous else "largest GPU"
         raise ConstraintError(
-            f"mem_limit {opts.mem_limit} exceeds the {cluster.gpu.name}'s "
-            f"{cluster.gpu.memory_bytes / 2**30:.0f} GiB; it can only lower the limit.")
+            f"{field} {value if isinstance(value, str) else f'{limit / 2**30:.1f}GiB'} exceeds "
+            f"the {name}'s {gpu_bytes / 2**30:.1f} GiB; it can only lower the limit. Give at "
+            f"most {gpu_bytes / 2**30:.1f}GiB or leave {field} unset.")
     return limit
 
 

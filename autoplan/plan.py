@@ -170,6 +170,36 @@ class Plan(OmitsDefaults):
         return self.num_microbatches
 
 
+def degrees(plan: Plan) -> str:
+    """The parallel degrees, e.g. ``TP8 x PP16 x DP64 x CP2 x EP8``: TP, PP and DP always,
+    CP and EP when not 1 (EP is carved out of DP x CP, so it does not multiply the GPUs)."""
+    parts = [f"TP{plan.tp}", f"PP{plan.pp}", f"DP{plan.dp}"]
+    parts += [f"{name}{value}" for name, value in (("CP", plan.cp), ("EP", plan.ep)) if value > 1]
+    return " x ".join(parts)
+
+
+def one_line(plan: Plan) -> str:
+    """The plan in one line, naming every degree that is not 1 and every memory switch, e.g.
+    ``TP8 x PP16 x DP64 x CP2, VPP2, mbs 1, ZeRO-1, selective recompute, SP``: the one wording
+    of a plan in reports, tables, messages and launch files."""
+    parts = [degrees(plan)]
+    if plan.vpp > 1:
+        parts.append(f"VPP{plan.vpp}")
+    parts += [f"mbs {plan.micro_batch_size}", f"ZeRO-{plan.zero_stage}"]
+    if plan.recompute_num_layers is not None:
+        parts.append(f"full recompute of {plan.recompute_num_layers} blocks per chunk")
+    else:
+        parts.append("no recompute" if plan.recompute is Recompute.NONE
+                     else f"{plan.recompute.value} recompute")
+    if plan.sequence_parallel:
+        parts.append("SP")
+    if plan.offload is not Offload.NONE:
+        parts.append(f"offload {plan.offload.value}")
+    if plan.placement != "-".join(PLACEMENT_AXES):  # not Megatron's default order
+        parts.append(f"placement {plan.placement}")
+    return ", ".join(parts)
+
+
 class Estimate(OmitsDefaults):
     """Predicted step time and memory of a plan (memory is the worst GPU's: on a heterogeneous
     cluster the stage tightest against its own group's limit, which ``memory_limit_gib`` then
@@ -218,6 +248,7 @@ class ShapeRunnerUp(BaseModel):
     dp: int
     step_time_s: float
     slower_by: float  # its time per token / the chosen plan's - 1 (step time for one batch)
+    plan: str | None = None  # its one-line description (one_line); None in older plan JSON
 
 
 class ModelInfo(OmitsDefaults):
@@ -246,8 +277,15 @@ class ModelInfo(OmitsDefaults):
     """Experts per MoE layer (Megatron's --num-experts); None for a dense model, and then left
     out of the JSON like ``moe_top_k``."""
     moe_top_k: int | None = None
+    rope_theta: float | None = None
+    """Rotary base (Llama 3: 500000), when the model states it; exported as --rotary-base."""
+    rope_scaling_type: str | None = None  # e.g. "llama3"; None: no scaling
+    rope_scaling_factor: float | None = None
+    norm_eps: float | None = None  # epsilon of the norms (--norm-epsilon)
 
-    _omitted_defaults: ClassVar[dict[str, object]] = {"num_experts": None, "moe_top_k": None}
+    _omitted_defaults: ClassVar[dict[str, object]] = {
+        "num_experts": None, "moe_top_k": None, "rope_theta": None, "rope_scaling_type": None,
+        "rope_scaling_factor": None, "norm_eps": None}
 
 
 class TrainingInfo(BaseModel):

@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 from matplotlib.patches import Rectangle  # noqa: E402
 
 from autoplan.files import replacing  # noqa: E402
-from autoplan.plan import Result  # noqa: E402
+from autoplan.plan import Result, one_line  # noqa: E402
 from autoplan.sweep import FRONTS  # noqa: E402
 
 TIME_PARTS = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble", "optimizer")
@@ -170,6 +170,7 @@ def memory_per_stage(result: Result, path: str | Path) -> Path:
         ax.bar([worst], [value], bottom=bottom, label=part)
         bottom += value
     ax.axhline(est.memory_limit_gib, color="tab:red", linestyle="--", label="limit")
+    ax.set_xticks(range(len(stages)))  # whole stages, not matplotlib's 0.5 steps
     ax.set_xlabel("pipeline stage")
     ax.set_ylabel("GiB per GPU")
     ax.set_title(_plan_title(result), fontsize=9)
@@ -178,9 +179,8 @@ def memory_per_stage(result: Result, path: str | Path) -> Path:
 
 
 def _plan_title(result: Result) -> str:
-    p = result.plan
     name = result.model.name if result.model else "model"
-    return f"{name}: TP{p.tp} PP{p.pp} DP{p.dp} ZeRO-{p.zero_stage}, {p.recompute.value} recompute"
+    return f"{name}: {one_line(result.plan)}"
 
 
 def rank_coordinates(result: Result, rank: int) -> dict[str, int]:

@@ -6,9 +6,11 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from autoplan.costmodels.comm import network_note
-from autoplan.plan import Result
+from autoplan.cluster.spec import load_cluster_spec, resolve
+from autoplan.costmodels.comm import network_note, slow_link_note
+from autoplan.plan import Result, degrees
 from autoplan.plugins.summary import fine_tuning_line
+from autoplan.units import format_count, format_seconds
 
 
 def _kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
@@ -68,8 +70,7 @@ def plan_table(result: Result) -> Table:
     total = _cluster_gpus(result)
     of_total = f" of {total}" if total and total != p.world_size else ""
     return _kv_table("Plan", [
-        ("TP x PP x DP (x CP)", f"{p.tp} x {p.pp} x {p.dp}" + (f" x {p.cp}" if p.cp > 1 else "")
-         + f" = {p.world_size}{of_total} GPUs"),
+        ("parallelism", f"{degrees(p)} = {p.world_size}{of_total} GPUs"),
         ("micro-batch", f"{p.micro_batch_size} x {p.num_microbatches} micro-batches "
          f"(global batch {p.global_batch_size})"),
         ("ZeRO stage", str(p.zero_stage)),
@@ -89,7 +90,7 @@ def estimate_table(result: Result) -> Table:
     e = result.estimate
     status = "fits" if e.feasible else "DOES NOT FIT"
     return _kv_table("Predicted", [
-        ("step time", f"{e.step_time_s:.3f} s"),
+        ("step time", format_seconds(e.step_time_s)),
         ("throughput", f"{e.tokens_per_s:,.0f} tokens/s"),
         ("per GPU", f"{e.model_tflops_per_gpu:.1f} model TFLOP/s, "
          f"{e.hardware_tflops_per_gpu:.1f} hardware TFLOP/s, MFU {e.mfu:.1%}"),
@@ -117,6 +118,12 @@ def _breakdown_table(title: str, values: dict[str, float], unit: str, total: flo
     return table
 
 
+def _slow_link(result: Result) -> str | None:
+    if not result.cluster:
+        return None
+    return slow_link_note(resolve(load_cluster_spec(result.cluster)), result.plan.world_size)
+
+
 def solver_text(result: Result) -> Text:
     s = result.solver
     goal = "" if s.objective_terms == ("time",) else (
@@ -137,7 +144,7 @@ def render(result: Result, console: Console) -> None:
     e = result.estimate
     title = f"autoplan: {result.model.name if result.model else 'model'}"
     if result.model:
-        title += f" ({result.model.num_params / 1e9:.2f}B parameters)"
+        title += f" ({format_count(result.model.num_params)} parameters)"
     console.print(Text(title, style="bold"))
     if (line := fine_tuning_line(result)) is not None:
         console.print(line)
@@ -147,6 +154,7 @@ def render(result: Result, console: Console) -> None:
                          e.peak_memory_gib),
         _breakdown_table("Step time", e.time_breakdown_s, "s", e.step_time_s),
         *([Text(note, style="yellow")] if (note := network_note(e)) else []),
+        *([Text(note, style="yellow")] if (note := _slow_link(result)) else []),
         solver_text(result),
         *([runners_up_table(result)] if result.runners_up else []),
         *calibration_lines(result),
@@ -196,10 +204,10 @@ def runners_up_table(result: Result, count: int = 6) -> Table:
     """The best plan of each other (TP, PP) shape and how much slower it is."""
     table = Table(title="Runners-up (best plan of each other TP x PP shape)",
                   title_justify="left")
-    for column in ("TP", "PP", "DP", "step s", "slower"):
-        table.add_column(column, justify="right")
+    for column in ("plan", "step s", "slower"):
+        table.add_column(column, justify="left" if column == "plan" else "right")
     for u in result.runners_up[:count]:
-        table.add_row(str(u.tp), str(u.pp), str(u.dp), f"{u.step_time_s:.3f}",
+        table.add_row(u.plan or f"TP{u.tp} x PP{u.pp} x DP{u.dp}", f"{u.step_time_s:.3f}",
                       f"{u.slower_by:+.1%}")
     return table
 

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autoplan.errors import AutoplanError, ConstraintError
 from autoplan.files import replacing, write_atomically
+from autoplan.plan import Plan, one_line
 
 logger = logging.getLogger(__name__)
 
@@ -423,7 +424,7 @@ def document(inputs: list[PointInputs], rows: list[dict], *,
 # ---------------------------------------------------------------------------------------------
 # Tables
 
-_PLAN_COLUMNS = ("tp", "pp", "dp", "zero_stage", "micro_batch_size", "recompute",
+_PLAN_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "zero_stage", "micro_batch_size", "recompute",
                  "sequence_parallel", "vpp", "offload")
 _ESTIMATE_COLUMNS = ("step_time_s", "tokens_per_s", "mfu", "peak_memory_gib", "memory_limit_gib")
 _METRIC_COLUMNS = ("gpus", "cost_per_million_tokens", "time_to_train_days", "headroom_gib")
@@ -437,9 +438,12 @@ def flat_rows(doc: dict) -> list[dict]:
     rows = []
     for point in doc["points"]:
         row = {n: point["inputs"].get(n, "") for n in names}
-        plan, est, m = point["plan"] or {}, point["estimate"] or {}, point["metrics"] or {}
+        plan = Plan.model_validate(point["plan"]) if point["plan"] else None
+        est, m = point["estimate"] or {}, point["metrics"] or {}
         row["status"] = point["solver"]["status"] if point["solver"] else "INFEASIBLE"
-        row.update({f"plan_{c}": plan.get(c, "") for c in _PLAN_COLUMNS})
+        row["plan"] = one_line(plan) if plan else ""
+        row.update({f"plan_{c}": getattr(getattr(plan, c, ""), "value", getattr(plan, c, ""))
+                    for c in _PLAN_COLUMNS})
         row.update({c: est.get(c, "") for c in _ESTIMATE_COLUMNS})
         row.update({c: m.get(c, "") for c in _METRIC_COLUMNS})
         row.update({f"front_{f}": point["fronts"][f] for f in FRONTS})
@@ -476,9 +480,8 @@ def render(doc: dict, console) -> None:
     fixed = ", ".join(f"{k}={v[0]}" for k, v in values.items() if len(v) == 1)
     table = Table(title=f"sweep: {doc['model']}, {fixed} ({len(doc['points'])} points, "
                         f"{doc['wall_time_s']:.1f} s)", title_justify="left")
-    for name in swept + ["TP/PP/DP", "step s", "tok/s", "MFU", "GiB", "$/Mtok", "days", "front"]:
-        table.add_column(name, justify="left" if name in ("TP/PP/DP", "front") else "right",
-                         no_wrap=name == "TP/PP/DP")
+    for name in swept + ["plan", "step s", "tok/s", "MFU", "GiB", "$/Mtok", "days", "front"]:
+        table.add_column(name, justify="left" if name in ("plan", "front") else "right")
     for point in doc["points"]:
         cells = [str(point["inputs"].get(k, "")) for k in swept]
         if point["plan"] is None:
@@ -487,7 +490,7 @@ def render(doc: dict, console) -> None:
         p, e, m = point["plan"], point["estimate"], point["metrics"]
         fronts = "".join(sym for f, sym in zip(FRONTS, "*$m") if point["fronts"][f])
         table.add_row(
-            *cells, f"{p['tp']}/{p['pp']}/{p['dp']} Z{p['zero_stage']}", f"{e['step_time_s']:.3g}",
+            *cells, one_line(Plan.model_validate(p)), f"{e['step_time_s']:.3g}",
             f"{e['tokens_per_s']:,.0f}", f"{e['mfu']:.0%}",
             f"{e['peak_memory_gib']:.0f}/{e['memory_limit_gib']:.0f}",
             f"{m['cost_per_million_tokens']:.3g}", f"{m['time_to_train_days']:.3g}", fronts)

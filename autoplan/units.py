@@ -91,3 +91,21 @@ GIB = float(2**30)
 def format_bytes(num_bytes: float) -> str:
     """Human-readable GiB with two decimals (the unit users compare with nvidia-smi)."""
     return f"{num_bytes / GIB:.2f} GiB"
+
+
+def format_count(count: float) -> str:
+    """``12.3M``, ``1.20B``, ``125K``: a parameter count at the scale it has (a tiny model is
+    not "0.00B")."""
+    for divisor, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if count >= divisor:
+            return f"{count / divisor:.3g}{suffix}"
+    return f"{count:.0f}"
+
+
+def format_seconds(seconds: float) -> str:
+    """``1.234 s``, ``12.3 ms``, ``450 µs``: a duration in the unit that shows its digits."""
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} µs"

@@ -20,7 +20,6 @@ from autoplan.costmodels.step import estimate
 from autoplan.search.brute import brute_force
 from autoplan.search.groups_space import (assignments, capacity, group_candidates, group_shapes,
                                           shape_switches)
-from autoplan.search.solver import solve_table
 from autoplan.training import Pins
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -251,6 +251,23 @@ def network_bound(estimate, *, share: float = NETWORK_BOUND_SHARE) -> bool:
     return communication_share(estimate) >= share
 
 
+SLOW_NETWORK_BPS = 100e9 / 8
+"""Below 100 Gb/s per node-to-node path ZeRO-3's per-micro-batch gathers dominate (DESIGN.md:
+a 65B model over 10 Gb/s Ethernet spends minutes per step on communication)."""
+
+
+def slow_link_note(cluster, world_size: int) -> str | None:
+    """A sentence for the report when the plan spans nodes joined by a link below
+    SLOW_NETWORK_BPS per NIC (what ``explain`` warns about too); None otherwise."""
+    inter = cluster.inter
+    if inter is None or world_size <= cluster.gpus_per_node or inter.bandwidth_Bps >= SLOW_NETWORK_BPS:
+        return None
+    return (f"slow inter-node link: {inter.bandwidth_Bps * 8 / 1e9:g} Gb/s per NIC "
+            f"({cluster.nics_per_node} per node) joins the {-(-world_size // cluster.gpus_per_node)} "
+            "nodes this plan spans, below the 100 Gb/s where data-parallel and ZeRO traffic stop "
+            "hiding behind compute; `autoplan explain` shows what a faster network would give.")
+
+
 def network_note(estimate) -> str | None:
     """A sentence for the report when the step is network-bound; None otherwise."""
     if not network_bound(estimate):

@@ -23,7 +23,7 @@ from autoplan.plugins.accelerate import accelerate_config
 from autoplan.plugins.colossalai import colossalai_plugin_kwargs
 from autoplan.plugins.deepspeed import deepspeed_config
 from autoplan.plugins.exporter import Exporter
-from autoplan.files import refuse_existing, write_files
+from autoplan.files import refuse_existing, write_errors_as, write_files
 from autoplan.plugins.megatron import megatron_args
 from autoplan.plugins.torchtitan import torchtitan_overrides
 
@@ -91,7 +91,8 @@ def export_plan(result: Result, target: str, out_dir: Path, *, force: bool = Fal
     files = render_all(result, target)
     if not force:
         refuse_existing([out_dir / name for name in files], error=ExportError)
-    return write_files(files, out_dir)
+    with write_errors_as(ExportError):
+        return write_files(files, out_dir)
 
 
 __all__ = ["EXPORTERS", "Exporter", "discover", "export_plan", "render_all", "megatron_args",

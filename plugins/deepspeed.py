@@ -16,14 +16,13 @@ What users get burnt by, and what this module does about it:
 from __future__ import annotations
 
 import json
-import re
 import shlex
 
 from autoplan.errors import ExportError
 from autoplan.plan import Offload, Recompute, Result
 from autoplan.plugins.exporter import Exporter
-from autoplan.plugins.launch import (Nodes, nodes_of, require_default_schedule,
-                                     require_no_expert_parallel,
+from autoplan.plugins.launch import (Nodes, nccl_environment, nodes_of,
+                                     require_default_schedule, require_no_expert_parallel,
                                      require_target_placement)
 from autoplan.plugins.summary import comment_header, precision
 
@@ -132,25 +131,6 @@ def hostfile_text(nodes: Nodes) -> str:
             "add hosts: [{name: node-01, ip: 10.0.0.1}, ...] to cluster.yaml and re-plan.")
     ips = [ip for _, ip in nodes.hosts] or [nodes.master_ip]
     return "".join(f"{ip} slots={nodes.gpus_per_node}\n" for ip in ips)
-
-
-def nccl_environment(nodes: Nodes) -> dict[str, str]:
-    """NCCL settings for the inter-node network: over plain Ethernet NCCL must not probe for
-    InfiniBand, and should use the interface cluster.yaml names. RoCE keeps NCCL's IB transport
-    (it is RDMA over Ethernet). NCCL_SOCKET_IFNAME also takes prefixes and ``^`` exclusions.
-
-    Raises:
-        ExportError: the interface is not a plain name (it would break the KEY=VALUE file).
-    """
-    if nodes.interface and not re.fullmatch(r"[\w.:+^-]+", nodes.interface):
-        raise ExportError(f"inter_node.interface {nodes.interface!r} is not an interface name "
-                          "(letters, digits, '.', '-', '_'); write e.g. interface: eth0.")
-    env = {}
-    if nodes.network == "ethernet":
-        env["NCCL_IB_DISABLE"] = "1"
-    if nodes.network is not None and nodes.interface:
-        env["NCCL_SOCKET_IFNAME"] = nodes.interface
-    return env
 
 
 def _fine_tuned(result: Result) -> bool:

@@ -7,6 +7,7 @@ literal path go through :func:`shlex.quote`: cluster.yaml is user input and a ho
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -232,6 +233,25 @@ def read_args_lines(args_file: str) -> list[str]:
     ]
 
 
+def nccl_environment(nodes: Nodes) -> dict[str, str]:
+    """NCCL settings for the inter-node network: over plain Ethernet NCCL must not probe for
+    InfiniBand, and should use the interface cluster.yaml names. RoCE keeps NCCL's IB transport
+    (it is RDMA over Ethernet). NCCL_SOCKET_IFNAME also takes prefixes and ``^`` exclusions.
+
+    Raises:
+        ExportError: the interface is not a plain name (it would break the KEY=VALUE file).
+    """
+    if nodes.interface and not re.fullmatch(r"[\w.:+^-]+", nodes.interface):
+        raise ExportError(f"inter_node.interface {nodes.interface!r} is not an interface name "
+                          "(letters, digits, '.', '-', '_'); write e.g. interface: eth0.")
+    env = {}
+    if nodes.network == "ethernet":
+        env["NCCL_IB_DISABLE"] = "1"
+    if nodes.network is not None and nodes.interface:
+        env["NCCL_SOCKET_IFNAME"] = nodes.interface
+    return env
+
+
 def torchrun_script(result: Result, *, header: str, required: dict[str, str],
                     env: dict[str, str], args_file: str, program: str,
                     user_args_first: bool = False) -> str:
@@ -241,7 +261,8 @@ def torchrun_script(result: Result, *, header: str, required: dict[str, str],
         result: the plan.
         header: the comment header (already prefixed with ``#``).
         required: variables the user must set, with the sentence the script prints if unset.
-        env: variables exported for the training processes (values are quoted here).
+        env: variables exported for the training processes (values are quoted here), after
+            the NCCL settings of the inter-node network (nccl_environment).
         args_file: the arguments file beside the script, read into ARGS.
         program: what torchrun runs, as shell words (the caller quotes literals in it).
         user_args_first: put the script's own arguments before the file's, for parsers (tyro)
@@ -253,7 +274,8 @@ def torchrun_script(result: Result, *, header: str, required: dict[str, str],
     lines += [f"# node ranks {first}-{first + count - 1}: node group {name}"
               for name, first, count in nodes.groups]
     lines += [f': "${{{name}:?{why}}}"' for name, why in required.items()]
-    lines += [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
+    lines += [f"export {name}={shlex.quote(value)}"
+              for name, value in {**nccl_environment(nodes), **env}.items()]
     lines += _rendezvous_lines(nodes) + read_args_lines(args_file)
     lines += [
         'exec torchrun --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE" \\',

@@ -176,10 +176,43 @@ def _model_args(result: Result) -> list[str]:
     args += [flag for flag, wanted in flags.items() if wanted]
     if model.rmsnorm:
         args += ["--normalization", "RMSNorm"]
+    if model.norm_eps is not None:
+        args += ["--norm-epsilon", f"{model.norm_eps:g}"]
     if model.rotary:
-        args += ["--position-embedding-type", "rope"]
+        args += ["--position-embedding-type", "rope"] + _rope_args(model)
     if model.num_experts is not None:
-        args += ["--num-experts", str(model.num_experts), "--moe-router-topk", str(model.moe_top_k)]
+        # Token routing by all-to-all with grouped expert GEMMs, as the cost model prices expert
+        # parallelism (Megatron's default all-gather dispatcher moves every token to every rank).
+        args += ["--num-experts", str(model.num_experts), "--moe-router-topk", str(model.moe_top_k),
+                 "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+    return args
+
+
+def _rope_args(model) -> list[str]:
+    """Rotary base and scaling (Megatron defaults to base 10000 and no scaling, so leaving them
+    out would change the model: Llama 3's base is 500000). ``--rotary-base`` takes an integer;
+    Llama 3.1's scaling is ``--use-rope-scaling``, linear position interpolation
+    ``--rotary-seq-len-interpolation-factor``.
+
+    Raises:
+        ExportError: a base or scaling Megatron-LM's arguments cannot state.
+    """
+    args = []
+    if model.rope_theta is not None:
+        if not float(model.rope_theta).is_integer():
+            raise ExportError(f"the model's rotary base {model.rope_theta:g} is not a whole "
+                              "number, and Megatron-LM's --rotary-base takes an integer; export "
+                              "to another target or round the base in model.py.")
+        args += ["--rotary-base", str(int(model.rope_theta))]
+    kind, factor = model.rope_scaling_type, model.rope_scaling_factor
+    if kind == "llama3":
+        args += ["--use-rope-scaling", "--rope-scaling-factor", f"{factor:g}"]
+    elif kind == "linear" and factor is not None and float(factor).is_integer():
+        args += ["--rotary-seq-len-interpolation-factor", str(int(factor))]
+    elif kind is not None:
+        raise ExportError(f"the model's {kind!r} rope scaling (factor {factor}) has no "
+                          "Megatron-LM argument (it has llama3 scaling and whole-number linear "
+                          "interpolation); export to another target.")
     return args
 
 

@@ -9,7 +9,7 @@ or the exporter does.
 from __future__ import annotations
 
 from autoplan.errors import ExportError
-from autoplan.plan import ModelInfo, Result
+from autoplan.plan import ModelInfo, Result, one_line
 
 
 def seq_len(result: Result) -> int:
@@ -64,11 +64,8 @@ def summary_lines(result: Result) -> list[str]:
     cluster = (result.cluster or {}).get("name") or f"{plan.world_size} GPUs"
     return [
         f"Planned by autoplan for {model} on {cluster}.",
-        f"Parallelism: TP={plan.tp} PP={plan.pp} VPP={plan.vpp} CP={plan.cp} DP={plan.dp} "
-        f"on {plan.world_size} GPUs (placement {plan.placement}, innermost first).",
-        f"Memory: ZeRO stage {plan.zero_stage}, recompute {plan.recompute.value}, "
-        f"sequence parallel {'on' if plan.sequence_parallel else 'off'}, "
-        f"offload {plan.offload.value}.",
+        f"Plan: {one_line(plan)} on {plan.world_size} GPUs (rank order {plan.placement}, "
+        "innermost first).",
         f"Batch: micro-batch {plan.micro_batch_size} x {plan.num_microbatches} micro-batches x "
         f"DP {plan.dp} = global batch {plan.global_batch_size} sequences{tokens}, "
         f"{precision(result)}.",

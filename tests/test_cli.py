@@ -39,7 +39,7 @@ def test_estimate_json_prints_the_same_document_shape():
 def test_report_names_the_parts_of_the_answer():
     result = run("solve", TINY, DGX1, "--seq-len", 256, "--global-batch", 16)
     assert result.exit_code == 0, result.output
-    for words in ("TP x PP x DP", "ZeRO stage", "step time", "MFU", "peak memory", "OPTIMAL"):
+    for words in ("parallelism", "ZeRO stage", "step time", "MFU", "peak memory", "OPTIMAL"):
         assert words in result.stdout
 
 

@@ -82,6 +82,21 @@ def test_mem_limit_above_the_gpu_is_refused(tmp_path):
         _solve(options=path)
 
 
+@pytest.mark.parametrize("command", ["solve", "estimate"])
+def test_mem_limit_above_the_gpu_is_refused_on_the_command_line_too(command):
+    """One rule for the flag and the file: the DGX A100's GPUs hold 80 GiB, so 200GiB is an
+    error (exit 2) naming the flag and the GPU's memory, not a plan that "fits" in 152 GiB."""
+    result = runner.invoke(app, [command, TINY, DGX1, "--seq-len", "256", "--global-batch",
+                                 "16", "--mem-limit", "200GiB"])
+    assert result.exit_code == 2, result.output
+    assert "--mem-limit 200GiB exceeds" in result.output
+    assert "80.0 GiB" in result.output and "can only lower" in result.output
+
+
+def test_mem_limit_equal_to_the_gpu_is_accepted():
+    assert _solve(mem_limit="80GiB").estimate.memory_limit_gib == pytest.approx(80)
+
+
 def test_mem_limit_from_the_file_lowers_the_limit(tmp_path):
     result = _solve(options=_write(tmp_path, "mem_limit: 40GiB\n"))
     assert result.estimate.memory_limit_gib == pytest.approx(40)
@@ -117,7 +132,7 @@ def test_cli_flags_win_over_the_file(tmp_path):
     assert document["solver"]["objective_terms"] == ["gpus", "time"]
     assert isinstance(document["runners_up"], list)
     for row in document["runners_up"]:
-        assert set(row) == {"tp", "pp", "dp", "step_time_s", "slower_by"}
+        assert set(row) == {"tp", "pp", "dp", "step_time_s", "slower_by", "plan"}
 
 
 def test_cli_conflict_exits_3_naming_the_pins():

@@ -21,19 +21,41 @@ from autoplan.errors import ClusterSpecError, ConstraintError, UnitError
 from autoplan.units import parse_quantity
 
 
-def _quantity(kind: str):
-    """A pydantic field validator that insists on a unit of ``kind`` (value kept as written)."""
+def _quantity(kind: str, most: float | None = None, why: str = ""):
+    """A pydantic field validator that insists on a unit of ``kind`` (value kept as written)
+    and, for ``most``, on a positive value no larger: beyond it no hardware exists, so the
+    figure is a slip of the unit (``why`` says what the fastest hardware does)."""
 
     def check(value: object) -> object:
         if value is None:
             return value
         try:
-            parse_quantity(value, kind)
+            parsed = parse_quantity(value, kind)
         except UnitError as err:
             raise ValueError(str(err).split(": ", 1)[-1]) from None
+        if most is not None and not 0 < parsed <= most:
+            raise ValueError(f"{value} is not a plausible {kind}: {why}; check the number and "
+                             "its unit (GB/s is bytes, Gbps bits)")
         return value
 
     return check
+
+
+MAX_LINK_BANDWIDTH = 4e12
+"""Per GPU per direction: NVLink 5 (B200) moves 0.9 TB/s, NVLink 6 (Rubin, announced 2025)
+1.8 TB/s; twice that is no GPU link."""
+MAX_NIC_BANDWIDTH = 400e9
+"""Per NIC per direction: the fastest NICs shipping (ConnectX-8, 800 Gb/s) move 100 GB/s; four
+times that (3.2 Tb/s) is no NIC."""
+MAX_HBM_BANDWIDTH = 50e12
+"""HBM3e on B200 gives 8 TB/s, HBM4 on Rubin (announced) about 22 TB/s; no GPU memory is twice
+as fast."""
+MAX_HOST_BANDWIDTH = 1e12
+"""GPU<->host per direction: PCIe 6 x16 is 128 GB/s, Grace Hopper's NVLink-C2C 450 GB/s."""
+_LINK_WHY = "the fastest GPU link (NVLink 6) moves 1.8 TB/s per GPU per direction"
+_NIC_WHY = "the fastest NIC (800 Gb/s) moves 100 GB/s per direction"
+_HBM_WHY = "the fastest GPU memory (HBM4) moves about 22 TB/s"
+_HOST_WHY = "the fastest GPU-host link (NVLink-C2C) moves 450 GB/s per direction"
 
 
 class _Strict(BaseModel):
@@ -52,7 +74,8 @@ class GpuEntry(_Strict):
 
     _memory = field_validator("memory", mode="before")(_quantity("memory"))
     _flops = field_validator("bf16", "fp16", "fp8", mode="before")(_quantity("flops"))
-    _bandwidth = field_validator("memory_bandwidth", mode="before")(_quantity("bandwidth"))
+    _bandwidth = field_validator("memory_bandwidth", mode="before")(
+        _quantity("bandwidth", MAX_HBM_BANDWIDTH, _HBM_WHY))
 
     @model_validator(mode="after")
     def _has_peak(self) -> "GpuEntry":
@@ -68,7 +91,8 @@ class IntraNode(_Strict):
     bandwidth: str | None = None
     latency: str | None = None
 
-    _bandwidth = field_validator("bandwidth", mode="before")(_quantity("bandwidth"))
+    _bandwidth = field_validator("bandwidth", mode="before")(
+        _quantity("bandwidth", MAX_LINK_BANDWIDTH, _LINK_WHY))
     _latency = field_validator("latency", mode="before")(_quantity("time"))
 
 
@@ -81,7 +105,8 @@ class InterNode(_Strict):
     latency: str | None = None
     interface: str | None = None
 
-    _bandwidth = field_validator("bandwidth", mode="before")(_quantity("bandwidth"))
+    _bandwidth = field_validator("bandwidth", mode="before")(
+        _quantity("bandwidth", MAX_NIC_BANDWIDTH, _NIC_WHY))
     _latency = field_validator("latency", mode="before")(_quantity("time"))
 
 
@@ -165,7 +190,8 @@ class _NodeKeys(_Strict):
     host_bandwidth: str | None = None
 
     _memory = field_validator("cpu_memory", mode="before")(_quantity("memory"))
-    _host = field_validator("host_bandwidth", mode="before")(_quantity("bandwidth"))
+    _host = field_validator("host_bandwidth", mode="before")(
+        _quantity("bandwidth", MAX_HOST_BANDWIDTH, _HOST_WHY))
 
     _preset = model_validator(mode="before")(_apply_preset)
 
@@ -181,6 +207,17 @@ class _NodeKeys(_Strict):
         if self.hosts is not None and len(self.hosts) != self.nodes:
             raise ValueError(f"{prefix}hosts lists {len(self.hosts)} hosts but {prefix}nodes is "
                              f"{self.nodes}; give one host per node")
+
+
+def _check_unique_hosts(hosts: list[Host]) -> None:
+    """Every node needs its own name and address: a repeated one would start two nodes' ranks
+    on one machine (the hostfile and the launch scripts address nodes by them)."""
+    for what in ("name", "ip"):
+        values = [getattr(h, what) for h in hosts]
+        repeated = sorted({v for v in values if values.count(v) > 1})
+        if repeated:
+            raise ValueError(f"hosts: {', '.join(repeated)} appear{'s' if len(repeated) == 1 else ''} "
+                             f"more than once as a host {what}; give every node its own {what}")
 
 
 class NodeGroupSpec(_NodeKeys):
@@ -225,6 +262,7 @@ class ClusterSpec(_NodeKeys):
                 "inter_node: {link: infiniband, nics_per_node: 8, bandwidth: 200Gbps}"
             )
         self._check_hosts("")
+        _check_unique_hosts(self.hosts or [])
 
     def _grouped(self) -> None:
         stated = [k for k in ("preset", "gpu", "nodes", "gpus_per_node", "intra_node", "inter_node",
@@ -246,6 +284,7 @@ class ClusterSpec(_NodeKeys):
                                  "nodes; add e.g. inter_node: {link: infiniband, nics_per_node: 8, "
                                  "bandwidth: 200Gbps}")
             group._check_hosts(prefix)
+        _check_unique_hosts([h for g in self.groups for h in g.hosts or ()])
 
 
 @dataclass(frozen=True, slots=True)

@@ -228,6 +228,7 @@ def _dims(run: TraceRun, layers: list[Layer], seq_len: int) -> ModelDims | None:
     linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
     tables = [m for m in run.model.modules() if isinstance(m, nn.Embedding)]
     head = next((l for l in layers if l.kind is LayerKind.HEAD), None)
+    theta, scaling, factor = _rope(run.model) if len(tables) == 1 else (None, None, None)
     return ModelDims(
         hidden_size=hidden, num_layers=sum(l.kind is LayerKind.BLOCK for l in layers),
         num_heads=attention.num_heads, num_kv_heads=attention.num_kv_heads,
@@ -237,7 +238,38 @@ def _dims(run: TraceRun, layers: list[Layer], seq_len: int) -> ModelDims | None:
         rmsnorm=bool(norms) and not any(isinstance(m, nn.LayerNorm) for m in norms),
         rotary=len(tables) == 1, tied_embeddings=bool(head and head.tied_params),
         linear_bias=any(m.bias is not None for m in linears),
+        rope_theta=theta, rope_scaling_type=scaling, rope_scaling_factor=factor,
+        norm_eps=_norm_eps(norms),
     )
+
+
+def _norm_eps(norms: list[nn.Module]) -> float | None:
+    """The epsilon of the first norm: ``eps`` (torch's LayerNorm/RMSNorm, the zoo's) or
+    ``variance_epsilon`` (Hugging Face's RMSNorm); None for torch's RMSNorm default."""
+    for norm in norms:
+        for name in ("eps", "variance_epsilon"):
+            value = getattr(norm, name, None)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+    return None
+
+
+def _rope(model: nn.Module) -> tuple[float | None, str | None, float | None]:
+    """(base, scaling type, scaling factor) of rotary positions as the model's configuration
+    states them: a Hugging Face ``config`` (``rope_theta``/``rope_scaling``, or transformers
+    5's ``rope_parameters``) or a ``cfg``/``config`` with ``rope_theta`` (the zoo's Llama)."""
+    for module in model.modules():
+        for holder in (getattr(module, "config", None), getattr(module, "cfg", None)):
+            params = getattr(holder, "rope_parameters", None) or {}
+            scaling = getattr(holder, "rope_scaling", None) or params
+            theta = getattr(holder, "rope_theta", None) or params.get("rope_theta")
+            if theta is None:
+                continue
+            kind = scaling.get("rope_type") or scaling.get("type") if scaling else None
+            factor = scaling.get("factor") if scaling and kind not in (None, "default") else None
+            return (float(theta), None if kind == "default" else kind,
+                    float(factor) if factor is not None else None)
+    return None, None, None
 
 
 def build_graph(run: TraceRun, *, name: str, seq_len: int) -> LayerGraph:

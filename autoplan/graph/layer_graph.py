@@ -156,6 +156,10 @@ class ModelDims:
     rotary: bool = False  # no learned position table
     tied_embeddings: bool = False
     linear_bias: bool = True
+    rope_theta: float | None = None  # rotary base, when the model states it
+    rope_scaling_type: str | None = None  # e.g. "llama3" (Hugging Face rope_scaling rope_type)
+    rope_scaling_factor: float | None = None
+    norm_eps: float | None = None  # epsilon of the block's norms
 
 
 @dataclass(frozen=True, slots=True)

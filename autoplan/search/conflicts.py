@@ -1,47 +1,54 @@
 """Which requirements conflict when nothing is eligible.
 
-The relaxed table holds every candidate of the unpinned space (every DP degree, the whole
-cluster, no bounds), evaluated in full, plus the pinned space where a pin reaches outside it
-(a --tp across nodes). Each requirement (a pin, one side of a bound, max_gpus, the
-throughput, the memory limit) becomes an assumption literal that forbids the rows violating
-it; CP-SAT's ``sufficient_assumptions_for_infeasibility`` names a conflicting set, which is
-then shrunk to a minimal one by dropping requirements that are not needed for the conflict.
+Each requirement (a pin, one side of a bound, max_gpus, the throughput, the memory limit) is
+dropped in turn: when the others still admit no plan it is not needed for the conflict and
+stays dropped (deletion), so what is left is a minimal conflicting set. Whether a set of
+requirements admits a plan is a table build under exactly those requirements, over every DP
+degree (plans the time search's DP dominance leaves out count too): screened as the solver's
+(families of shapes whose memory-leanest members do not fit are rejected after a few
+estimates) and stopping at the first bound beyond the best fitting plan, so each build takes
+seconds even for a 405B model on 8,192 GPUs. The builds that admit no plan hold the leanest
+plans that meet their requirements, the one without the first requirement holds the best plan
+once that requirement is relaxed: the message quotes both.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from ortools.sat.python import cp_model
-
 from autoplan.costmodels.step import Problem
-from autoplan.search.objective import meets_throughput
-from autoplan.search.solver import (
-    NO_LEGAL_PLAN, PlanModel, Table, _dims_of, explain_infeasible, pin_values,
-)
-from autoplan.search.space import divisors
-from autoplan.training import Bounds, Objective, Pins
+from autoplan.plan import one_line
+from autoplan.search.solver import NO_LEGAL_PLAN, Table, explain_infeasible
+from autoplan.training import Bounds, Objective, Pins, Range
 
 GIB = 2**30
+UNLIMITED_BYTES = float(2**62)
+EXPLAIN_BUDGET_S = 10.0
+"""Seconds the table builds of one explanation may take together; requirements not tried by
+then stay in the set (it still conflicts, maybe not minimally) and the message says so."""
 
 
 @dataclass(frozen=True)
 class Requirement:
+    """One requirement and how to impose it on a table build (``apply`` edits the build's
+    settings: pins, bounds, max_gpus, objective, memory)."""
+
     label: str
-    violated: Callable[[int], bool]
+    apply: Callable[["Settings"], None]
     memory: bool = False
 
 
-def relaxed_table(problems: list[Problem], pins: Pins, objective: Objective) -> Table:
-    table = Table.build(problems, Pins(), objective=objective, prune=False, every_dp=True)
-    gpus_per_node = problems[0].cluster.gpus_per_node
-    if pins.tp is not None and pins.tp not in divisors(gpus_per_node):
-        extra = Table.build(problems, Pins(tp=pins.tp), objective=objective, prune=False,
-                            every_dp=True)
-        for plan, source in zip(extra.plans, extra.sources):
-            table.add(plan, source)
-    return table
+@dataclass
+class Settings:
+    """The arguments of one table build, filled by the requirements kept."""
+
+    pins: dict = field(default_factory=dict)
+    bounds: dict = field(default_factory=dict)
+    max_gpus: int | None = None
+    min_tokens_per_s: float | None = None
+    memory: bool = False
 
 
 def _pin_label(name: str, value) -> str:
@@ -50,104 +57,117 @@ def _pin_label(name: str, value) -> str:
     return f"--{name} {getattr(value, 'value', value)}"
 
 
-def requirements(table: Table, pins: Pins, bounds: Bounds | None,
-                 max_gpus: int | None) -> list[Requirement]:
+def requirements(pins: Pins, bounds: Bounds | None, max_gpus: int | None,
+                 objective: Objective, limit_bytes: float) -> list[Requirement]:
+    """Every requirement of the solve, in the order the deletion tries them."""
     out = []
-    encoded = pin_values(pins)
     for name, value in pins.pinned().items():
-        out.append(Requirement(_pin_label(name, value), lambda r, n=name, v=encoded[name]:
-                               _dims_of(table.plans[r])[n] != v))
+        out.append(Requirement(_pin_label(name, value),
+                               lambda s, n=name, v=value: s.pins.__setitem__(n, v)))
     for key, label in (bounds.labels() if bounds else {}).items():
         name, side = key.split(".")
         limit = getattr(getattr(bounds, name), side)
-        dim = "micro_batch_size" if name == "mbs" else name
-        out.append(Requirement(f"{label} (bounds)", lambda r, d=dim, s=side, x=limit: (
-            getattr(table.plans[r], d) < x if s == "min" else getattr(table.plans[r], d) > x)))
+        out.append(Requirement(f"{label} (bounds)", lambda s, n=name, d=side, x=limit:
+                               s.bounds.setdefault(n, {}).__setitem__(d, x)))
     if max_gpus is not None:
         out.append(Requirement(f"max_gpus {max_gpus}",
-                               lambda r: table.plans[r].world_size > max_gpus))
-    if table.objective.min_tokens_per_s is not None:
-        out.append(Requirement(
-            f"at least {table.objective.min_tokens_per_s:,.0f} tokens/s",
-            lambda r: not meets_throughput(table.objective, table.step_times_s[r], table.tokens(r))))
-    limit_gib = table.problem.mem_limit_bytes / GIB
-    out.append(Requirement(f"{_gib(limit_gib)} GiB per GPU", lambda r: not table.fits(r),
-                           memory=True))
+                               lambda s: setattr(s, "max_gpus", max_gpus)))
+    if objective.min_tokens_per_s is not None:
+        out.append(Requirement(f"at least {objective.min_tokens_per_s:,.0f} tokens/s",
+                               lambda s: setattr(s, "min_tokens_per_s",
+                                                 objective.min_tokens_per_s)))
+    out.append(Requirement(f"{_gib(limit_bytes / GIB)} GiB per GPU",
+                           lambda s: setattr(s, "memory", True), memory=True))
     return out
 
 
-def core(table: Table, reqs: list[Requirement]) -> list[Requirement] | None:
-    """A minimal set of requirements that no row meets together; None if all can hold."""
-    model = PlanModel(table, list(range(len(table))))
-    model.add_table_link()
-    literals = {}
+class Builds:
+    """Table builds under subsets of the requirements, each built once, all of them by the
+    ``deadline`` (a ``time.perf_counter()`` value)."""
+
+    def __init__(self, problems: list[Problem], objective: Objective, deadline: float) -> None:
+        self.problems = problems
+        self.unlimited = [replace(p, mem_limit_bytes=UNLIMITED_BYTES, _cache={}) for p in problems]
+        self.objective = objective
+        self.deadline = deadline
+        self.tables: dict[tuple[str, ...], Table] = {}
+
+    def table(self, reqs: list[Requirement]) -> Table:
+        key = tuple(q.label for q in reqs)
+        if key not in self.tables:
+            settings = Settings()
+            for q in reqs:
+                q.apply(settings)
+            bounds = Bounds(**{n: Range(**r) for n, r in settings.bounds.items()}) \
+                if settings.bounds else None
+            objective = self.objective.model_copy(
+                update={"min_tokens_per_s": settings.min_tokens_per_s})
+            self.tables[key] = Table.build(
+                self.problems if settings.memory else self.unlimited, Pins(**settings.pins),
+                objective=objective, bounds=bounds, max_gpus=settings.max_gpus, every_dp=True,
+                deadline=self.deadline)
+        return self.tables[key]
+
+    def admits(self, reqs: list[Requirement]) -> bool | None:
+        """Whether some plan meets ``reqs``; None when the deadline cut the build short
+        before one was found."""
+        table = self.table(reqs)
+        if table.eligible():
+            return True
+        return None if table.open_bound_s < float("inf") else False
+
+
+def minimal_conflict(builds: Builds, reqs: list[Requirement]) -> tuple[list[Requirement], bool]:
+    """A conflicting subset of ``reqs`` (which admit no plan together), and whether it is
+    minimal (False when the deadline left a requirement untried: it then stays in)."""
+    found, minimal = list(reqs), True
     for req in reqs:
-        bad = [model.pick[r] for r in range(len(table)) if req.violated(r)]
-        literal = model.model.new_bool_var(f"require_{len(literals)}")
-        model.model.add(sum(bad) == 0).only_enforce_if(literal).with_name(req.label)
-        model.assumptions[literal] = req.label
-        literals[req.label] = req
-    solver, status = model.solve(time_limit_s=30)
-    if status != cp_model.INFEASIBLE:
-        return None
-    found = [literals[label] for label in model.conflict(solver)]
-    for req in list(found):  # deletion: keep only what the conflict needs
         rest = [q for q in found if q is not req]
-        if not _satisfiable(table, rest):
+        admits = builds.admits(rest) if time.perf_counter() < builds.deadline else None
+        if admits is False:
             found = rest
-    return found
-
-
-def _satisfiable(table: Table, reqs: list[Requirement]) -> bool:
-    return any(not any(q.violated(r) for q in reqs) for r in range(len(table)))
-
-
-def _meeting(table: Table, reqs: list[Requirement]) -> list[int]:
-    return [r for r in range(len(table)) if not any(q.violated(r) for q in reqs)]
+        minimal = minimal and admits is not None
+    return found, minimal
 
 
 def explain_conflict(problems: list[Problem], pins: Pins, *, objective: Objective,
                      bounds: Bounds | None, max_gpus: int | None) -> str:
     """Name the requirements that together admit no plan, with the numbers."""
-    table = relaxed_table(problems, pins, objective)
-    if not len(table):
-        return NO_LEGAL_PLAN
-    reqs = requirements(table, pins, bounds, max_gpus)
-    found = core(table, reqs)
-    if found is None:  # all hold together, but on a plan the time search's space leaves out
-        row = min(_meeting(table, reqs), key=table.order)
+    builds = Builds(problems, objective, time.perf_counter() + EXPLAIN_BUDGET_S)
+    reqs = requirements(pins, bounds, max_gpus, objective, problems[0].mem_limit_bytes)
+    everything = builds.table(reqs)
+    if everything.eligible():  # all hold, on a plan the time search's space leaves out
+        row = min(everything.eligible(), key=everything.order)
         return (f"no plan in the searched space meets these requirements (for speed it keeps "
-                f"the two largest DP degrees that fit), but {_summary(table, row)} does; pin "
-                f"--dp {table.plans[row].dp} to get it.")
+                f"the two largest DP degrees that fit), but {one_line(everything.plans[row])} "
+                f"does; pin --dp {everything.plans[row].dp} to get it.")
+    found, minimal = minimal_conflict(builds, reqs)
     if not found:
         return NO_LEGAL_PLAN
     if [q.memory for q in found] == [True]:
-        return explain_infeasible(table, table.problem)
+        return explain_infeasible(builds.table(found), problems[0])
     others = [q for q in found if not q.memory]
     names = " and ".join(q.label for q in others)
-    if any(q.memory for q in found):
-        lean = min(_meeting(table, others), key=lambda r: table.peak_bytes[r])
+    table = builds.table(found)
+    if any(q.memory for q in found) and len(table):
+        lean = min(range(len(table)), key=lambda r: table.peak_bytes[r])
         est = table.estimate(lean)
         stage = max(range(len(est.stage_memory_gib)), key=lambda s: est.stage_memory_gib[s])
         text = (f"{names} together with {_gib(est.memory_limit_gib)} GiB per GPU: the leanest "
-                f"such plan ({_summary(table, lean)}) needs {_gib(est.peak_memory_gib)} GiB on "
-                f"stage {stage}")
+                f"such plan ({one_line(table.plans[lean])}) needs {_gib(est.peak_memory_gib)} "
+                f"GiB on stage {stage}")
     else:
         text = f"{names} cannot all hold: no candidate plan meets them together"
     drop = others[0]
-    rows = _meeting(table, [q for q in reqs if q is not drop])
-    if rows:
-        best = min(rows, key=table.order)
-        est = table.estimate(best)
-        text += (f"; without {drop.label} the best plan ({_summary(table, best)}) fits at "
-                 f"{_gib(est.peak_memory_gib)} GiB and takes {est.step_time_s:.3f} s")
+    relaxed = builds.table([q for q in reqs if q is not drop])
+    if relaxed.eligible():
+        best = min(relaxed.eligible(), key=relaxed.order)
+        est = relaxed.estimate(best)
+        text += (f"; without {drop.label} the best plan ({one_line(relaxed.plans[best])}) fits "
+                 f"at {_gib(est.peak_memory_gib)} GiB and takes {est.step_time_s:.3f} s")
+    if not minimal:
+        text += " (not every requirement was tried within the time allowed)"
     return text + ". Relax one of these."
-
-
-def _summary(table: Table, row: int) -> str:
-    p = table.plans[row]
-    return (f"TP={p.tp}, PP={p.pp}, DP={p.dp}, ZeRO-{p.zero_stage}, "
-            f"{p.recompute.value} recompute, mbs {p.micro_batch_size}, offload {p.offload.value}")
 
 
 def _gib(value: float) -> str:

@@ -69,15 +69,16 @@ from autoplan.costmodels.step import (
     Problem, estimate, limit_mib, lower_bound_s, memory_mib, shape_lower_bound_s, step_and_peak,
 )
 from autoplan.errors import InfeasibleError, NoPlanInTimeError
-from autoplan.plan import Estimate, Offload, Plan, Recompute, ShapeRunnerUp, SolverInfo
+from autoplan.plan import (Estimate, Offload, Plan, Recompute, ShapeRunnerUp, SolverInfo,
+                           one_line)
 from autoplan.search.objective import key as objective_key
 from autoplan.search.objective import from_key as objective_from_key
 from autoplan.search.objective import meets_throughput
 from autoplan.search.objective import value as objective_value
 from autoplan.search.runners_up import best_by_shape
 from autoplan.search.space import (
-    Shape, leanest, make_plan, max_chunk_blocks, pipeline_schedule, shapes, stage_variants,
-    switches,
+    Shape, family_of, leanest, leanest_members, make_plan, max_chunk_blocks, pipeline_schedule,
+    shapes, stage_variants, switches,
 )
 from autoplan.training import RUNTIME_PLACEMENTS, Bounds, Objective, ObjectiveTerm, Pins
 
@@ -159,6 +160,8 @@ class Table:
     every_dp: bool = False  # lift the DP dominance even for time (relaxed tables)
     pins: Pins = field(default_factory=Pins)
     screen: bool = True  # drop ZeRO stages whose leanest switches do not fit (exact)
+    families: dict = field(default_factory=dict)  # (source, family) -> its memory-leanest shapes
+    _family_fits: dict = field(default_factory=dict)  # (source, family, stages) -> any fits
     _created: int = 0
 
     @property
@@ -231,6 +234,8 @@ class Table:
                 num_microbatches=shape.num_microbatches(batch),
                 zero_bubble=pipeline_schedule(problem.training.runtime, shape.vpp) is not None)
             items.append(self._new_pending(bound, source, shape))
+        for family, members in leanest_members(item.shape for item in items).items():
+            self.families[(source, family)] = members
         return items
 
     def _process(self, item: _Pending) -> list[_Pending]:
@@ -248,6 +253,8 @@ class Table:
         a layout where none fits is dropped whole."""
         problem, shape, groups = self.problems[item.source], item.shape, []
         for stages in stage_variants(problem.graph, shape.pp, shape.vpp):
+            if self.screen and not self._family_may_fit(item.source, shape, stages):
+                continue
             options = switches(shape, runtime=problem.training.runtime, pins=self.pins,
                                blocks_per_chunk=max_chunk_blocks(problem.graph, stages))
             times: dict = {}
@@ -263,6 +270,30 @@ class Table:
             rest = [sw for sw in kept if sw not in fast and sw not in times]
             groups.append(self._new_pending(bound, item.source, shape, stages, rest))
         return groups
+
+    def _family_may_fit(self, source: int, shape: Shape, stages: tuple) -> bool:
+        """Whether any shape of ``shape``'s family (``leanest_members``) can fit with these
+        stages: the leanest switches of each ZeRO stage at the family's memory-leanest shapes,
+        evaluated once per family and layout. When none fits, those rows join the table (what
+        an explanation of infeasibility reports) and no other member is evaluated: on 8,192
+        GPUs this is what makes an infeasible answer come in seconds."""
+        key = (source, family_of(shape), stages)
+        if key not in self._family_fits:
+            problem = self.problems[source]
+            leanest_plans = []
+            for member in self.families[(source, family_of(shape))]:
+                options = switches(member, runtime=problem.training.runtime, pins=self.pins,
+                                   blocks_per_chunk=max_chunk_blocks(problem.graph, stages))
+                leanest_plans += [make_plan(member, leanest([sw for sw in options if sw.zero == z]),
+                                            stages, problem.training)
+                                  for z in sorted({sw.zero for sw in options})]
+            peaks = [step_and_peak(problem, plan)[1] for plan in leanest_plans]
+            fits = any(memory_mib(peak) <= limit_mib(problem) for peak in peaks)
+            if not fits:
+                for plan in leanest_plans:
+                    self.add(plan, source)
+            self._family_fits[key] = fits
+        return self._family_fits[key]
 
     def _zero_stages_that_fit(self, item: _Pending, stages: tuple, options: list,
                               times: dict) -> set[int]:
@@ -410,7 +441,7 @@ class Table:
         per_token = lambda r: self.step_times_s[r] / self.tokens(r)  # noqa: E731
         rows = sorted((best[s] for s in done if s in best), key=self.order)[:count]
         return [ShapeRunnerUp(tp=self.plans[r].tp, pp=self.plans[r].pp, dp=self.plans[r].dp,
-                              step_time_s=self.step_times_s[r],
+                              plan=one_line(self.plans[r]), step_time_s=self.step_times_s[r],
                               slower_by=per_token(r) / per_token(chosen) - 1) for r in rows]
 
 
@@ -618,9 +649,7 @@ def explain_infeasible(table: Table, problem: Problem) -> str:
     stage = max(range(len(est.stage_memory_gib)), key=lambda s: est.stage_memory_gib[s])
     return (
         f"nothing fits in {est.memory_limit_gib:.1f} GiB per GPU: even the leanest of "
-        f"{len(table)} candidate plans (ZeRO-{plan.zero_stage}, {plan.recompute.value} recompute, "
-        f"TP={plan.tp}, PP={plan.pp}, DP={plan.dp}, micro-batch {plan.micro_batch_size}, offload "
-        f"{plan.offload.value}) needs {est.peak_memory_gib:.1f} GiB on pipeline stage {stage} "
+        f"{len(table)} candidate plans ({one_line(plan)}) needs {est.peak_memory_gib:.1f} GiB on pipeline stage {stage} "
         f"({est.peak_memory_gib - est.memory_limit_gib:.1f} GiB over). Use more or larger GPUs, "
         "a shorter sequence, a smaller model, or unpin dimensions that keep memory high."
     )

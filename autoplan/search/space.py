@@ -9,12 +9,14 @@ take their candidates from here (the brute force without the dominance pruning).
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from itertools import product
+from typing import Iterable
 
 from autoplan.costmodels.experts import common_expert_count
 from autoplan.errors import ConstraintError
-from autoplan.graph.layer_graph import LayerGraph, LayerKind
+from autoplan.graph.layer_graph import LayerGraph, LayerKind, TpSplit
 from autoplan.plan import Offload, PipelineSchedule, Plan, Recompute, Stage
 from autoplan.training import (
     DEFAULT_PLACEMENT, RUNTIME_PLACEMENTS, AttentionKernel, Bounds, Pins, Runtime,
@@ -57,6 +59,35 @@ class Shape:
 
     def num_microbatches(self, global_batch: int) -> int:
         return global_batch // (self.dp * self.mbs)
+
+
+def family_of(shape: Shape) -> tuple:
+    """What a shape's memory per GPU depends on besides its data-parallel degree, micro-batch
+    and rank placement (see leanest_members)."""
+    return shape.tp, shape.pp, shape.cp, shape.vpp, shape.ep
+
+
+def leanest_members(shapes_: Iterable[Shape]) -> dict[tuple, list[Shape]]:
+    """Per family (family_of), the shapes no other shape of the family beats in memory: with
+    the rest fixed, more data parallelism never needs more memory per GPU (fewer micro-batches
+    in flight, ZeRO shards over more ranks), a smaller micro-batch never more (activations
+    scale with it) and the placement none at all. So these are the shapes of largest DP for
+    each smallest micro-batch (the Pareto front); if none of them fits, no member does
+    (checked by enumeration in tests/search/test_pruning.py)."""
+    smallest: dict[tuple, dict[int, Shape]] = {}
+    for shape in shapes_:
+        by_dp = smallest.setdefault(family_of(shape), {})
+        if shape.dp not in by_dp or shape.mbs < by_dp[shape.dp].mbs:
+            by_dp[shape.dp] = shape
+    front: dict[tuple, list[Shape]] = {}
+    for family, by_dp in smallest.items():
+        members, least_mbs = [], math.inf
+        for dp in sorted(by_dp, reverse=True):
+            if by_dp[dp].mbs < least_mbs:
+                members.append(by_dp[dp])
+                least_mbs = by_dp[dp].mbs
+        front[family] = members
+    return front
 
 
 def divisors(n: int) -> list[int]:
@@ -143,12 +174,55 @@ def stage_variants(graph: LayerGraph, pp: int, vpp: int) -> list[tuple[Stage, ..
     return variants
 
 
+def tp_split_counts(graph: LayerGraph) -> dict[int, str]:
+    """What tensor parallelism splits, as {count: the first thing of that size}: attention
+    heads and KV heads, the output features of column-parallel Linears and the input features of
+    row-parallel ones (Megatron's ColumnParallelLinear/RowParallelLinear assert an even split).
+    The vocabulary-parallel head is left out: Megatron-LM (and Megatron-DeepSpeed) pad the
+    vocabulary to a multiple of 128 x TP (``--make-vocab-size-divisible-by``), and DTensor
+    shards an uneven vocabulary in torchtitan."""
+    counts: dict[int, str] = {}
+    dims = graph.dims
+    for count in graph.tp_divisors:
+        what = "attention heads" if dims and count == dims.num_heads else "KV heads"
+        counts.setdefault(count, f"the {count} {what}")
+    vocab = dims.vocab_size if dims else None
+    for layer in graph.layers:
+        for gemm in layer.gemms:
+            if gemm.split is TpSplit.COLUMN and not (
+                    layer.kind is LayerKind.HEAD and gemm.out_features == vocab):
+                counts.setdefault(gemm.out_features, f"layer {layer.name}: Linear {gemm.name} "
+                                  f"({gemm.out_features} output features, column-parallel)")
+            elif gemm.split is TpSplit.ROW:
+                counts.setdefault(gemm.in_features, f"layer {layer.name}: Linear {gemm.name} "
+                                  f"({gemm.in_features} input features, row-parallel)")
+    return counts
+
+
+def check_tp(graph: LayerGraph, tp: int, *, world: int) -> None:
+    """Reject a TP degree that does not split some layer evenly, naming it and the degrees
+    that do (up to ``world``).
+
+    Raises:
+        ConstraintError: the first thing ``tp`` does not divide.
+    """
+    counts = tp_split_counts(graph)
+    bad = next((what for count, what in counts.items() if count % tp), None)
+    if bad is None:
+        return
+    legal = [d for d in divisors(math.gcd(*counts)) if d <= world]
+    raise ConstraintError(
+        f"--tp {tp} does not divide {bad}: tensor parallelism splits it into equal parts. "
+        f"TP degrees that split every layer of {graph.name}: {', '.join(map(str, legal))}.")
+
+
 def tp_options(graph: LayerGraph, gpus_per_node: int, pinned: int | None) -> list[int]:
-    """TP degrees that divide the heads and KV heads and a node's GPUs: TP's all-reduces sit on
-    the critical path of every layer, so practice (Narayanan et al. 2021, sec. 3.3: "up to
-    degree g") keeps them on NVLink. A pinned --tp may cross nodes."""
+    """TP degrees that split every layer evenly (tp_split_counts) and divide a node's GPUs:
+    TP's all-reduces sit on the critical path of every layer, so practice (Narayanan et al.
+    2021, sec. 3.3: "up to degree g") keeps them on NVLink. A pinned --tp may cross nodes."""
     options = [pinned] if pinned is not None else divisors(gpus_per_node)
-    return [t for t in options if all(d % t == 0 for d in graph.tp_divisors)]
+    counts = tp_split_counts(graph)
+    return [t for t in options if all(c % t == 0 for c in counts)]
 
 
 def pp_options(graph: LayerGraph, gpus: int, pinned: int | None) -> list[int]:
@@ -395,10 +469,8 @@ def check_pins(graph: LayerGraph, *, world: int, training: TrainingSpec, pins: P
         raise ConstraintError(
             f"the pinned degrees multiply to {product_} GPUs but the cluster has {world}; "
             "tp*pp*dp*cp must not exceed the GPU count.")
-    if pins.tp is not None and any(d % pins.tp for d in graph.tp_divisors):
-        raise ConstraintError(
-            f"--tp {pins.tp} does not divide the model's attention heads / KV heads "
-            f"{graph.tp_divisors}; pick a TP degree that divides them.")
+    if pins.tp is not None:
+        check_tp(graph, pins.tp, world=world)
     if pins.cp not in (None, 1):
         _check_cp(training, pins.cp)
     if pins.dp is not None and training.global_batch % pins.dp:

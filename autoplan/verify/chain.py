@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from autoplan.graph.layer_graph import LayerGraph, LayerKind
+from autoplan.graph.layer_graph import LayerGraph
 
 EMBEDDING, LOSS = "embedding", "loss"
 

@@ -57,6 +57,14 @@ def test_heterogeneous_groups_parse_and_one_kind_commands_refuse_them():
     assert load_cluster(loaded.spec).cluster == cluster
 
 
+def test_a_host_address_repeated_across_groups_is_refused():
+    with pytest.raises(ClusterSpecError, match="10.0.0.1 appears more than once"):
+        load_cluster({"groups": [
+            {"name": "a", "preset": "dgx-a100", "nodes": 1, "hosts": [{"name": "a0", "ip": "10.0.0.1"}]},
+            {"name": "b", "preset": "dgx-h100", "nodes": 1, "hosts": [{"name": "b0", "ip": "10.0.0.1"}]},
+        ]})
+
+
 def test_identical_groups_are_homogeneous():
     cluster = load_cluster({"groups": [{"name": "a", "preset": "dgx-a100", "nodes": 2},
                                        {"name": "b", "preset": "dgx-a100", "nodes": 2}]}).cluster
@@ -89,6 +97,21 @@ def _topo(tmp_path, text: str):
     (GOOD.replace("gpus_per_node: 8", "gpus_per_node: 0"), ["gpus_per_node", "0"]),
     (GOOD + "hosts:\n  - {name: a, ip: 10.0.0.1}\n", ["hosts lists 1 hosts but nodes is 2", "one host per node"]),
     (GOOD + "hosts:\n  - {name: a, ip: 10.0.0.1}\n  - {name: b, ip: 10.0.0.256}\n", ["hosts.1.ip", "10.0.0.1"]),
+    (GOOD + "hosts:\n  - {name: a, ip: 10.0.0.1}\n  - {name: b, ip: 10.0.0.1}\n",
+     ["hosts: 10.0.0.1 appears more than once as a host ip", "its own ip"]),
+    (GOOD + "hosts:\n  - {name: a, ip: 10.0.0.1}\n  - {name: a, ip: 10.0.0.2}\n",
+     ["hosts: a appears more than once as a host name"]),
+    # 3000 TB/s: 1,600x NVLink 6's 1.8 TB/s per direction; a typo of the unit.
+    (GOOD.replace("bandwidth: 300GB/s", "bandwidth: 3000TB/s"),
+     ["intra_node.bandwidth", "3000TB/s is not a plausible bandwidth", "NVLink 6"]),
+    (GOOD.replace("200Gbps", "200GB/s0").replace("GB/s0", "TB/s"),
+     ["inter_node.bandwidth", "200TB/s is not a plausible bandwidth", "800 Gb/s"]),
+    (GOOD.replace("bandwidth: 300GB/s", "bandwidth: 0GB/s"),
+     ["intra_node.bandwidth", "0GB/s is not a plausible bandwidth"]),
+    (GOOD.replace("gpu: a100-sxm4-80gb", "gpu: {name: x, memory: 80GiB, bf16: 312TFLOPS, "
+                  "memory_bandwidth: 2039TB/s}"),
+     ["gpu.memory_bandwidth", "2039TB/s is not a plausible bandwidth", "HBM4"]),
+    (GOOD + "host_bandwidth: 64TB/s\n", ["host_bandwidth", "64TB/s is not a plausible", "C2C"]),
     ("", ["expected a mapping", "gpu, nodes"]),
     ("- gpu: a100-sxm4-80gb\n- nodes: 2\n", ["expected a mapping", "list"]),
     ("gpu: [unclosed\n", ["not valid YAML"]),

@@ -45,3 +45,79 @@ def test_write_sweep_refuses_before_writing_anything_and_force_overwrites(tmp_pa
     api.write_sweep(doc, tmp_path, force=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.csv", "sweep.json"]
     assert (tmp_path / "sweep.json").read_text() != "mine"
+
+
+# --out that cannot take the files: refused with exit 2 before the solve or sweep starts.
+TINY = "examples/models/tiny_gpt.py"
+DGX1 = "examples/clusters/dgx-a100-x1.yaml"
+SOLVE_EXPORT = ["solve", TINY, DGX1, "--seq-len", "256", "--global-batch", "16",
+                "--export", "megatron", "--out"]
+SWEEP = ["sweep", TINY, DGX1, "--seq-len", "256", "--global-batch", "16",
+         "--over", "nodes=1", "--out"]
+
+
+@pytest.fixture
+def no_solving(monkeypatch, examples):
+    """Fail the test if a solve or sweep starts: the --out check must come first."""
+    monkeypatch.chdir(examples.parent)
+
+    def started(*args, **kwargs):
+        raise AssertionError("the solve started before --out was checked")
+
+    monkeypatch.setattr(api, "solve", started)
+    monkeypatch.setattr(api, "sweep", started)
+
+
+def _cli(args):
+    from typer.testing import CliRunner
+
+    from autoplan.cli import app
+    result = CliRunner().invoke(app, args)
+    return result.exit_code, " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("command", [SOLVE_EXPORT, SWEEP], ids=["solve-export", "sweep"])
+def test_out_naming_an_existing_file_exits_2_before_the_solve(tmp_path, no_solving, command):
+    mine = tmp_path / "results"
+    mine.write_text("mine")
+    code, output = _cli([*command, str(mine)])
+    assert code == 2, output
+    assert f"--out {mine} is an existing file, not a folder" in output
+    assert mine.read_text() == "mine"
+
+
+@pytest.mark.parametrize("command", [SOLVE_EXPORT, SWEEP], ids=["solve-export", "sweep"])
+def test_out_below_a_file_exits_2_before_the_solve(tmp_path, no_solving, command):
+    (tmp_path / "file").write_text("")
+    code, output = _cli([*command, str(tmp_path / "file" / "out")])
+    assert code == 2, output
+    assert "is a file, so the folder cannot be created" in output
+
+
+@pytest.mark.parametrize("command", [SOLVE_EXPORT, SWEEP], ids=["solve-export", "sweep"])
+def test_read_only_out_exits_2_before_the_solve(tmp_path, no_solving, monkeypatch, command):
+    """A read-only mount refuses every new file with EROFS (the error `solve --export` died of);
+    simulated here, since root writes into a chmod-ed folder regardless."""
+    import errno
+    import tempfile
+
+    def read_only(*args, dir=None, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(dir))
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    code, output = _cli([*command, str(tmp_path / "out")])
+    assert code == 2, output
+    assert f"nothing can be written in {tmp_path} (Read-only file system)" in output
+
+
+def test_a_write_that_fails_after_the_check_is_one_clear_error(tmp_path, monkeypatch):
+    """The disk can fill (or the folder turn read-only) between the check and the write."""
+    import errno
+    import tempfile
+
+    def full(*args, prefix="", dir=None, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", f"{dir}/{prefix}")
+
+    monkeypatch.setattr(tempfile, "mkstemp", full)
+    with pytest.raises(OutputExistsError, match=r"writing .*sweep\.csv.* failed \(No space left"):
+        api.write_sweep({"points": []}, tmp_path)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from autoplan.errors import ExportError
+from autoplan.plan import one_line
 from autoplan.plugins import BUILTIN, EXPORTERS, discover, export_plan
 from tests.plugins.plans import PLAN_NAMES, changed, load_plan
 
@@ -143,7 +144,7 @@ def test_every_commentable_file_starts_with_the_plan_and_its_predictions(name):
         if file_name.endswith(".json") or file_name in (".deepspeed_env", REFUSED_FILE):
             continue
         assert f"{result.estimate.step_time_s:.3f} s/step" in text.split("\n--")[0], file_name
-        assert f"TP={result.plan.tp} PP={result.plan.pp}" in text, file_name
+        assert f"Plan: {one_line(result.plan)} on" in text, file_name
 
 
 def test_a_placement_no_target_builds_is_refused_everywhere(tmp_path):

@@ -22,7 +22,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 def dgx_group(name: str, preset: str, hosts: list[str]) -> dict:
     return {"name": name, "preset": preset, "nodes": len(hosts),
-            "hosts": [{"name": h, "ip": f"10.0.{i}.{len(name)}"} for i, h in enumerate(hosts)]}
+            "hosts": [{"name": h, "ip": f"10.0.{ord(name[0])}.{i}"} for i, h in enumerate(hosts)]}
 
 
 CLUSTER = {"name": "mixed", "groups": [dgx_group("a100", "dgx-a100", ["a0", "a1"]),

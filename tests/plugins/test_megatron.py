@@ -33,10 +33,11 @@ _VALUED = {
     "--recompute-num-layers": "recompute_num_layers", "--normalization": "normalization",
     "--expert-model-parallel-size": "expert_model_parallel_size",
     "--num-experts": "num_moe_experts", "--moe-router-topk": "moe_router_topk",
+    "--norm-epsilon": "layernorm_epsilon", "--moe-token-dispatcher-type": "moe_token_dispatcher_type",
 }
 _SWITCHES = {"--sequence-parallel": ("sequence_parallel", True), "--swiglu": ("gated_linear_unit", True),
              "--disable-bias-linear": ("add_bias_linear", False), "--bf16": ("bf16", True),
-             "--fp16": ("fp16", True)}
+             "--fp16": ("fp16", True), "--moe-grouped-gemm": ("moe_grouped_gemm", True)}
 # Flags that configure the training loop, not the TransformerConfig.
 _ELSEWHERE = {"--micro-batch-size", "--global-batch-size", "--seq-length", "--max-position-embeddings",
               "--use-distributed-optimizer", "--group-query-attention", "--position-embedding-type",
@@ -45,7 +46,15 @@ _ELSEWHERE = {"--micro-batch-size", "--global-batch-size", "--seq-length", "--ma
               "--overlap-cpu-optimizer-d2h-h2d", "--use-megatron-fsdp",
               "--data-parallel-sharding-strategy", "--ckpt-format",
               "--no-gradient-accumulation-fusion",
-              "--use-tp-pp-dp-mapping"}  # parallel_state's rank order, not the TransformerConfig
+              "--use-tp-pp-dp-mapping",  # parallel_state's rank order, not the TransformerConfig
+              "--rotary-base", "--use-rope-scaling", "--rope-scaling-factor"}  # GPTModel's
+
+
+def _number_or_text(value: str):
+    try:
+        return float(value)
+    except ValueError:
+        return value
 
 
 def transformer_config(args: list[str]):
@@ -56,7 +65,7 @@ def transformer_config(args: list[str]):
         flag = args[index]
         if flag in _VALUED:
             value = args[index + 1]
-            kwargs[_VALUED[flag]] = int(value) if value.isdigit() else value
+            kwargs[_VALUED[flag]] = int(value) if value.isdigit() else _number_or_text(value)
             index += 2
         elif flag in _SWITCHES:
             name, value = _SWITCHES[flag]

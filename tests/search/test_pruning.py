@@ -8,7 +8,9 @@ from hypothesis import strategies as st
 
 from autoplan.api import _training, load_cluster, make_problem
 from autoplan.costmodels.step import shape_lower_bound_s, step_and_peak
-from autoplan.search.space import Shape, candidate_plans, leanest, max_chunk_blocks, switches
+from autoplan.search.space import (Shape, candidate_plans, family_of, leanest, leanest_members,
+                                   max_chunk_blocks, switches)
+from autoplan.plan import one_line
 from autoplan.search.solver import Table
 from autoplan.training import Pins
 from tests.search.moe_models import tiny_moe
@@ -72,6 +74,34 @@ def test_leanest_switches_need_the_least_memory_of_their_zero_stage(case):
         lean = leanest(options)
         lean_peak = peaks[(lean.recompute, lean.recompute_num_layers, lean.sp, lean.offload)]
         assert lean_peak <= min(peaks.values())
+
+
+@settings(max_examples=12, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(small)
+def test_more_data_parallelism_and_smaller_micro_batches_never_need_more_memory(case):
+    """The claim of space.leanest_members: within a family (tp, pp, cp, vpp, ep), a stage
+    layout and switches, no plan needs less memory than one of the family's leanest members
+    (largest DP for the smallest micro-batch; placement aside)."""
+    problem = _problem(case)
+    plans = list(_plans(problem))
+    peak = {id(plan): step_and_peak(problem, plan)[1] for plan in plans}
+    shape_of = {id(p): Shape(p.tp, p.pp, p.dp, p.cp, p.micro_batch_size, p.vpp, p.placement,
+                             p.ep) for p in plans}
+    front = leanest_members(shape_of.values())
+    least = defaultdict(lambda: float("inf"))  # (family, stages, switches) -> at the front
+    for plan in plans:
+        shape = shape_of[id(plan)]
+        if shape in front[family_of(shape)]:
+            key = (family_of(shape), plan.stages, plan.zero_stage, plan.recompute,
+                   plan.recompute_num_layers, plan.sequence_parallel, plan.offload)
+            least[key] = min(least[key], peak[id(plan)])
+    assert plans
+    for plan in plans:
+        shape = shape_of[id(plan)]
+        key = (family_of(shape), plan.stages, plan.zero_stage, plan.recompute,
+               plan.recompute_num_layers, plan.sequence_parallel, plan.offload)
+        assert least[key] <= peak[id(plan)] * (1 + 1e-12), one_line(plan)
 
 
 def test_equal_blocks_share_one_cost_class():

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from autoplan import api
 from autoplan.cli import app
-from autoplan.explain import summary
+from autoplan.plan import one_line
 
 from .conftest import DGX16, ETHERNET, TINY
 
@@ -36,7 +36,7 @@ def test_runners_up_match_pinned_solves(explained, solved, tiny):
         alone = api.solve(tiny, FOUR_GPU_NODES, seq_len=256, global_batch=16,
                           pins={"tp": runner.tp, "pp": runner.pp})
         assert runner.step_time_s == pytest.approx(alone.estimate.step_time_s, rel=1e-9)
-        assert runner.plan == summary(alone.plan)
+        assert runner.plan == one_line(alone.plan)
         assert runner.slower_by >= 0  # the chosen plan is the optimum
     times = [r.step_time_s for r in explained.runners_up]
     assert times == sorted(times)
@@ -136,3 +136,25 @@ def test_tp_modes_table_printed(tmp_path, tiny):
                              terminal_width=200)
     assert out.exit_code == 0, out.output
     assert "TP mode" in out.output and "2.5D" in out.output and "vs 1D" in out.output
+
+
+def _other_model(tmp_path, layers: int):
+    """A GPT of the zoo with ``layers`` blocks: another model than tiny_gpt."""
+    path = tmp_path / f"gpt_{layers}.py"
+    path.write_text(
+        "from autoplan.zoo.gpt import GPT, GPTConfig\n\n\ndef build_model():\n"
+        f"    return GPT(GPTConfig(num_layers={layers}, hidden_size=128, num_heads=4, "
+        "vocab_size=1024, max_seq_len=256))\n")
+    return path
+
+
+@pytest.mark.parametrize("layers", [1, 40])
+def test_explaining_a_plan_with_another_model_says_they_do_not_match(solved, tmp_path, layers):
+    """A plan from tiny_gpt explained against a GPT of another depth: exit 2 saying the plan
+    does not match the model (was: IndexError in costmodels/step.py for the shallower one)."""
+    plan_json = tmp_path / "plan.json"
+    plan_json.write_text(solved.model_dump_json())
+    result = CliRunner().invoke(app, ["explain", str(plan_json), "--model",
+                                      str(_other_model(tmp_path, layers))])
+    assert result.exit_code == 2, result.output
+    assert "the plan does not match the model" in " ".join(result.output.split())

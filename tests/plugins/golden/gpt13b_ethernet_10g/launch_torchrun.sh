@@ -2,8 +2,7 @@
 # PyTorch native stack (DeviceMesh, parallelize_module, pipelining, FSDP2) launched with torchrun.
 #
 # Planned by autoplan for gpt-13b on 2 nodes on 10GbE.
-# Parallelism: TP=1 PP=2 VPP=1 CP=1 DP=8 on 16 GPUs (placement tp-cp-dp-pp, innermost first).
-# Memory: ZeRO stage 1, recompute full, sequence parallel off, offload none.
+# Plan: TP1 x PP2 x DP8, mbs 1, ZeRO-1, full recompute on 16 GPUs (rank order tp-cp-dp-pp, innermost first).
 # Batch: micro-batch 1 x 16 micro-batches x DP 8 = global batch 128 sequences of 2048 tokens, bf16.
 # Predicted: 41.000 s/step, 6,394 tokens/s, MFU 18.0%, peak memory 62.0 GiB of 80.0 GiB per GPU.
 # Solver: FEASIBLE, objective 1.000 s, gap 10.0%.
@@ -13,6 +12,8 @@
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 : "${MODEL_PY:?set MODEL_PY to the model.py the plan was made for}"
+export NCCL_IB_DISABLE=1
+export NCCL_SOCKET_IFNAME=eth0
 NNODES=2
 NPROC_PER_NODE=8
 MASTER_ADDR="${MASTER_ADDR:-192.168.1.11}"

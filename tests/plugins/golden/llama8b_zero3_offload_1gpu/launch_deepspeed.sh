@@ -2,8 +2,7 @@
 # DeepSpeed launch script.
 #
 # Planned by autoplan for llama3-8b on one A100.
-# Parallelism: TP=1 PP=1 VPP=1 CP=1 DP=1 on 1 GPUs (placement tp-cp-dp-pp, innermost first).
-# Memory: ZeRO stage 3, recompute full, sequence parallel off, offload params.
+# Plan: TP1 x PP1 x DP1, mbs 1, ZeRO-3, full recompute, offload params on 1 GPUs (rank order tp-cp-dp-pp, innermost first).
 # Batch: micro-batch 1 x 16 micro-batches x DP 1 = global batch 16 sequences of 4096 tokens, bf16.
 # Predicted: 95.000 s/step, 690 tokens/s, MFU 21.0%, peak memory 71.0 GiB of 80.0 GiB per GPU.
 # Solver: OPTIMAL, objective 1.000 s, gap 0.0%.
