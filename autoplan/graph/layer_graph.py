@@ -78,6 +78,16 @@ class Experts:
 
 
 @dataclass(frozen=True, slots=True)
+class OpSacBytes:
+    """Op outputs selective op checkpointing saves per sample: ``sharded`` lie in TP-sharded
+    regions (column-parallel Linear and attention outputs, 1/tp each on a TP rank);
+    ``partial`` are row-parallel Linear outputs, whole on every TP rank (partial sums)."""
+
+    sharded: float
+    partial: float
+
+
+@dataclass(frozen=True, slots=True)
 class Layer:
     """One layer of the chain (a block, the embedding, the head...). Per sample, see module doc."""
 
@@ -103,6 +113,12 @@ class Layer:
     experts: tuple[Experts, ...] = ()  # MoE layers inside (empty for dense layers)
     param_modules: int = 0  # submodules owning parameters (ZeRO-3 per-module gathers)
     largest_module_params: int = 0  # parameters of the largest of them
+    op_sac_bytes: OpSacBytes | None = None
+    """What torchtitan's op-level selective checkpointing saves of this block besides its
+    input (None: not a block)."""
+    column_input_bytes: float = 0.0
+    """Inputs of the column-parallel Linears (each storage once): under sequence parallelism
+    the tensors a TP rank all-gathers before them."""
 
     @property
     def other_fwd_flops(self) -> float:
