@@ -45,6 +45,12 @@ class RuntimeProfile:
     cuda_context_bytes: float
     fragmentation: float
     zero3_gather_unit: str = "layer"
+    selective_recompute: str = "attention"
+    loss_bytes_per_logit: int = 12
+    sp_saves_gathered_input: bool = False
+    zero3_gather_bytes: float = 4.0
+    zero3_pp_resident: bool = False
+    zero_bucket_bytes: float = 0.0
     source: str = ""
 
 
