@@ -128,6 +128,8 @@ def solve(
     mem_limit: Optional[str] = MEM_LIMIT, runtime: Optional[str] = RUNTIME,
     precision: Optional[str] = PRECISION, profile: Optional[Path] = PROFILE,
     as_json: bool = JSON,
+    headroom: Optional[float] = typer.Option(
+        None, "--headroom", help="Fraction of each GPU's memory plans leave free (default 0.05)."),
     time_limit: float = typer.Option(api.DEFAULT_TIME_LIMIT_S, "--time-limit", min=0.1,
                                      help="Solver time limit in seconds; the best plan so far is returned."),
     export: Optional[ExportTarget] = typer.Option(None, "--export", help="Also write launch files."),
@@ -135,7 +137,7 @@ def solve(
     force: bool = typer.Option(False, "--force", help="Overwrite existing files in --out."),
     explain: bool = typer.Option(False, "--explain", help="Also say why this plan (see `explain`)."),
     options: Optional[Path] = typer.Option(
-        None, "--options", help="YAML of objective, pins, bounds, mem_limit, max_gpus, "
+        None, "--options", help="YAML of objective, pins, bounds, mem_limit, headroom, max_gpus, "
         "global_batch, tp_within_node, forbid_offload; flags given here win."),
     objective: Optional[str] = typer.Option(
         None, "--objective", help="time (default), gpus, cost, or a lexicographic list: gpus,time."),
@@ -164,7 +166,7 @@ def solve(
         model, cluster, seq_len=seq_len, global_batch=global_batch, pins=pins,
         mem_limit=mem_limit, time_limit_s=time_limit, runtime=runtime, precision=precision,
         objective=terms, min_tokens_per_s=min_tokens_per_s, price_per_gpu_hour=price,
-        options=options, profile=profile))
+        options=options, profile=profile, headroom=headroom))
     if explain:
         explanation = _run(lambda: api.explain(result, model, pins=pins))
     # Written (or refused) before anything is printed: a refusal leaves stdout empty.
