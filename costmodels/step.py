@@ -376,6 +376,7 @@ class _ChunkSums:
     working: float
     largest: float
     gathers: int
+    working_kind: str = ""  # the kind of layer whose backward (or loss) holds ``working``
 
 
 def _chunk_compositions(problem: Problem, plan: Plan,
@@ -417,6 +418,7 @@ def _chunk_sums(problem: Problem, compositions: tuple, split: Split,
     compute_s = backward_s = tp_comm_s = cp_comm_s = wgrad_s = params = acts = working = 0.0
     largest = 0.0
     gathers = 0
+    working_kind = ""
     for composition in compositions:
         for class_id, count, recompute in composition:
             layer = problem.layer_class(class_id)
@@ -428,11 +430,12 @@ def _chunk_sums(problem: Problem, compositions: tuple, split: Split,
             wgrad_s += count * cost.wgrad_s
             params += count * cost.params
             acts += count * cost.act_bytes
-            working = max(working, cost.working_bytes)
+            if cost.working_bytes > working:
+                working, working_kind = cost.working_bytes, layer.kind.value
             largest = max(largest, cost.gathered)
             gathers += count * cost.gathers
     sums = _ChunkSums(compute_s, backward_s, tp_comm_s, cp_comm_s, wgrad_s, params,
-                      acts / len(compositions), working, largest, gathers)
+                      acts / len(compositions), working, largest, gathers, working_kind)
     problem._cache[key] = sums
     return sums
 
@@ -754,6 +757,27 @@ def _rank_memories(problem: Problem, plan: Plan, evaluation: _Evaluation) -> lis
                               + _other_bytes(problem, plan, activations, cost.largest,
                                              cost.params))
     return memories
+
+
+def peak_moments(problem: Problem, plan: Plan) -> list[str]:
+    """For each pipeline rank, the moment of the step that sets its memory peak: the
+    micro-batches it holds in flight (its schedule's warm-up) when its largest transient runs,
+    the cross-entropy of the logits or the backward of its heaviest layer (a full-recompute
+    block rebuilding its activations), with ZeRO-3's gathered copies held meanwhile."""
+    moments = [""] * plan.pp
+    links = _plan_links(problem, plan)
+    for ranks in _rank_groups(problem, plan):
+        for rank in ranks:
+            split = Split(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel,
+                          mbs=plan.micro_batch_size, flash=problem.flash_attention)
+            sums = _rank_base(problem, plan, rank, split, links)[0]
+            held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp,
+                                    num_microbatches=plan.num_microbatches)
+            what = ("the loss (cross-entropy over the logits) of the newest micro-batch"
+                    if sums.working_kind == "loss" else f"the backward of a {sums.working_kind}"
+                    if sums.working_kind else "the backward")
+            moments[rank] = f"{what}, with {held} micro-batch chunk(s) of activations in flight"
+    return moments
 
 
 def lower_bound_s(problem: Problem) -> float:

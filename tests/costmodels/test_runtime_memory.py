@@ -7,12 +7,14 @@ from __future__ import annotations
 import pytest
 
 import autoplan
+from autoplan import api
 from autoplan.costmodels.compute import Split
 from autoplan.costmodels.memory import layer_activation_bytes
 from autoplan.errors import ConstraintError
 from autoplan.plan import Recompute
 from autoplan.units import GIB
-from tests.graph.models import LLAMA_GQA, llama_gqa
+from autoplan.zoo import Llama, LlamaConfig, next_token_loss
+from tests.graph.models import LLAMA_GQA, llama_gqa, model_file
 
 SEQ, BATCH = 64, 8
 CONTEXT = 1.5 * GIB  # profiles.yaml cuda_context_bytes, every runtime
@@ -98,3 +100,17 @@ def test_options_file_sets_the_headroom(examples):
     result = autoplan.solve(llama_gqa, examples / "clusters/dgx-a100-x1.yaml", seq_len=SEQ,
                             global_batch=BATCH, mem_limit="8GiB", options={"headroom": 0.2})
     assert result.estimate.memory_limit_gib == pytest.approx(8 * 0.8)
+
+
+def test_explain_names_the_moment_that_sets_the_peak(examples):
+    """With a 32768-token vocabulary at 64 tokens the cross-entropy's 12 bytes per logit
+    (25 MB) outweigh a block's backward (well under 1 MB): explain says the loss sets the
+    peak; the small-vocabulary model peaks in a block's backward."""
+    big = LlamaConfig(num_layers=2, hidden_size=64, num_heads=8, num_kv_heads=2,
+                      ffn_hidden_size=176, vocab_size=32768)
+    wide = model_file("llama_wide_vocab", lambda: Llama(big), loss=next_token_loss)
+    cluster = examples / "clusters/dgx-a100-x1.yaml"
+    for model, moment in ((wide, "the loss"), (llama_gqa, "the backward of a block")):
+        result = autoplan.solve(model, cluster, seq_len=SEQ, global_batch=BATCH,
+                                pins={"dp": 8, "recompute": "none"})
+        assert f"its peak during {moment}" in api.explain(result, model).binding
