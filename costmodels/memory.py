@@ -34,9 +34,6 @@ score element (Korthikanti et al. 2022, the 5as/h term)."""
 
 SCORE_BYTES_NO_DROPOUT = 2
 
-CUBLAS_WORKSPACE_BYTES = 32 * 2**20
-"""cuBLAS workspace PyTorch allocates per handle and stream through its caching allocator:
-32 MiB, the size the cuBLAS docs recommend for Hopper (``cublasSetWorkspace``; 4 MiB before)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,12 +154,12 @@ def zero3_buffer_bytes(largest_gathered: float, rank_params: float, *, bytes_per
     return bytes_per_param * largest_gathered
 
 
-def allocator_slack_bytes(activations: float, fragmentation: float) -> float:
+def allocator_slack_bytes(activations: float, fragmentation: float, workspace: float) -> float:
     """What PyTorch's caching allocator reserves beyond the allocated bytes at the peak: the
-    cuBLAS workspace, and the freed blocks of other sizes (activations, gradients and
+    cuBLAS ``workspace``, and the freed blocks of other sizes (activations, gradients and
     communication buffers of a step come and go in many sizes, and a cached block serves a
     request only if it is at least as large) as the stated fraction of activation memory."""
-    return CUBLAS_WORKSPACE_BYTES + fragmentation * activations
+    return workspace + fragmentation * activations
 
 
 def in_flight_chunks(rank: int, *, pp: int, vpp: int, num_microbatches: int) -> int:

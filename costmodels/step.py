@@ -513,7 +513,8 @@ def _other_bytes(problem: Problem, plan: Plan, activations: float,
     unsharded copies of the gathered units (memory.zero3_buffer_bytes) of a GPU holding
     ``params`` parameters."""
     runtime = problem.runtime
-    other = runtime.cuda_context_bytes + allocator_slack_bytes(activations, runtime.fragmentation)
+    other = runtime.cuda_context_bytes + allocator_slack_bytes(activations, runtime.fragmentation,
+                                                                runtime.cublas_workspace_bytes)
     if plan.zero_stage >= 1:
         other += runtime.zero_bucket_bytes
     if plan.zero_stage >= 3:
@@ -876,7 +877,8 @@ def _summarize(problem: Problem, plan: Plan, *, step: float, worst: _RankCost,
         peak_memory_gib=worst.memory / GIB,
         peak_allocated_gib=(worst.memory - problem.runtime.cuda_context_bytes
                             - allocator_slack_bytes(worst.activations,
-                                                    problem.runtime.fragmentation)) / GIB,
+                                                    problem.runtime.fragmentation,
+                                                    problem.runtime.cublas_workspace_bytes)) / GIB,
         peak_reserved_gib=(worst.memory - problem.runtime.cuda_context_bytes) / GIB,
         memory_limit_gib=problem.mem_limit_bytes / GIB,
         memory_breakdown_gib={

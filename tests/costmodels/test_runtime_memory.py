@@ -18,7 +18,7 @@ from tests.graph.models import LLAMA_GQA, llama_gqa, model_file
 
 SEQ, BATCH = 64, 8
 CONTEXT = 1.5 * GIB  # profiles.yaml cuda_context_bytes, every runtime
-CUBLAS = 32 * 2**20  # memory.CUBLAS_WORKSPACE_BYTES: cuBLAS's recommended Hopper workspace
+CUBLAS = 32 * 2**20  # profiles.cublas_workspace_bytes: cuBLAS's recommended Hopper workspace
 
 
 def _estimate(examples, pins, runtime="fsdp", cluster="dgx-a100-x1.yaml"):
