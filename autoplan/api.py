@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 import types
 from dataclasses import dataclass, field
@@ -20,9 +21,11 @@ from autoplan.calibrate import MeasuredProfile, fitted_profile, load_profile, me
 from autoplan.costmodels.profiles import (ComputeProfile, RuntimeProfile, compute_profile,
                                           runtime_profile)
 from autoplan.costmodels.groups import check_groups, on_groups_in_order
+from autoplan.costmodels.parameters import with_parameters
 from autoplan.costmodels.step import Problem
 from autoplan.costmodels.step import estimate as estimate_plan
-from autoplan.errors import ConstraintError, ModelFileError, PlanFileError
+from autoplan.errors import (AutoplanError, ClusterSpecError, ConstraintError, ModelFileError,
+                             PlanFileError)
 from autoplan.files import refuse_existing
 from autoplan.graph.layer_graph import LayerGraph
 from autoplan.graph.loader import ModelSource, load_model_source
@@ -31,18 +34,19 @@ from autoplan.graph.sandbox import run_guarded
 from autoplan.graph.trace import trace_model
 from autoplan.inference import InferencePlacement
 from autoplan.inference import place_for_inference as inference_placement
-from autoplan.plan import ModelInfo, Plan, Result, SolverInfo, TrainingInfo
+from autoplan.plan import CalibrationNote, ModelInfo, Plan, Result, SolverInfo, TrainingInfo
 from autoplan.plugins.importers import ImportedRun, read_run  # noqa: F401 (API)
 from autoplan.search.hetero import solve_on_groups
 from autoplan.search.solver import solve_search
 from autoplan.search.space import (
     SP_WITH_TP_RUNTIMES, balanced_stages, check_ep, check_pins, dp_options, pipeline_schedule,
 )
-from autoplan.options import (
-    as_options, global_batches, merge_options, options_mem_limit, solve_headroom,
-)
+from autoplan.run_profile import RunsProfile
+from autoplan.options import (as_options, global_batches, merge_options, options_mem_limit,
+                              solve_headroom, validated)
 from autoplan.training import (
-    DEFAULT_PLACEMENT, AttentionKernel, Constraints, Pins, Precision, Runtime, TrainingSpec,
+    DEFAULT_PLACEMENT, AttentionKernel, Constraints, FrozenDtype, Optimizer, Pins, Precision,
+    Runtime, TrainingSpec,
 )
 from autoplan.units import parse_quantity
 
@@ -113,6 +117,9 @@ def load_model(path_or_module: str | Path | types.ModuleType | Model, *,
         return path_or_module
     if isinstance(path_or_module, types.ModuleType):
         return Model(path_or_module, trace_time_limit_s)
+    if not isinstance(path_or_module, (str, Path)):
+        raise ModelFileError(f"model: expected the path of a model.py, an imported module or a "
+                             f"Model; got {type(path_or_module).__name__}.")
     path = Path(path_or_module)
     if not path.is_file():
         raise ModelFileError(f"{path}: no such file; pass the path of a model.py.")
@@ -123,6 +130,9 @@ def load_cluster(path_or_dict: str | Path | Mapping | LoadedCluster) -> LoadedCl
     """Load and validate a cluster.yaml (path) or an equivalent mapping."""
     if isinstance(path_or_dict, LoadedCluster):
         return path_or_dict
+    if not isinstance(path_or_dict, (str, Path, Mapping)):
+        raise ClusterSpecError(f"cluster: expected the path of a cluster.yaml or a mapping; got "
+                               f"{type(path_or_dict).__name__}.")
     source = dict(path_or_dict) if isinstance(path_or_dict, Mapping) else path_or_dict
     spec = load_cluster_spec(source)
     return LoadedCluster(resolve(spec), spec.model_dump(mode="json", exclude_none=True))
@@ -138,24 +148,34 @@ def _mem_limit_bytes(mem_limit: str | float | None, cluster: Cluster) -> float:
     return parse_quantity(mem_limit, "memory", field="--mem-limit")
 
 
-def _compute(cluster: Cluster, profile: str | Path | ComputeProfile | None) -> ComputeProfile:
-    if profile is None:
-        return compute_profile(cluster.gpu.name)
-    if isinstance(profile, ComputeProfile):
+Profile = ComputeProfile | RunsProfile
+
+
+def _loaded_profile(profile: str | Path | Profile | None) -> Profile | None:
+    """A --profile: None, an already loaded one, or the path of its YAML."""
+    if profile is None or isinstance(profile, (ComputeProfile, RunsProfile)):
         return profile
     return load_profile(profile)
 
 
+def _compute(cluster: Cluster, profile: Profile | None) -> ComputeProfile:
+    if isinstance(profile, ComputeProfile):
+        return profile
+    return compute_profile(cluster.gpu.name)
+
+
 def make_problem(model: Model, cluster: LoadedCluster, training: TrainingSpec,
                  mem_limit: str | float | None = None, *,
-                 profile: str | Path | ComputeProfile | None = None,
+                 profile: str | Path | Profile | None = None,
                  runtime_settings: Mapping[str, Any] | None = None,
                  headroom: float = 0.0) -> Problem:
     """Trace the model and gather the cost-model inputs for one question. ``profile`` (a
-    profile YAML from ``autoplan calibrate`` or a ComputeProfile) replaces the catalog's
-    compute profile of the cluster's GPU (of its first node group's GPU on a heterogeneous
-    cluster); ``runtime_settings`` replaces fields of the runtime's profile (see
-    :func:`runtime_with`); ``headroom`` the fraction of the limit plans must leave free."""
+    profile YAML from ``autoplan calibrate``, a ComputeProfile or a RunsProfile) replaces the
+    catalog's compute profile of the cluster's GPU (of its first node group's GPU on a
+    heterogeneous cluster), or, fitted to runs, the parameters it names
+    (costmodels.parameters); ``runtime_settings`` replaces fields of the runtime's profile
+    (see :func:`runtime_with`); ``headroom`` the fraction of the limit plans must leave free."""
+    profile = _loaded_profile(profile)
     graph = model.trace(training.seq_len, training.precision.value)
     if not cluster.cluster.is_homogeneous and not graph.block_indices():
         raise ConstraintError(
@@ -164,13 +184,16 @@ def make_problem(model: Model, cluster: LoadedCluster, training: TrainingSpec,
             "group's nodes as a cluster of their own).")
     runtime = runtime_with(runtime_profile(training.runtime.value, training.precision.value),
                            runtime_settings)
-    return Problem(
+    problem = Problem(
         graph=graph, cluster=cluster.cluster, training=training,
         runtime=runtime,
         compute=_compute(cluster.cluster, profile),
         mem_limit_bytes=_mem_limit_bytes(mem_limit, cluster.cluster) * (1 - headroom),
         headroom=headroom,
     )
+    if isinstance(profile, RunsProfile):
+        return with_parameters(problem, profile.parameters)
+    return problem
 
 
 def runtime_with(runtime: RuntimeProfile, settings: Mapping[str, Any] | None) -> RuntimeProfile:
@@ -189,14 +212,16 @@ def runtime_with(runtime: RuntimeProfile, settings: Mapping[str, Any] | None) ->
 
 
 def _training(seq_len: int, global_batch: int, precision: str, runtime: str,
-              attention: str) -> TrainingSpec:
-    try:
-        return TrainingSpec(seq_len=seq_len, global_batch=global_batch,
-                            precision=_choice(Precision, precision, "--precision"),
-                            runtime=_choice(Runtime, runtime, "--runtime"),
-                            attention=_choice(AttentionKernel, attention, "attention"))
-    except ValueError as err:
-        raise ConstraintError(f"training settings: {err}".replace("\n", " ")) from None
+              attention: str, optimizer: str | None = None,
+              frozen_dtype: str | None = None) -> TrainingSpec:
+    return validated(TrainingSpec, {
+        "seq_len": seq_len, "global_batch": global_batch,
+        "precision": _choice(Precision, precision, "--precision"),
+        "runtime": _choice(Runtime, runtime, "--runtime"),
+        "attention": _choice(AttentionKernel, attention, "attention"),
+        "optimizer": _choice(Optimizer, optimizer or "adamw", "--optimizer"),
+        "frozen_dtype": frozen_dtype and _choice(FrozenDtype, frozen_dtype, "--frozen-dtype")},
+        "training settings")
 
 
 def _choice(enum, value: str, name: str):
@@ -210,17 +235,27 @@ def _choice(enum, value: str, name: str):
 def _pins(pins: Mapping[str, Any] | Pins | None) -> Pins:
     if isinstance(pins, Pins):
         return pins
-    try:
-        return Pins(**dict(pins or {}))
-    except ValueError as err:
-        raise ConstraintError(f"pins: {err}".replace("\n", " ")) from None
+    return validated(Pins, pins or {}, "pins")
+
+
+def calibration_note(profile: Profile | None, problem: Problem, plan: Plan
+                     ) -> CalibrationNote | None:
+    """What a ``calibrate --runs`` profile set, and why it may not hold for this plan."""
+    if not isinstance(profile, RunsProfile):
+        return None
+    return CalibrationNote(
+        profile=profile.source, parameters=profile.parameters,
+        warnings=profile.warnings(gpu=problem.cluster.gpu.name,
+                                  runtime=problem.training.runtime.value,
+                                  gpus=plan.world_size, params=problem.graph.num_params))
 
 
 def _result(problem: Problem, model: Model, cluster: LoadedCluster, plan: Plan, est,
-            info: SolverInfo) -> Result:
+            info: SolverInfo, profile: Profile | None = None) -> Result:
     graph, dims = problem.graph, problem.graph.dims
     model_info = ModelInfo(
-        name=model.name, num_params=graph.num_params, seq_len=graph.seq_len,
+        name=model.name, num_params=graph.num_params,
+        num_trainable_params=graph.num_trainable_params, seq_len=graph.seq_len,
         layer_kinds=tuple(l.kind.value for l in graph.layers),
         **({k: getattr(dims, k) for k in (
             "hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_hidden_size",
@@ -231,9 +266,11 @@ def _result(problem: Problem, model: Model, cluster: LoadedCluster, plan: Plan, 
     training = TrainingInfo(seq_len=problem.training.seq_len,
                             global_batch=problem.training.global_batch,
                             precision=problem.training.precision.value,
-                            runtime=problem.training.runtime.value)
+                            runtime=problem.training.runtime.value,
+                            optimizer=problem.training.optimizer.value,
+                            frozen_dtype=problem.training.frozen_storage.value)
     return Result(plan=plan, estimate=est, solver=info, model=model_info, cluster=cluster.spec,
-                  training=training)
+                  training=training, calibration=calibration_note(profile, problem, plan))
 
 
 def _moe_info(graph: LayerGraph) -> dict:
@@ -248,8 +285,8 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
           min_tokens_per_s: float | None = None, price_per_gpu_hour: float | None = None,
           bounds=None, max_gpus: int | None = None, tp_within_node: bool | None = None,
           forbid_offload: bool | None = None, options=None, profile=None,
-          num_workers: int = 1, runners_up: bool = True,
-          headroom: float | None = None) -> Result:
+          num_workers: int = 1, runners_up: bool = True, optimizer: str | None = None,
+          frozen_dtype: str | None = None, headroom: float | None = None) -> Result:
     """The best plan that fits (fastest by default), with its estimate, the solver's status
     and the best plan of each other (TP, PP) shape.
 
@@ -280,12 +317,16 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
             default :data:`DEFAULT_HEADROOM`; 0 fills the GPU to the predicted peak.
         options: a :class:`SolveOptions` or the path of an options YAML; keywords given here
             win over it.
+        optimizer: ``"adamw"`` (default), ``"adamw8bit"`` (bitsandbytes) or ``"sgd"``.
+        frozen_dtype: storage of the frozen Linear weights: ``"bf16"``, ``"fp16"``, ``"int8"``
+            or ``"nf4"`` (QLoRA); default: the training precision.
 
     Raises:
         InfeasibleError: nothing qualifies; the message names the conflicting requirements.
     """
     opts = as_options(options)
-    model, cluster = load_model(model), load_cluster(cluster)
+    model = load_model(model, trace_time_limit_s=opts.trace_timeout or DEFAULT_TRACE_TIME_LIMIT_S)
+    cluster, profile = load_cluster(cluster), _loaded_profile(profile)
     batches = global_batches(global_batch if global_batch is not None else opts.global_batch)
     seq_len, _, precision, runtime = _settings(None, seq_len, (batches or [0])[0], precision,
                                                runtime)
@@ -299,17 +340,20 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
     problems = _batch_problems(model, cluster, batches, constraints.pins, seq_len=seq_len,
                                precision=precision, runtime=runtime, attention=attention,
                                mem_limit=mem_limit, profile=profile,
+                               optimizer=optimizer or opts.optimizer,
+                               frozen_dtype=frozen_dtype or opts.frozen_dtype,
                                headroom=solve_headroom(headroom, opts))
     if not cluster.cluster.is_homogeneous:  # stages on node groups; no runners-up
         found = solve_on_groups(problems, constraints.pins, time_limit_s=constraints.time_limit_s,
                                 objective=constraints.objective, bounds=constraints.bounds,
                                 max_gpus=constraints.max_gpus)
-        return _result(found.problem, model, cluster, found.plan, found.estimate, found.info)
+        return _result(found.problem, model, cluster, found.plan, found.estimate, found.info,
+                       profile)
     solution = solve_search(problems, constraints.pins, time_limit_s=constraints.time_limit_s,
                             objective=constraints.objective, bounds=constraints.bounds,
                             max_gpus=constraints.max_gpus, num_workers=num_workers)
     result = _result(solution.problem, model, cluster, solution.plan, solution.estimate,
-                     solution.info)
+                     solution.info, profile)
     if not runners_up:
         return result
     return result.model_copy(update={"runners_up": solution.table.runners_up(solution.row)})
@@ -317,14 +361,16 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
 
 def _batch_problems(model: Model, cluster: LoadedCluster, batches: list[int] | None, pins: Pins,
                     *, seq_len: int, precision: str, runtime: str, attention: str,
-                    mem_limit, profile=None, headroom: float = 0.0) -> list[Problem]:
+                    mem_limit, profile=None, optimizer: str | None = None,
+                    frozen_dtype: str | None = None, headroom: float = 0.0) -> list[Problem]:
     """One problem per allowed global batch whose pins are legal (all checked if none is)."""
     if not batches:
         raise ConstraintError("give --global-batch (or global_batch in --options).")
     _check_ep_cluster(cluster, pins.ep)
     problems, errors = [], []
     for batch in batches:
-        training = _training(seq_len, batch, precision, runtime, attention)
+        training = _training(seq_len, batch, precision, runtime, attention, optimizer,
+                             frozen_dtype)
         problem = make_problem(model, cluster, training, mem_limit, profile=profile,
                                headroom=headroom)
         try:
@@ -437,25 +483,28 @@ def _settings(run: ImportedRun | None, seq_len, global_batch, precision, runtime
 def estimate(model, cluster, plan_or_pins, *, seq_len: int | None = None,
              global_batch: int | None = None, mem_limit=None, precision: str | None = None,
              runtime: str | None = None, attention: str = "flash", profile=None,
-             runtime_settings: Mapping[str, Any] | None = None) -> Result:
+             runtime_settings: Mapping[str, Any] | None = None, optimizer: str | None = None,
+             frozen_dtype: str | None = None) -> Result:
     """Evaluate one plan: a Plan, pins completed with documented defaults, or an
     :class:`ImportedRun` read from a Megatron-LM, DeepSpeed or torchtitan configuration
     (``read_run(path)``), which may also supply the sequence length and global batch.
     ``profile`` replaces the compute profile as in :func:`solve`; ``runtime_settings`` fields
-    of the runtime's profile (:func:`runtime_with`)."""
+    of the runtime's profile (:func:`runtime_with`); ``optimizer`` and ``frozen_dtype`` as in
+    :func:`solve`."""
     start = time.perf_counter()
-    model, cluster = load_model(model), load_cluster(cluster)
+    model, cluster, profile = load_model(model), load_cluster(cluster), _loaded_profile(profile)
     run = plan_or_pins if isinstance(plan_or_pins, ImportedRun) else None
     seq_len, global_batch, precision, runtime = _settings(run, seq_len, global_batch, precision,
                                                          runtime)
-    training = _training(seq_len, global_batch, precision, runtime, attention)
+    training = _training(seq_len, global_batch, precision, runtime, attention, optimizer,
+                         frozen_dtype)
     problem = make_problem(model, cluster, training, mem_limit, profile=profile,
                            runtime_settings=runtime_settings)
     plan = _plan_for(problem, cluster, model, plan_or_pins)
     est = estimate_plan(problem, plan)
     info = SolverInfo(status="ESTIMATE", objective=est.step_time_s, bound=est.step_time_s, gap=0.0,
                       wall_time_s=time.perf_counter() - start)
-    return _result(problem, model, cluster, plan, est, info)
+    return _result(problem, model, cluster, plan, est, info, profile)
 
 
 def load_result(path: str | Path) -> Result:
@@ -488,13 +537,14 @@ def trace_document(graph: LayerGraph, batch: int = 1) -> dict:
     graph scale linearly with the batch)."""
     layers = [{
         "name": l.name, "kind": l.kind.value, "params": l.num_params,
+        "trainable_params": l.trainable_params,
         "fwd_flops": l.fwd_flops * batch, "bwd_flops": l.bwd_flops * batch,
         "activation_bytes": l.activation_bytes * batch + l.attention_internal_bytes * batch,
         "boundary_bytes": l.boundary_bytes * batch,
         "tp_split": {g.name: g.split.value for g in l.gemms},
     } for l in graph.layers]
     return {"model": graph.name, "seq_len": graph.seq_len, "batch": batch,
-            "num_params": graph.num_params, "fwd_flops": graph.fwd_flops * batch,
+            "num_params": graph.num_params, "num_trainable_params": graph.num_trainable_params, "fwd_flops": graph.fwd_flops * batch,
             "bwd_flops": graph.bwd_flops * batch, "layers": layers,
             "tp_constraints": tp_constraints(graph)}
 
@@ -518,6 +568,9 @@ def place_for_inference(model, cluster, *, context_len: int, batch: int = 1,
                         mem_limit=None) -> InferencePlacement:
     """A Hugging Face ``device_map`` (module name -> GPU index) that fits the model for
     inference with ``context_len`` tokens of KV cache, and the predicted time per token."""
+    if context_len < 1 or batch < 1:
+        raise ConstraintError(f"context_len {context_len} and batch {batch}: both must be at "
+                              "least 1.")
     model, cluster = load_model(model), load_cluster(cluster)
     require_homogeneous(cluster.cluster, "inference placement")
     graph = model.trace(min(context_len, 2048))
@@ -526,7 +579,7 @@ def place_for_inference(model, cluster, *, context_len: int, batch: int = 1,
 
 
 def verify(model, plan_or_result: Plan | Result | str | Path, *, steps: int = 5,
-           seq_len: int | None = None) -> dict:
+           seq_len: int | None = None, trace_time_limit_s: float | None = None) -> dict:
     """Train ``plan_or_result`` on CPU, one gloo process per rank, next to a single-process
     reference with the same weights and batches; return losses and per-rank memory.
 
@@ -535,6 +588,8 @@ def verify(model, plan_or_result: Plan | Result | str | Path, *, steps: int = 5,
         plan_or_result: a :class:`Result` (or the path of ``solve --json`` output) or a bare
             :class:`Plan`, which then needs ``seq_len``.
         steps: optimizer steps to run.
+        trace_time_limit_s: how long model.py may take to import and trace (the default of
+            :func:`load_model` when None).
 
     Returns:
         The ``autoplan verify --json`` document (see :mod:`autoplan.verify.runner`).
@@ -561,7 +616,7 @@ def verify(model, plan_or_result: Plan | Result | str | Path, *, steps: int = 5,
             "verify runs a plan on one kind of CPU rank; this plan puts its stages on node "
             "groups of a heterogeneous cluster. Verify its layer split with `autoplan export "
             "--target torchrun` on the cluster, or solve for one group to verify here.")
-    loaded = load_model(model)
+    loaded = load_model(model, trace_time_limit_s=trace_time_limit_s or DEFAULT_TRACE_TIME_LIMIT_S)
     cluster = load_cluster(result.cluster if result and result.cluster else {
         "gpu": "a100-sxm4-80gb", "nodes": 1, "gpus_per_node": plan.world_size,
         "intra_node": {"link": "nvswitch", "bandwidth": "300GB/s"}})
@@ -583,7 +638,7 @@ def verify(model, plan_or_result: Plan | Result | str | Path, *, steps: int = 5,
 def sweep(model, cluster, *, over, base=None, time_limit_s: float | None = None,
           workers: int | None = None, price_per_gpu_hour: float | dict | None = None,
           train_tokens: float | None = None, ray_address: str | None = None,
-          progress=None) -> dict:
+          progress=None, profile=None) -> dict:
     """Solve every point of a grid of inputs and mark the Pareto fronts (see autoplan.sweep).
 
     Args:
@@ -597,6 +652,7 @@ def sweep(model, cluster, *, over, base=None, time_limit_s: float | None = None,
         train_tokens: tokens of the run whose time-to-train and cost the fronts use.
         ray_address: run the points as Ray tasks there (``local`` starts Ray here).
         progress: ``callback(done, total)`` after each point.
+        profile: a calibration profile every point is solved with (as :func:`solve`).
 
     Returns:
         The ``sweep --json`` document: ``{"points": [{"inputs", "plan", "estimate", "solver",
@@ -608,13 +664,14 @@ def sweep(model, cluster, *, over, base=None, time_limit_s: float | None = None,
     start = time.perf_counter()
     model, cluster = load_model(model), load_cluster(cluster)
     require_homogeneous(cluster.cluster, "sweep")
-    axes = over if isinstance(over, sweeps.Axes) else _validated(sweeps.Axes, over, "over")
-    base = base if isinstance(base, sweeps.PointInputs) else _validated(
+    axes = over if isinstance(over, sweeps.Axes) else validated(sweeps.Axes, over, "over")
+    base = base if isinstance(base, sweeps.PointInputs) else validated(
         sweeps.PointInputs, base or {}, "base")
     inputs = sweeps.points(base, axes)
     rows = sweeps.run_points(model, cluster, inputs,
                              time_limit_s=time_limit_s or DEFAULT_TIME_LIMIT_S, workers=workers,
-                             ray_address=ray_address, progress=progress)
+                             ray_address=ray_address, progress=progress,
+                             profile=_loaded_profile(profile))
     return sweeps.document(
         inputs, rows, model_name=model.name, wall_time_s=time.perf_counter() - start,
         price_per_gpu_hour=price_per_gpu_hour or sweeps.DEFAULT_PRICE_PER_GPU_HOUR,
@@ -622,25 +679,20 @@ def sweep(model, cluster, *, over, base=None, time_limit_s: float | None = None,
 
 
 def sweep_file(path: str | Path, *, workers: int | None = None, ray_address: str | None = None,
-               progress=None) -> dict:
-    """Run a sweep YAML (examples/sweeps/*.yaml)."""
+               progress=None, profile=None, trace_time_limit_s: float | None = None) -> dict:
+    """Run a sweep YAML (examples/sweeps/*.yaml); ``trace_time_limit_s`` as in :func:`load_model`."""
     from autoplan import sweep as sweeps
 
     spec = sweeps.load_sweep_spec(path)
-    return sweep(spec.model, spec.cluster, over=spec.over, base=spec.base,
+    model = load_model(spec.model,
+                       trace_time_limit_s=trace_time_limit_s or DEFAULT_TRACE_TIME_LIMIT_S)
+    return sweep(model, spec.cluster, over=spec.over, base=spec.base,
                  time_limit_s=spec.time_limit_s, workers=workers,
                  price_per_gpu_hour=spec.price_per_gpu_hour, train_tokens=spec.train_tokens,
-                 ray_address=ray_address, progress=progress)
+                 ray_address=ray_address, progress=progress, profile=profile)
 
 
-def _validated(schema, values: Mapping, what: str):
-    try:
-        return schema.model_validate(dict(values))
-    except ValueError as err:
-        raise ConstraintError(f"{what}: {err}".replace("\n", " ")) from None
-
-
-def explain(result: Result | str | Path, model, *, pins=None):
+def explain(result: Result | str | Path, model, *, pins=None, profile=None):
     """Why a plan: binding constraint, runners-up per (TP, PP), what-ifs, warnings.
 
     Args:
@@ -648,6 +700,8 @@ def explain(result: Result | str | Path, model, *, pins=None):
         model: the model.py (path, module or loaded Model) the plan was made for; the plan JSON
             carries the cluster and training settings but not the traced graph.
         pins: the pins the plan was solved under (runners-up and what-ifs keep them).
+        profile: a calibration profile to cost the runners-up and what-ifs with (as solve);
+            where it may not hold, its warnings join the explanation's.
     """
     from autoplan.explain import explain_plan
 
@@ -656,12 +710,18 @@ def explain(result: Result | str | Path, model, *, pins=None):
         raise PlanFileError("the plan JSON lacks its cluster or training section; save the "
                             "output of `autoplan solve --json` and explain that.")
     t = result.training
-    training = _training(t.seq_len, t.global_batch, t.precision, t.runtime, "flash")
+    training = _training(t.seq_len, t.global_batch, t.precision, t.runtime, "flash",
+                         t.optimizer, t.frozen_dtype)
     cluster = load_cluster(result.cluster)
     require_homogeneous(cluster.cluster, "explain")
+    profile = _loaded_profile(profile)
     problem = make_problem(load_model(model), cluster, training,
-                           result.estimate.memory_limit_gib * 2**30)
-    return explain_plan(problem, result, _pins(pins))
+                           result.estimate.memory_limit_gib * 2**30, profile=profile)
+    explanation = explain_plan(problem, result, _pins(pins))
+    note = calibration_note(profile, problem, result.plan)
+    if note is None or not note.warnings:
+        return explanation
+    return explanation.model_copy(update={"warnings": [*explanation.warnings, *note.warnings]})
 
 
 def write_sweep(doc: dict, folder: str | Path, *, force: bool = False) -> list[Path]:
@@ -737,3 +797,90 @@ def draw_topology(cluster: LoadedCluster, path: str | Path, *, force: bool = Fal
     if not force:
         refuse_existing([Path(path)])
     return draw_png(cluster.cluster, path)
+
+
+def calibrate_runs(runs: list[str | Path], out: str | Path, *, model=None, cluster=None,
+                   force: bool = False, leave_one_out: bool = True) -> RunsProfile:
+    """Fit the global physical parameters (costmodels.parameters) to measured runs and write
+    the profile YAML to ``out`` (autoplan.run_profile).
+
+    Args:
+        runs: runs.csv files and/or training logs (Megatron-LM, torchtitan), each log next to
+            the configuration that produced it (autoplan.runs).
+        model, cluster: the model.py and cluster.yaml of the logs (a runs.csv names its own).
+        force: overwrite an existing ``out``.
+        leave_one_out: also refit without each run and predict it (the LORO error).
+
+    Raises:
+        RunsError: a row or log that cannot be used (the message names row and column).
+        OutputExistsError: ``out`` exists and ``force`` is false.
+    """
+    from autoplan.fit import fit
+    from autoplan.run_profile import profile_from_fit, write_runs_profile
+    from autoplan.runs import read_runs
+
+    if not force:
+        refuse_existing([Path(out)])
+    measured = [run for source in runs for run in read_runs(source, model=model, cluster=cluster)]
+    prepared = fit_runs(measured)
+    profile = profile_from_fit(prepared, fit(prepared, leave_one_out=leave_one_out))
+    write_runs_profile(profile, out)
+    return profile.model_copy(update={"source": str(out)})
+
+
+def fit_runs(measured: list) -> list:
+    """Each measured run traced and planned (autoplan.fit.FitRun), all on one GPU and runtime.
+
+    Raises:
+        RunsError: naming the run (row) and the column at fault.
+    """
+    from autoplan.fit import FitRun
+    from autoplan.runs import RunsError
+
+    models: dict[Path, Model] = {}
+    clusters: dict[Path, LoadedCluster] = {}
+    out = []
+    for run in measured:
+        try:
+            cluster = clusters.get(run.cluster) or clusters.setdefault(
+                run.cluster, load_cluster(run.cluster))
+        except AutoplanError as err:
+            raise RunsError(f"{run.label}, column cluster: {err}") from None
+        world = math.prod(run.pins.get(k, 1) for k in ("tp", "pp", "dp", "cp"))
+        if "dp" in run.pins and world > cluster.cluster.num_gpus:
+            raise RunsError(
+                f"{run.label}, columns tp,pp,dp,cp: tp*pp*dp*cp = {world} GPUs but "
+                f"{run.cluster.name} has {cluster.cluster.num_gpus}; give the cluster the run "
+                "used or the degrees it ran with.")
+        model = models.setdefault(run.model, load_model(run.model))
+        training = _training(run.seq_len, run.global_batch, run.precision or "bf16",
+                             run.runtime, "flash")
+        try:
+            problem = make_problem(model, cluster, training)
+        except AutoplanError as err:
+            raise RunsError(f"{run.label}, column model: {run.model} does not trace: {err}") from None
+        try:
+            plan = _plan_for(problem, cluster, model, run.pins)
+        except AutoplanError as err:
+            raise RunsError(f"{run.label}, columns tp,pp,dp,cp,mbs: {err}") from None
+        tokens = run.tokens_per_s_per_gpu or (
+            run.global_batch * run.seq_len / (run.step_time_s * plan.world_size))
+        out.append(FitRun(run.label, problem, plan, tokens, run.peak_memory_gib))
+    _same_hardware_and_runtime(out)
+    return out
+
+
+def _same_hardware_and_runtime(runs: list) -> None:
+    """A calibration is of one runtime on one GPU: refuse runs that mix them."""
+    from autoplan.runs import RunsError
+
+    first = runs[0]
+    for run in runs[1:]:
+        for column, value, reference in (
+                ("cluster", run.problem.cluster.gpu.name, first.problem.cluster.gpu.name),
+                ("runtime", run.problem.training.runtime.value,
+                 first.problem.training.runtime.value)):
+            if value != reference:
+                raise RunsError(
+                    f"{run.label}, column {column}: {value}, but {first.label} has {reference}. "
+                    "A calibration fits one runtime on one GPU; calibrate each separately.")

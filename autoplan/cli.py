@@ -111,9 +111,34 @@ EP = typer.Option(None, "--ep", min=1, help="Expert-parallel degree of MoE layer
 MEM_LIMIT = typer.Option(None, "--mem-limit", help="Per-GPU memory cap, e.g. 72GiB (default: the GPU's).")
 RUNTIME = typer.Option(None, "--runtime", help="megatron (default), deepspeed or fsdp.")
 PRECISION = typer.Option(None, "--precision", help="bf16 (default) or fp16.")
+OPTIMIZER = typer.Option(None, "--optimizer", help="adamw (default), adamw8bit (bitsandbytes "
+                         "8-bit states) or sgd (with momentum).")
+FROZEN_DTYPE = typer.Option(None, "--frozen-dtype", help="Storage of frozen Linear weights: "
+                            "bf16, fp16, int8 or nf4 (QLoRA 4-bit; default: --precision).")
 PROFILE = typer.Option(None, "--profile", help="A profile YAML from `autoplan calibrate`: "
-                       "replaces the catalog's compute efficiencies.")
+                       "replaces the catalog's compute efficiencies (or, from `calibrate "
+                       "--runs`, the parameters fitted to your runs).")
 JSON = typer.Option(False, "--json", help="Print one JSON document and nothing else.")
+TRACE_TIMEOUT = typer.Option(
+    None, "--trace-timeout", min=0.1, metavar="SECONDS",
+    help=f"Stop importing and tracing model.py after this long (default "
+         f"{api.DEFAULT_TRACE_TIME_LIMIT_S:g} s).")
+
+
+def _read_run(path: Path) -> api.ImportedRun:
+    """The setup of --from FILE; what was inferred from fields it leaves out goes to stderr."""
+    run = api.read_run(path)
+    for note in run.notes:
+        stderr.print(f"note: {path.name}: {note}", highlight=False, soft_wrap=True)
+    return run
+
+
+def _model(path: Path, trace_timeout: Optional[float]):
+    """model.py with --trace-timeout when given; else the path (the options file's
+    trace_timeout, or the default, then applies)."""
+    if trace_timeout is None:
+        return path
+    return _run(lambda: api.load_model(path, trace_time_limit_s=trace_timeout))
 
 
 @app.command()
@@ -127,6 +152,7 @@ def solve(
     placement: Optional[str] = PLACEMENT, ep: Optional[int] = EP,
     mem_limit: Optional[str] = MEM_LIMIT, runtime: Optional[str] = RUNTIME,
     precision: Optional[str] = PRECISION, profile: Optional[Path] = PROFILE,
+    optimizer: Optional[str] = OPTIMIZER, frozen_dtype: Optional[str] = FROZEN_DTYPE,
     as_json: bool = JSON,
     headroom: Optional[float] = typer.Option(
         None, "--headroom", help="Fraction of each GPU's memory plans leave free (default 0.05)."),
@@ -138,13 +164,15 @@ def solve(
     explain: bool = typer.Option(False, "--explain", help="Also say why this plan (see `explain`)."),
     options: Optional[Path] = typer.Option(
         None, "--options", help="YAML of objective, pins, bounds, mem_limit, headroom, max_gpus, "
-        "global_batch, tp_within_node, forbid_offload; flags given here win."),
+        "global_batch, tp_within_node, forbid_offload, optimizer, frozen_dtype, trace_timeout; "
+        "flags given here win."),
     objective: Optional[str] = typer.Option(
         None, "--objective", help="time (default), gpus, cost, or a lexicographic list: gpus,time."),
     min_tokens_per_s: Optional[float] = typer.Option(
         None, "--min-tokens-per-s", min=0, help="Throughput every plan must reach."),
     price: Optional[float] = typer.Option(
         None, "--gpu-hour-price", min=0, help="$ per GPU-hour for --objective cost (default 2)."),
+    trace_timeout: Optional[float] = TRACE_TIMEOUT,
 ) -> None:
     """Find the fastest plan that fits in memory (or the fewest GPUs, or the cheapest, with
     --objective); given options pin those dimensions. With --from, also price the setup you run
@@ -153,11 +181,13 @@ def solve(
                  placement, ep)
     if export is not None and out is None:  # before the solve, which may take minutes
         _fail(_NO_OUT)
+    model = _model(model, trace_timeout)
     current = None
     if from_file is not None:
         current = _run(lambda: api.estimate(
-            model, cluster, api.read_run(from_file), seq_len=seq_len, global_batch=global_batch,
-            mem_limit=mem_limit, runtime=runtime, precision=precision, profile=profile))
+            model, cluster, _read_run(from_file), seq_len=seq_len, global_batch=global_batch,
+            mem_limit=mem_limit, runtime=runtime, precision=precision, profile=profile,
+            optimizer=optimizer, frozen_dtype=frozen_dtype))
         training = current.training
         seq_len, global_batch = training.seq_len, training.global_batch
         runtime, precision = training.runtime, training.precision
@@ -166,9 +196,10 @@ def solve(
         model, cluster, seq_len=seq_len, global_batch=global_batch, pins=pins,
         mem_limit=mem_limit, time_limit_s=time_limit, runtime=runtime, precision=precision,
         objective=terms, min_tokens_per_s=min_tokens_per_s, price_per_gpu_hour=price,
-        options=options, profile=profile, headroom=headroom))
+        options=options, profile=profile, optimizer=optimizer, frozen_dtype=frozen_dtype,
+        headroom=headroom))
     if explain:
-        explanation = _run(lambda: api.explain(result, model, pins=pins))
+        explanation = _run(lambda: api.explain(result, model, pins=pins, profile=profile))
     # Written (or refused) before anything is printed: a refusal leaves stdout empty.
     written = _export(result, export, out, force) if export is not None else []
     if explain and as_json:
@@ -195,7 +226,8 @@ def estimate(
     placement: Optional[str] = PLACEMENT, ep: Optional[int] = EP,
     mem_limit: Optional[str] = MEM_LIMIT, runtime: Optional[str] = RUNTIME,
     precision: Optional[str] = PRECISION, profile: Optional[Path] = PROFILE,
-    as_json: bool = JSON,
+    optimizer: Optional[str] = OPTIMIZER, frozen_dtype: Optional[str] = FROZEN_DTYPE,
+    as_json: bool = JSON, trace_timeout: Optional[float] = TRACE_TIMEOUT,
 ) -> None:
     """Evaluate one plan. Unset dimensions default to tp=pp=cp=1, dp = the most GPUs left that
     divide the global batch, mbs=1, ZeRO-0, no recompute, no SP, no interleaving, no offload."""
@@ -205,12 +237,14 @@ def estimate(
     def plan():
         if from_file is None:
             return pins
-        run = api.read_run(from_file)  # pins on the command line override the file's
+        run = _read_run(from_file)  # pins on the command line override the file's
         return dataclasses.replace(run, pins={**run.pins, **pins})
 
+    model = _model(model, trace_timeout)
     result = _run(lambda: api.estimate(
         model, cluster, plan(), seq_len=seq_len, global_batch=global_batch, mem_limit=mem_limit,
-        runtime=runtime, precision=precision, profile=profile))
+        runtime=runtime, precision=precision, profile=profile, optimizer=optimizer,
+        frozen_dtype=frozen_dtype))
     _emit(result, as_json)
 
 
@@ -220,9 +254,10 @@ def trace(
     seq_len: int = typer.Option(2048, "--seq-len", help="Tokens per sequence."),
     batch: int = typer.Option(1, "--batch", min=1, help="Sequences (figures scale linearly)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    trace_timeout: Optional[float] = TRACE_TIMEOUT,
 ) -> None:
     """Print the traced layer table of a model."""
-    graph = _run(lambda: api.load_model(model).trace(seq_len))
+    graph = _run(lambda: api.load_model(_model(model, trace_timeout)).trace(seq_len))
     document = api.trace_document(graph, batch)
     if as_json:
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
@@ -277,11 +312,12 @@ def verify_cmd(
     model: Path = MODEL,
     plan_json: Path = typer.Argument(..., help="What `autoplan solve --json` printed."),
     steps: int = typer.Option(5, "--steps", min=1, help="Training steps to run."),
-    as_json: bool = JSON,
+    as_json: bool = JSON, trace_timeout: Optional[float] = TRACE_TIMEOUT,
 ) -> None:
     """Run a plan on CPU (one gloo process per rank) next to a single-process reference and
     compare losses and per-rank memory."""
-    document = _run(lambda: api.verify(model, plan_json, steps=steps))
+    document = _run(lambda: api.verify(model, plan_json, steps=steps,
+                                       trace_time_limit_s=trace_timeout))
     if as_json:
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
         return
@@ -312,7 +348,8 @@ def sweep_cmd(
     time_limit: float = typer.Option(api.DEFAULT_TIME_LIMIT_S, "--time-limit", min=0.1),
     out: Optional[Path] = typer.Option(None, "--out", help="Folder for sweep.csv, sweep.json and plots."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing files in --out."),
-    as_json: bool = JSON,
+    profile: Optional[Path] = PROFILE,
+    as_json: bool = JSON, trace_timeout: Optional[float] = TRACE_TIMEOUT,
 ) -> None:
     """Solve a grid of inputs in parallel; print the best plan per point and the Pareto fronts."""
     from rich.progress import Progress
@@ -329,12 +366,14 @@ def sweep_cmd(
         progress = lambda done, total: bar.update(task, completed=done, total=total)  # noqa: E731
         if cluster is None:
             doc = _run(lambda: api.sweep_file(source, workers=workers, ray_address=ray,
-                                              progress=progress))
+                                              progress=progress, profile=profile,
+                                              trace_time_limit_s=trace_timeout))
         else:
             doc = _run(lambda: api.sweep(
-                source, cluster, over=_run(lambda: sweeps.parse_over(over)), base=base,
+                _model(source, trace_timeout), cluster, over=_run(lambda: sweeps.parse_over(over)), base=base,
                 time_limit_s=time_limit, workers=workers, price_per_gpu_hour=price,
-                train_tokens=train_tokens, ray_address=ray, progress=progress))
+                train_tokens=train_tokens, ray_address=ray, progress=progress,
+                profile=profile))
     if out is not None:
         for path in _run(lambda: api.write_sweep(doc, out, force=force)):
             stderr.print(f"wrote {path}")
@@ -350,11 +389,13 @@ def explain_cmd(
     model: Path = typer.Option(..., "--model", help="The model.py the plan was made for."),
     plots: Optional[Path] = typer.Option(None, "--plots", help="Folder for memory and placement plots."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing plots in --plots."),
-    as_json: bool = JSON,
+    profile: Optional[Path] = PROFILE,
+    as_json: bool = JSON, trace_timeout: Optional[float] = TRACE_TIMEOUT,
 ) -> None:
     """Why this plan: binding constraint, runners-up per TP/PP shape, what-ifs and warnings."""
     result = _run(lambda: api.load_result(plan_json))
-    _emit_explanation(_run(lambda: api.explain(result, model)), as_json)
+    _emit_explanation(_run(lambda: api.explain(result, _model(model, trace_timeout),
+                                               profile=profile)), as_json)
     if plots is not None:
         for path in _run(lambda: api.plot_plan(result, plots, force=force)):
             stderr.print(f"wrote {path}")
@@ -375,9 +416,10 @@ def infer_cmd(
                                     help="Tokens of context (prompt plus generated) to hold in the KV cache."),
     batch: int = typer.Option(1, "--batch", min=1, help="Sequences generated together."),
     mem_limit: Optional[str] = MEM_LIMIT, as_json: bool = JSON,
+    trace_timeout: Optional[float] = TRACE_TIMEOUT,
 ) -> None:
     """Inference placement: a Hugging Face device_map and the predicted time per generated token."""
-    placement = _run(lambda: api.place_for_inference(model, cluster, context_len=context_len,
+    placement = _run(lambda: api.place_for_inference(_model(model, trace_timeout), cluster, context_len=context_len,
                                                      batch=batch, mem_limit=mem_limit))
     if as_json:
         sys.stdout.write(json.dumps(placement.model_dump(mode="json"), indent=2) + "\n")
@@ -406,11 +448,29 @@ def calibrate_cmd(
     device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: cuda "
                                          "when a GPU is visible, else cpu)."),
     quick: bool = typer.Option(False, "--quick", help="Tiny shapes: seconds, not minutes."),
+    runs: list[Path] = typer.Option(
+        [], "--runs", help="Fit to measured runs instead of measuring here: a runs.csv, or a "
+        "Megatron-LM/torchtitan training log next to its configuration (repeat)."),
+    model: Optional[Path] = typer.Option(None, "--model", help="With a training log: its model.py."),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help="With a training log: its cluster.yaml."),
+    force: bool = typer.Option(False, "--force", help="With --runs: overwrite an existing --out."),
     as_json: bool = JSON,
 ) -> None:
     """Measure GEMM throughput, memory bandwidth and (several GPUs) all-reduce bandwidth here
-    and write a profile for `solve`/`estimate --profile`."""
+    and write a profile for `solve`/`estimate --profile`; with --runs, fit the cost model's
+    global parameters to your measured runs instead."""
     from autoplan.calibrate import bus_bandwidth_Bps
+    if runs:
+        profile = _run(lambda: api.calibrate_runs(runs, out, model=model, cluster=cluster,
+                                                  force=force))
+        if as_json:
+            sys.stdout.write(json.dumps(profile.model_dump(mode="json", by_alias=True),
+                                        indent=2) + "\n")
+            return
+        from autoplan.report import render_calibration
+        render_calibration(profile, stdout)
+        stdout.print(f"wrote {out}")
+        return
     measured, fitted = _run(lambda: api.calibrate(out, device=device, quick=quick))
     numbers = {"gemm_efficiency": fitted.gemm_efficiency, "gemm_half_flops": fitted.gemm_half_flops,
                "memory_efficiency": fitted.memory_efficiency}

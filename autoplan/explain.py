@@ -11,16 +11,20 @@ only above the plan's step time); what-ifs solve the changed problem.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
 from autoplan.cluster.topology import GroupLinks
-from autoplan.costmodels.step import Problem, axis_links, limit_mib, memory_mib, peak_moments
-from autoplan.plan import Offload, Plan, Result
+from autoplan.costmodels.step import (
+    Problem, axis_links, estimate, limit_mib, memory_mib, peak_moments,
+)
+from autoplan.graph.layer_graph import LayerGraph
+from autoplan.plan import Offload, OmitsDefaults, Plan, Result
 from autoplan.plugins.colossalai_tp import compare_tp_modes
 from autoplan.search.runners_up import best_by_shape
 from autoplan.search.solver import Table
-from autoplan.training import Pins
+from autoplan.training import Optimizer, Pins
 
 SLOW_NETWORK_BPS = 100e9 / 8
 """Below 100 Gb/s per node-to-node path ZeRO-3's per-micro-batch gathers dominate (DESIGN.md:
@@ -70,7 +74,7 @@ class TpMode(BaseModel):
     vs_1d: float
 
 
-class Explanation(BaseModel):
+class Explanation(OmitsDefaults):
     """``autoplan explain --json``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -82,6 +86,11 @@ class Explanation(BaseModel):
     what_ifs: list[WhatIf]
     warnings: list[str]
     tp_modes: list[TpMode] = []  # 1D vs 2D/2.5D/3D TP near the plan's TP size
+    fine_tuning: str | None = None
+    """What fine-tuning saved against training every parameter with AdamW (None, and left out
+    of the JSON, for a full training with AdamW)."""
+
+    _omitted_defaults: ClassVar[dict[str, object]] = {"fine_tuning": None}
 
 
 UNLIMITED_BYTES = float(2**62)
@@ -305,6 +314,39 @@ def tp_modes(result: Result) -> list[TpMode]:
                    vs_1d=r.vs_1d) for r in rows]
 
 
+def _fully_trained(graph: LayerGraph) -> LayerGraph:
+    """The graph as if every parameter trained: every layer in backward, every Linear with
+    both gradients, every attention differentiated."""
+    def trained(layer):
+        return replace(layer, frozen_params=0, frozen_sharded=0, in_backward=True,
+                       gemms=tuple(replace(g, wgrad=True, dgrad=True) for g in layer.gemms),
+                       attention=tuple(replace(a, backward=True) for a in layer.attention))
+    return replace(graph, layers=tuple(trained(layer) for layer in graph.layers))
+
+
+def fine_tuning_savings(problem: Problem, result: Result) -> str | None:
+    """The plan's memory and step against the same plan training every parameter with AdamW
+    and the weights in the training precision; None when that is what the plan does."""
+    training = problem.training
+    if (problem.graph.num_trainable_params == problem.graph.num_params
+            and training.optimizer is Optimizer.ADAMW
+            and training.frozen_storage.value == training.precision.value):
+        return None
+    full = replace(problem, graph=_fully_trained(problem.graph), _cache={},
+                   training=training.model_copy(update={"optimizer": Optimizer.ADAMW,
+                                                        "frozen_dtype": None}))
+    mine, theirs = result.estimate, estimate(full, result.plan)
+    saved = {part: theirs.memory_breakdown_gib[part] - mine.memory_breakdown_gib[part]
+             for part in ("weights", "gradients", "optimizer")}
+    fits = "fits" if theirs.feasible else "does not fit"
+    return (f"against training all {problem.graph.num_params:,} parameters with AdamW in "
+            f"{training.precision.value} ({theirs.peak_memory_gib:.1f} GiB, {fits}; "
+            f"{theirs.step_time_s:.3f} s per step), this fine-tune saves "
+            f"{saved['gradients']:.1f} GiB of gradients, {saved['optimizer']:.1f} GiB of "
+            f"optimizer state and {saved['weights']:.1f} GiB of weights per GPU, and "
+            f"{1 - mine.step_time_s / theirs.step_time_s:.0%} of the step")
+
+
 def explain_plan(problem: Problem, result: Result, pins: Pins = Pins()) -> Explanation:
     """The explanation of ``result``, a plan for ``problem`` (found under ``pins``)."""
     table = Table.build(problem, pins)
@@ -319,7 +361,8 @@ def explain_plan(problem: Problem, result: Result, pins: Pins = Pins()) -> Expla
         binding=binding(table, problem, chosen, pins), bottleneck=bottleneck(problem, result),
         runners_up=runners_up(table, chosen),
         what_ifs=what_ifs(problem, result.plan, result.estimate.step_time_s, pins),
-        warnings=notes + warnings(problem, result, pins), tp_modes=tp_modes(result))
+        warnings=notes + warnings(problem, result, pins), tp_modes=tp_modes(result),
+        fine_tuning=fine_tuning_savings(problem, result))
 
 
 def render(explanation: Explanation, console) -> None:
@@ -343,6 +386,8 @@ def render(explanation: Explanation, console) -> None:
                    f"{w.step_time_s:.3f} s ({w.speedup:+.0%})"
                    + (f", plan becomes {w.plan}" if w.plan_changes else ", same plan"))
         console.print(f"[bold]what if[/] {w.change}: {outcome}", soft_wrap=True)
+    if e.fine_tuning:
+        console.print(f"[bold]fine-tuning:[/] {e.fine_tuning}", soft_wrap=True)
     for warning in e.warnings:
         console.print(f"[bold yellow]warning:[/] {warning}", soft_wrap=True)
     _render_tp_modes(e.tp_modes, console)

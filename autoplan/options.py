@@ -14,11 +14,15 @@ Example::
     global_batch: [256, 512]     # or {min: 256, max: 1024}: the solver picks it
     tp_within_node: true
     forbid_offload: true
+    optimizer: adamw8bit         # adamw (default), adamw8bit or sgd
+    frozen_dtype: nf4            # frozen Linear weights: bf16, fp16, int8, nf4 (QLoRA)
+    trace_timeout: 300           # seconds model.py may take to import and trace (default 120)
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Mapping
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -26,7 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from autoplan.cluster.spec import Cluster
 from autoplan.errors import ConstraintError
 from autoplan.plan import Offload
-from autoplan.training import Bounds, Constraints, Objective, ObjectiveTerm, Pins, Range
+from autoplan.training import (
+    Bounds, Constraints, FrozenDtype, Objective, ObjectiveTerm, Optimizer, Pins, Range,
+)
 from autoplan.units import parse_quantity
 
 
@@ -64,6 +70,9 @@ class SolveOptions(BaseModel):
     global_batch: int | list[int] | BatchRange | None = None
     tp_within_node: bool = False
     forbid_offload: bool = False
+    optimizer: Optimizer | None = None
+    frozen_dtype: FrozenDtype | None = None
+    trace_timeout: float | None = Field(default=None, gt=0)
 
 
 def global_batches(value: int | list[int] | BatchRange | dict | None) -> list[int] | None:
@@ -71,11 +80,12 @@ def global_batches(value: int | list[int] | BatchRange | dict | None) -> list[in
     if value is None:
         return None
     if isinstance(value, dict):
-        value = BatchRange(**value)
+        value = validated(BatchRange, value, "global_batch")
     if isinstance(value, BatchRange):
         return value.values()
-    values = [value] if isinstance(value, int) else list(value)
-    if not values or any(v < 1 for v in values):
+    listed = isinstance(value, (list, tuple))
+    values = [value] if isinstance(value, int) else list(value) if listed else []
+    if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
         raise ConstraintError("global_batch: give a positive integer, a list of them, or "
                               "{min: 256, max: 1024}.")
     return sorted(set(values))
@@ -98,10 +108,8 @@ def load_options(path: str | Path) -> SolveOptions:
     except yaml.YAMLError as err:
         raise ConstraintError(f"{path}: not valid YAML ({err}).") from None
     except ValidationError as err:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'file'}: {e['msg']}"
-                             for e in err.errors())
-        raise ConstraintError(f"{path}: {problems}. Keys: {', '.join(SolveOptions.model_fields)}."
-                              ) from None
+        raise ConstraintError(f"{path}: {field_problems(err)}. Keys: "
+                              f"{', '.join(SolveOptions.model_fields)}.") from None
 
 
 def as_options(options: SolveOptions | dict | str | Path | None) -> SolveOptions:
@@ -111,7 +119,10 @@ def as_options(options: SolveOptions | dict | str | Path | None) -> SolveOptions
     if isinstance(options, SolveOptions):
         return options
     if isinstance(options, dict):
-        return _validated(SolveOptions, options, "options")
+        return validated(SolveOptions, options, "options")
+    if not isinstance(options, (str, Path)):
+        raise ConstraintError(f"options: expected a SolveOptions, a mapping or the path of an "
+                              f"options YAML; got {type(options).__name__}.")
     return load_options(options)
 
 
@@ -163,22 +174,34 @@ def merge_options(opts: SolveOptions, cluster: Cluster, *, pins: Pins, bounds=No
     if bounds is None:
         bounds = opts.bounds
     elif not isinstance(bounds, Bounds):
-        bounds = _validated(Bounds, bounds, "bounds")
+        bounds = validated(Bounds, bounds, "bounds")
     if tp_within_node if tp_within_node is not None else opts.tp_within_node:
         bounds = with_node_limit(bounds, cluster.gpus_per_node)
     terms = objective if objective is not None else opts.objective or ObjectiveTerm.TIME
     terms = [terms] if isinstance(terms, (str, ObjectiveTerm)) else list(terms)
-    goal = _validated(Objective, {
+    goal = validated(Objective, {
         "terms": [t.strip() if isinstance(t, str) else t for t in terms],
         "min_tokens_per_s": min_tokens_per_s or opts.min_tokens_per_s,
         "price_per_gpu_hour": price_per_gpu_hour or opts.price_per_gpu_hour or 2.0}, "objective")
-    return Constraints(pins=_validated(Pins, merged, "pins"), bounds=bounds,
-                       max_gpus=max_gpus or opts.max_gpus, objective=goal,
-                       **({"time_limit_s": time_limit_s} if time_limit_s else {}))
+    return validated(Constraints, {
+        "pins": validated(Pins, merged, "pins"), "bounds": bounds,
+        "max_gpus": max_gpus if max_gpus is not None else opts.max_gpus, "objective": goal,
+        **({"time_limit_s": time_limit_s} if time_limit_s else {})}, "solve settings")
 
 
-def _validated(schema, values: dict, what: str):
+def validated(schema, values: Mapping, what: str):
+    """``schema`` built from the caller's ``values``; anything wrong is one ConstraintError
+    naming each bad field (the message the CLI prints)."""
+    if not isinstance(values, Mapping):
+        raise ConstraintError(f"{what}: expected a mapping of names to values; got "
+                              f"{type(values).__name__}.")
     try:
         return schema.model_validate(dict(values))
     except ValidationError as err:
-        raise ConstraintError(f"{what}: {err}".replace("\n", " ")) from None
+        raise ConstraintError(f"{what}: {field_problems(err)}.") from None
+
+
+def field_problems(err: ValidationError) -> str:
+    """``loc: message`` of each problem, without pydantic's type codes and links."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}"
+                     for e in err.errors())

@@ -234,6 +234,8 @@ class ModelInfo(OmitsDefaults):
     model_config = ConfigDict(frozen=True, extra="forbid")
     name: str
     num_params: int
+    num_trainable_params: int | None = None
+    """Parameters with requires_grad (None in plan files written before it was recorded)."""
     layer_kinds: tuple[str, ...]  # kind of each LayerGraph layer, indexed like Stage.first_layer
     hidden_size: int | None = None
     num_layers: int | None = None
@@ -263,9 +265,22 @@ class TrainingInfo(BaseModel):
     global_batch: int
     precision: str
     runtime: str
+    optimizer: str = "adamw"
+    frozen_dtype: str | None = None
+    """How frozen Linear weights are stored (bf16, fp16, int8, nf4); None in older files."""
 
 
-class Result(BaseModel):
+class CalibrationNote(BaseModel):
+    """The ``--profile`` of ``calibrate --runs`` a result was costed with: the parameters it
+    set and why they may not hold here (another GPU or runtime, far outside its scale)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    profile: str
+    parameters: dict[str, float]
+    warnings: list[str] = []
+
+
+class Result(OmitsDefaults):
     """What ``autoplan.solve`` returns; ``model_dump()`` is the CLI's ``--json`` document.
 
     ``model``, ``cluster`` (the cluster.yaml mapping as validated) and ``training`` make the
@@ -280,6 +295,9 @@ class Result(BaseModel):
     cluster: dict | None = None
     training: TrainingInfo | None = None
     runners_up: list[ShapeRunnerUp] | None = None
+    calibration: CalibrationNote | None = None
+    """Set when costed with a ``calibrate --runs`` profile (left out of the JSON otherwise)."""
+    _omitted_defaults: ClassVar[dict[str, object]] = {"calibration": None}
 
     @property
     def status(self) -> str:

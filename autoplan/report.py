@@ -8,6 +8,7 @@ from rich.text import Text
 
 from autoplan.costmodels.comm import network_note
 from autoplan.plan import Result
+from autoplan.plugins.summary import fine_tuning_line
 
 
 def _kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
@@ -143,6 +144,8 @@ def render(result: Result, console: Console) -> None:
     if result.model:
         title += f" ({result.model.num_params / 1e9:.2f}B parameters)"
     console.print(Text(title, style="bold"))
+    if (line := fine_tuning_line(result)) is not None:
+        console.print(line)
     console.print(Group(
         plan_table(result), "", estimate_table(result), "",
         _breakdown_table("Memory per GPU (worst stage)", e.memory_breakdown_gib, "GiB",
@@ -151,7 +154,47 @@ def render(result: Result, console: Console) -> None:
         *([Text(note, style="yellow")] if (note := network_note(e)) else []),
         solver_text(result),
         *([runners_up_table(result)] if result.runners_up else []),
+        *calibration_lines(result),
     ))
+
+
+def calibration_lines(result: Result) -> list[Text]:
+    """The ``--profile`` fitted to runs, and one warning line for each reason it may not hold."""
+    note = result.calibration
+    if note is None:
+        return []
+    fitted = ", ".join(f"{k} {v:.3g}" for k, v in note.parameters.items()) or "nothing fitted"
+    lines = [Text(f"calibrated with {note.profile}: {fitted}")]
+    return lines + [Text(f"warning: {w}", style="bold yellow") for w in note.warnings]
+
+
+def render_calibration(profile, console: Console) -> None:
+    """The fit of ``calibrate --runs``: per run measured / before / after / left out, the
+    fitted and fixed parameters, and the mean errors."""
+    table = Table(title=f"calibration on {profile.fitted_on.runs} run(s) "
+                        f"({profile.fitted_on.gpu}, {profile.fitted_on.runtime})",
+                  title_justify="left")
+    for column in ("run", "tok/s/GPU", "before", "after", "left out", "GiB", "before", "after"):
+        table.add_column(column, justify="left" if column == "run" else "right",
+                         no_wrap=column == "run")
+    for row in profile.runs:
+        measured, before, after, loro = row.tokens_per_s_per_gpu
+        memory = row.peak_memory_gib or (None, None, None, None)
+        table.add_row(row.run, f"{measured:,.0f}", f"{before:,.0f}", f"{after:,.0f}",
+                      "-" if loro is None else f"{loro:,.0f}",
+                      *("-" if m is None else f"{m:.1f}" for m in memory[:3]))
+    console.print(table)
+    for name, value in profile.parameters.items():
+        console.print(f"fitted {name}: {profile.catalog.get(name, float('nan')):.4g} -> {value:.4g}")
+    for name, reason in profile.fixed.items():
+        console.print(f"fixed {name}: {reason}", highlight=False)
+    fit = profile.fit
+    loro = "-" if fit.loro_mean_abs_error is None else f"{fit.loro_mean_abs_error:.1%}"
+    console.print(f"tokens/s/GPU mean error: {fit.mean_abs_error_before:.1%} before, "
+                  f"{fit.mean_abs_error_after:.1%} after; leave-one-run-out {loro}")
+    if fit.memory_mean_abs_error_before is not None:
+        console.print(f"peak memory mean error: {fit.memory_mean_abs_error_before:.1%} before, "
+                      f"{fit.memory_mean_abs_error_after:.1%} after")
 
 
 def runners_up_table(result: Result, count: int = 6) -> Table:
@@ -183,7 +226,9 @@ def render_trace(document: dict, console: Console) -> None:
             f"{layer['boundary_bytes'] / 2**20:.1f}",
             ", ".join(f"{n} {s}" for s, n in splits.items()) or "-")
     console.print(table)
-    console.print(f"total: {document['num_params']:,} parameters, "
+    trainable = document.get("num_trainable_params", document["num_params"])
+    frozen = f" ({trainable:,} trainable)" if trainable != document["num_params"] else ""
+    console.print(f"total: {document['num_params']:,} parameters{frozen}, "
                   f"{document['fwd_flops'] / 1e12:.2f} TFLOP forward, "
                   f"{document['bwd_flops'] / 1e12:.2f} TFLOP backward")
 

@@ -35,6 +35,25 @@ RUNTIME_PLACEMENTS = {
 (pipe, data, model) and torchtitan's mesh (pp, dp, cp, tp) are the default only."""
 
 
+class FrozenDtype(str, Enum):
+    """How frozen Linear weights are stored: the training precision, LLM.int8's 8-bit, or
+    QLoRA's 4-bit NormalFloat with double quantization (bitsandbytes; Dettmers et al. 2023)."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    INT8 = "int8"
+    NF4 = "nf4"
+
+
+class Optimizer(str, Enum):
+    """The optimizer of the trained parameters: Adam(W) with fp32 moments, bitsandbytes'
+    block-wise 8-bit Adam(W), or SGD with momentum."""
+
+    ADAMW = "adamw"
+    ADAMW8BIT = "adamw8bit"
+    SGD = "sgd"
+
+
 class AttentionKernel(str, Enum):
     """FLASH: fused kernels that keep no s x s matrix (FlashAttention, cuDNN). EXPLICIT:
     scores materialized and a fused softmax (Megatron-LM before FlashAttention, 2021-2022)."""
@@ -44,7 +63,8 @@ class AttentionKernel(str, Enum):
 
 
 class TrainingSpec(BaseModel):
-    """One training step: sequence length, global batch (sequences), precision and runtime."""
+    """One training step: sequence length, global batch (sequences), precision, runtime, the
+    optimizer and how frozen weights are stored (None: in the training precision)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     seq_len: int = Field(ge=1)
@@ -52,6 +72,13 @@ class TrainingSpec(BaseModel):
     precision: Precision = Precision.BF16
     runtime: Runtime = Runtime.MEGATRON
     attention: AttentionKernel = AttentionKernel.FLASH
+    optimizer: Optimizer = Optimizer.ADAMW
+    frozen_dtype: FrozenDtype | None = None
+
+    @property
+    def frozen_storage(self) -> FrozenDtype:
+        """The frozen weights' storage, defaulting to the training precision."""
+        return self.frozen_dtype or FrozenDtype(self.precision.value)
 
     @property
     def tokens_per_step(self) -> int:

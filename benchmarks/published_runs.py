@@ -1,4 +1,4 @@
-"""The published training runs of ../shared/data/published_runs.csv as autoplan questions:
+"""The published training runs of data/published_runs.csv as autoplan questions:
 for each row, the model (a GPT built from the row's shape), the cluster (DGX A100 nodes as on
 Selene), the training settings and the plan the authors ran. Shared by the accuracy benchmark
 and the tests that cite rows."""
@@ -6,7 +6,6 @@ and the tests that cite rows."""
 from __future__ import annotations
 
 import csv
-import os
 import re
 import types
 from dataclasses import dataclass
@@ -15,8 +14,7 @@ from pathlib import Path
 
 from autoplan.zoo import GPT, GPTConfig, next_token_loss
 
-DATA = Path(os.environ.get("AUTOPLAN_SHARED_DATA",
-                           Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+DATA = Path(__file__).resolve().parents[1] / "data"
 CSV = DATA / "published_runs.csv"
 
 

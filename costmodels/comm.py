@@ -28,7 +28,6 @@ from __future__ import annotations
 import bisect
 import math
 
-from autoplan.cluster.profile import BusbwCurve
 from autoplan.cluster.topology import GroupLinks
 
 NCCL_BASE_LATENCY_S = 9e-6
@@ -91,15 +90,16 @@ def _measured_busbw(links: GroupLinks, message_bytes: float) -> float | None:
     profile = links.profile
     if profile is None:
         return None
-    curve: BusbwCurve | None = profile.inter if links.crosses_nodes else profile.intra
-    if curve is None:
+    if not links.crosses_nodes:
+        return None if profile.intra is None else profile.intra.at(message_bytes)
+    busbw = profile.inter_busbw(message_bytes, links.num_nodes)
+    if busbw is None:
         return None
-    busbw = curve.at(message_bytes)
-    if links.crosses_nodes:  # measured with whole nodes: this group has its share of the NICs
-        share = links.members_per_node / (links.gpus_per_node or links.members_per_node)
-        busbw = busbw * share / links.uplink_slowdown
-        if links.members_per_node > 1:
-            busbw = min(busbw, _intra_busbw(links, message_bytes))
+    # measured with whole nodes: this group has its share of the NICs
+    share = links.members_per_node / (links.gpus_per_node or links.members_per_node)
+    busbw = busbw * share / links.uplink_slowdown
+    if links.members_per_node > 1:
+        busbw = min(busbw, _intra_busbw(links, message_bytes))
     return busbw
 
 

@@ -3,7 +3,12 @@
 Each Linear is a GEMM of ``m = tokens`` rows, its columns (column-parallel) or rows
 (row-parallel) divided by TP, running at an efficiency that grows with its size:
 ``eff = gemm_efficiency * f / (f + gemm_half_flops)`` for a GEMM of f FLOPs (small per-GPU GEMMs
-are launch/tail-bound). Backward is two GEMMs of the same size (input and weight gradients).
+are launch/tail-bound). Backward is two GEMMs of the same size (input and weight gradients),
+each run only where needed: a frozen Linear's weight gets no gradient, a Linear whose input
+needs none (below the first trainable parameter) computes no input gradient, and a layer before
+the first trainable parameter has no backward at all. LoRA adapters are thin GEMMs (rank r):
+they take at least the time to stream their input and output through HBM. Frozen weights
+stored quantized are dequantized before each use (quantization.py).
 Attention runs as the fused flash kernel (causal masks skip half the tiles) or, for runtimes
 without it, as batched GEMMs plus a memory-bound softmax/dropout over the s x s scores.
 Everything else is memory-bound: its traced bytes over HBM bandwidth.
@@ -15,8 +20,10 @@ from dataclasses import dataclass
 
 from autoplan.cluster.catalog import GpuSpec
 from autoplan.costmodels.profiles import ComputeProfile
+from autoplan.costmodels.quantization import HALF_BYTES, quantized_gemms, stored_bytes_per_param
 from autoplan.graph.layer_graph import Gemm, Layer, LayerKind, TpSplit
 from autoplan.plan import Recompute
+from autoplan.training import FrozenDtype
 
 BACKWARD_TRAFFIC_FACTOR = 2.0
 """Element-wise backward kernels read the saved input and the output gradient and write the
@@ -65,27 +72,68 @@ def _gemm_time(flops: float, peak: float, profile: ComputeProfile) -> float:
     return flops / (peak * efficiency)
 
 
-def gemm_times(layer: Layer, split: Split, peak: float, profile: ComputeProfile) -> float:
-    """Forward time of the layer's Linears (and other matmul-like ops, unsplit) for one
-    micro-batch."""
-    total = _gemm_time(layer.other_fwd_flops * split.mbs, peak, profile)
-    return total + sum(_linear_time(g, split, peak, profile) for g in layer.gemms)
-
-
 def column_gemm_time(layer: Layer, split: Split, peak: float, profile: ComputeProfile) -> float:
     """Forward time of the layer's column-parallel Linears for one micro-batch."""
     return sum(_linear_time(g, split, peak, profile) for g in layer.gemms
                if g.split is TpSplit.COLUMN)
 
 
-def _linear_time(gemm: Gemm, split: Split, peak: float, profile: ComputeProfile) -> float:
+def _local_shape(gemm: Gemm, split: Split) -> tuple[float, float, float]:
+    """(rows, k, n) of one application of the Linear on one GPU."""
     n, k = gemm.out_features, gemm.in_features
     if gemm.split is TpSplit.COLUMN:
         n = n / split.tp
     elif gemm.split is TpSplit.ROW:
         k = k / split.tp
-    rows = split.mbs * gemm.rows / split.cp
+    return split.mbs * gemm.rows / split.cp, k, n
+
+
+def _linear_time(gemm: Gemm, split: Split, peak: float, profile: ComputeProfile) -> float:
+    rows, k, n = _local_shape(gemm, split)
     return gemm.count * _gemm_time(2.0 * rows * n * k, peak, profile)
+
+
+def _adapter_time(gemm: Gemm, split: Split, gpu: GpuSpec, peak: float,
+                  profile: ComputeProfile) -> float:
+    """A LoRA adapter's GEMM: compute time, or, for its thin shape (k or n the rank r), the
+    time to read its input and weight and write its output, whichever is longer."""
+    rows, k, n = _local_shape(gemm, split)
+    traffic = HALF_BYTES * (rows * k + k * n + rows * n) * gemm.count
+    return max(_linear_time(gemm, split, peak, profile),
+               traffic / (gpu.memory_bandwidth_Bps * profile.memory_efficiency))
+
+
+def _backward_gemm_times(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
+                         profile: ComputeProfile) -> tuple[float, float, float]:
+    """(forward, input-gradient, weight-gradient) seconds of the layer's Linears and other
+    matmuls for one micro-batch; each backward GEMM as long as its forward."""
+    fwd = _gemm_time(layer.other_fwd_flops * split.mbs, peak, profile)  # convs, bare matmuls
+    dgrad = wgrad = fwd if layer.in_backward else 0.0
+    for gemm in layer.gemms:
+        t = (_adapter_time(gemm, split, gpu, peak, profile) if gemm.adapter
+             else _linear_time(gemm, split, peak, profile))
+        fwd += t
+        dgrad += t if gemm.dgrad else 0.0
+        wgrad += t if gemm.wgrad else 0.0
+    return fwd, dgrad, wgrad
+
+
+def dequantize_time(layer: Layer, split: Split, gpu: GpuSpec, profile: ComputeProfile,
+                    frozen_dtype: FrozenDtype) -> tuple[float, float]:
+    """(forward, backward) seconds of dequantizing the layer's quantized frozen weights for
+    one micro-batch: read the stored weight, write a 2-byte copy, at every application (and
+    again in backward where the input gradient needs the weight)."""
+    if frozen_dtype not in (FrozenDtype.NF4, FrozenDtype.INT8):
+        return 0.0, 0.0
+    rate = gpu.memory_bandwidth_Bps * profile.memory_efficiency
+    fwd = bwd = 0.0
+    for gemm in quantized_gemms(layer):
+        params = gemm.weight_params / (split.tp if gemm.split is not TpSplit.NONE else 1)
+        seconds = gemm.count * params * (stored_bytes_per_param(frozen_dtype, gemm.in_features)
+                                         + HALF_BYTES) / rate
+        fwd += seconds
+        bwd += seconds if gemm.dgrad else 0.0
+    return fwd, bwd
 
 
 def attention_time(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
@@ -117,20 +165,26 @@ def elementwise_time(layer: Layer, split: Split, gpu: GpuSpec, profile: ComputeP
 
 
 def layer_time(layer: Layer, split: Split, recompute: Recompute, *, gpu: GpuSpec, precision: str,
-               profile: ComputeProfile) -> LayerTime:
-    """Compute time of one layer for one micro-batch (no communication)."""
+               profile: ComputeProfile, frozen_dtype: FrozenDtype | None = None) -> LayerTime:
+    """Compute time of one layer for one micro-batch (no communication); ``frozen_dtype``:
+    the storage of its frozen Linear weights (quantized ones are dequantized at each use)."""
     peak = gpu.peak_flops(precision)
-    gemm = gemm_times(layer, split, peak, profile)
+    gemm, dgrad, wgrad = _backward_gemm_times(layer, split, gpu, peak, profile)
     att_fwd, att_bwd = attention_time(layer, split, gpu, peak, profile)
+    att_bwd = att_bwd if any(a.backward for a in layer.attention) else 0.0
+    deq_fwd, deq_bwd = (dequantize_time(layer, split, gpu, profile, frozen_dtype)
+                        if frozen_dtype is not None else (0.0, 0.0))
     other = elementwise_time(layer, split, gpu, profile)
     overhead = profile.kernel_overhead_s if layer.gemms or layer.attention else 0.0
-    fwd = gemm + att_fwd + other + overhead
-    bwd = 2 * gemm + att_bwd + BACKWARD_TRAFFIC_FACTOR * other + 2 * overhead
-    recomputed = 0.0
-    if layer.kind is LayerKind.BLOCK and recompute is Recompute.FULL:
+    fwd = gemm + att_fwd + other + overhead + deq_fwd
+    bwd = 0.0
+    if layer.in_backward:
+        bwd = dgrad + wgrad + att_bwd + BACKWARD_TRAFFIC_FACTOR * other + 2 * overhead + deq_bwd
+    recomputed = 0.0  # none in a layer without backward: it saved nothing to rebuild
+    if layer.in_backward and layer.kind is LayerKind.BLOCK and recompute is Recompute.FULL:
         recomputed = fwd
-    elif recompute is Recompute.SELECTIVE:
+    elif layer.in_backward and recompute is Recompute.SELECTIVE:
         recomputed = att_fwd
     return LayerTime(fwd_s=fwd, bwd_s=bwd, recompute_s=recomputed,
                      column_gemm_s=column_gemm_time(layer, split, peak, profile),
-                     attention_fwd_s=att_fwd, attention_bwd_s=att_bwd, wgrad_s=gemm)
+                     attention_fwd_s=att_fwd, attention_bwd_s=att_bwd, wgrad_s=wgrad)

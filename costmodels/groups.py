@@ -22,8 +22,8 @@ from autoplan.costmodels.memory import in_flight_chunks, model_state_bytes
 from autoplan.costmodels.pipeline import pipeline_time
 from autoplan.costmodels.step import (
     MIB, Problem, _chunk_compositions, _chunk_sums, _dp_time, _offload_param_time,
-    _optimizer_time, _other_bytes, _plan_links, _pp_comm, _RankCost, _summarize, _tied_copy_params,
-    axis_stride, memory_mib,
+    _optimizer_time, _other_bytes, _plan_links, _pp_comm, _RankCost, _summarize, axis_stride,
+    held_params, memory_mib,
 )
 from autoplan.errors import ConstraintError
 from autoplan.plan import Estimate, Plan
@@ -107,7 +107,7 @@ def stage_cost(problem: Problem, plan: Plan, rank: int, groups: tuple[str, ...],
     cost = _RankCost(rank, sums.compute_s + sums.tp_comm_s + sums.cp_comm_s + base.pp_s,
                      sums.compute_s, sums.backward_s, sums.tp_comm_s, sums.cp_comm_s,
                      sums.wgrad_s, base.pp_s, states, activations, other, params,
-                     sums.acts_per_chunk, sums.largest, sums.gathers)
+                     sums.acts_per_chunk, sums.largest, sums.gathers, trained=base.trained)
     return StageCost(cost, base.sync_s, base.optimizer_s, sub.mem_limit_bytes)
 
 
@@ -121,6 +121,7 @@ class _StageBase:
     states: object
     sync_s: float
     optimizer_s: float
+    trained: float
 
 
 def _settings_key(plan: Plan) -> tuple:
@@ -155,13 +156,19 @@ def _stage_base(problem: Problem, plan: Plan, rank: int, groups: tuple[str, ...]
     links = _plan_links(sub, plan)
     sums = _chunk_sums(sub, compositions, split, links["tp"], links["cp"])
     pp_s = _pp_time(problem, plan, rank, groups, stage) if plan.pp > 1 else 0.0
-    params = sums.params + _tied_copy_params(problem, (stage,)) / plan.tp
+    held = held_params(problem, plan, sums, (stage,))
+    params = held.count
     states = model_state_bytes(params, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp,
-                               offload=plan.offload, runtime=problem.runtime)
+                               offload=plan.offload, runtime=problem.runtime,
+                               trained=held.trained, weight_bytes=held.weight_bytes,
+                               optimizer=problem.training.optimizer)
     sync_s = _dp_time(sub, plan, params, links["dp"], backward_s=sums.backward_s,
-                      compute_s=plan.num_microbatches * sums.compute_s, gathers=sums.gathers)
-    optimizer_s = _optimizer_time(sub, plan, params) + _offload_param_time(sub, plan, params)
-    base = problem._cache[key] = _StageBase(sums, pp_s, params, states, sync_s, optimizer_s)
+                      compute_s=plan.num_microbatches * sums.compute_s, gathers=sums.gathers,
+                      trained=held.trained)
+    optimizer_s = (_optimizer_time(sub, plan, held.trained)
+                   + _offload_param_time(sub, plan, params))
+    base = problem._cache[key] = _StageBase(sums, pp_s, params, states, sync_s, optimizer_s,
+                                              held.trained)
     return base
 
 

@@ -9,6 +9,14 @@ weights and moments (``K = master + moments = 12``):
 where g is the runtime's gradient bytes (2 in DeepSpeed, 4 for Megatron's fp32 main grads).
 DeepSpeed's ZeRO optimizers also keep an fp32 gradient partition with the optimizer state
 (``fp32_grad_bytes``; 2 + 18/d for ZeRO-2 in its own estimators).
+Frozen parameters (``requires_grad=False``) keep only their weights, stored in the frozen
+dtype (quantization.py): no gradient, no fp32 master, no optimizer state, since every runtime
+builds its gradient buffers and optimizer from the parameters that require grad (Megatron's
+DistributedOptimizer and DeepSpeed's ZeRO filter on it; FSDP's optimizer gets
+``filter(requires_grad)``). ZeRO-3/FSDP shard the frozen weights like the others. The
+optimizer's state per trained parameter: Adam(W) two fp32 moments (8 bytes); bitsandbytes'
+8-bit Adam two uint8 states with one fp32 absmax each per block of 256 (2 + 8/256 bytes,
+``Optimizer8bit.init_state``); SGD with momentum one fp32 buffer (4 bytes).
 Activations per layer come from the trace (bytes saved for backward), split by TP where the
 tensor lies between a column- and a row-parallel Linear and by SP elsewhere (Korthikanti et al.
 2022, Table 2); full recompute keeps only each layer's input.
@@ -20,8 +28,10 @@ from dataclasses import dataclass
 
 from autoplan.costmodels.compute import Split
 from autoplan.costmodels.profiles import RuntimeProfile
-from autoplan.graph.layer_graph import Layer, LayerKind
+from autoplan.costmodels.quantization import quantized_gemms, stored_bytes_per_param
+from autoplan.graph.layer_graph import Layer, LayerKind, TpSplit
 from autoplan.plan import Offload, Recompute
+from autoplan.training import FrozenDtype, Optimizer
 
 WEIGHT_BYTES = 2
 """bf16/fp16 working copy of the weights."""
@@ -33,6 +43,25 @@ SCORE_BYTES_WITH_DROPOUT = 5
 score element (Korthikanti et al. 2022, the 5as/h term)."""
 
 SCORE_BYTES_NO_DROPOUT = 2
+
+ADAM8BIT_BLOCK = 256
+OPTIMIZER_STATE_BYTES = {
+    Optimizer.ADAMW8BIT: 2 + 2 * 4 / ADAM8BIT_BLOCK,  # two uint8 states, an fp32 absmax each
+    Optimizer.SGD: 4,  # one fp32 momentum buffer
+}
+"""State bytes per trained parameter besides the fp32 master (Adam(W): the runtime's
+``moment_bytes``)."""
+
+
+def optimizer_state_bytes(optimizer: Optimizer, runtime: RuntimeProfile) -> float:
+    """Bytes of optimizer state per trained parameter, without the master copy."""
+    return OPTIMIZER_STATE_BYTES.get(optimizer, runtime.moment_bytes)
+
+
+def optimizer_step_bytes(optimizer: Optimizer, runtime: RuntimeProfile) -> float:
+    """HBM traffic of the optimizer step per trained parameter besides the gradient: read and
+    write the master and the states, write the 2-byte weight (26 for mixed-precision Adam)."""
+    return 2 * (runtime.master_bytes + optimizer_state_bytes(optimizer, runtime)) + WEIGHT_BYTES
 
 
 
@@ -50,17 +79,23 @@ class ModelStates:
 
 
 def model_state_bytes(num_params: float, *, zero_stage: int, dp: int, offload: Offload,
-                      runtime: RuntimeProfile) -> ModelStates:
-    """Model-state bytes on one GPU holding ``num_params`` parameters (before ZeRO sharding)."""
-    optimizer_per_param = runtime.master_bytes + runtime.moment_bytes
+                      runtime: RuntimeProfile, trained: float | None = None,
+                      weight_bytes: float | None = None,
+                      optimizer: Optimizer = Optimizer.ADAMW) -> ModelStates:
+    """Model-state bytes on one GPU holding ``num_params`` parameters (before ZeRO sharding),
+    ``trained`` of them requiring grad (default: all), whose weights take ``weight_bytes`` as
+    stored (default: 2 bytes each)."""
+    trained = num_params if trained is None else trained
+    weight_bytes = WEIGHT_BYTES * num_params if weight_bytes is None else weight_bytes
+    optimizer_per_param = runtime.master_bytes + optimizer_state_bytes(optimizer, runtime)
     shard = dp if zero_stage >= 1 else 1
-    weights = WEIGHT_BYTES * num_params / (dp if zero_stage >= 3 else 1)
-    gradients = runtime.grad_bytes * num_params / (dp if zero_stage >= 2 else 1)
-    optimizer = optimizer_per_param * num_params / shard
+    weights = weight_bytes / (dp if zero_stage >= 3 else 1)
+    gradients = runtime.grad_bytes * trained / (dp if zero_stage >= 2 else 1)
+    optimizer = optimizer_per_param * trained / shard
     if offload is not Offload.NONE:
         optimizer = 0.0
     else:
-        gradients += runtime.fp32_grad_bytes * num_params / shard
+        gradients += runtime.fp32_grad_bytes * trained / shard
     if offload is Offload.PARAMS:
         weights = 0.0
     return ModelStates(weights, gradients, optimizer)
@@ -69,6 +104,22 @@ def model_state_bytes(num_params: float, *, zero_stage: int, dp: int, offload: O
 def layer_params_on_gpu(layer: Layer, tp: int) -> float:
     """Parameters of a layer one TP rank holds."""
     return layer.params_sharded / tp + layer.params_replicated
+
+
+def layer_trained_on_gpu(layer: Layer, tp: int) -> float:
+    """Trainable parameters of a layer one TP rank holds."""
+    replicated = layer.trainable_params - layer.trainable_sharded
+    return layer.trainable_sharded / tp + replicated
+
+
+def layer_weight_bytes(layer: Layer, tp: int, frozen_dtype: FrozenDtype) -> float:
+    """Bytes of a layer's weights on one TP rank: 2 per parameter, but the frozen Linears a
+    quantized base stores in its format (quantization.py)."""
+    total = WEIGHT_BYTES * layer_params_on_gpu(layer, tp)
+    for gemm in quantized_gemms(layer):
+        params = gemm.weight_params / (tp if gemm.split is not TpSplit.NONE else 1)
+        total -= params * (WEIGHT_BYTES - stored_bytes_per_param(frozen_dtype, gemm.in_features))
+    return total
 
 
 def _score_bytes(layer: Layer, split: Split) -> float:
@@ -86,7 +137,10 @@ def layer_activation_bytes(layer: Layer, split: Split, recompute: Recompute, *,
     recompute is torchtitan's op-level checkpointing rather than Megatron's core-attention
     recompute. ``gathered_inputs``: under SP the column-parallel Linears save the input they
     all-gathered, whole (DTensor's ``Shard(1) -> Replicate`` before them, as torchtitan runs
-    it), not the 1/tp shard Megatron keeps and re-gathers in backward."""
+    it), not the 1/tp shard Megatron keeps and re-gathers in backward. None before the first
+    trainable parameter: such a layer has no backward."""
+    if not layer.in_backward:
+        return 0.0
     replicated_div = split.tp if split.sp else 1
     if recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK:
         return layer.input_bytes * split.mbs / (split.cp * replicated_div)

@@ -58,6 +58,26 @@ class RuntimeProfile:
     source: str = ""
 
 
+FITTED = ("compute.gemm_efficiency", "compute.attention_efficiency", "compute.bmm_efficiency",
+          "compute.memory_efficiency", "deepspeed.zero3_collective_efficiency",
+          "deepspeed.zero3_overlap", "fsdp.zero3_overlap", "fsdp.dp_overlap")
+"""The [Empirical] constants a refit may change, all global: ``compute.<field>`` scales that
+field of every GPU's profile by one factor (1 = as profiles.yaml states it), ``<runtime>.<field>``
+sets one runtime's value. benchmarks/accuracy.py refits them leaving one source out."""
+
+SCALE_GRID = (0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3)
+OVERLAP_GRID = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+EFFICIENCY_GRID = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+
+def fit_grid(key: str) -> tuple[float, ...]:
+    """The values a refit tries for a FITTED constant: scales for compute efficiencies,
+    fractions of bus bandwidth or of overlap for a runtime's."""
+    if key.startswith("compute."):
+        return SCALE_GRID
+    return EFFICIENCY_GRID if key.endswith("efficiency") else OVERLAP_GRID
+
+
 @cache
 def _profiles() -> dict:
     return yaml.safe_load(resources.files("autoplan.costmodels").joinpath("profiles.yaml").read_text())

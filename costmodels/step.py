@@ -22,8 +22,8 @@ from autoplan.costmodels.experts import ep_comm_time, expert_params
 from autoplan.costmodels.compute import LayerTime, Split, layer_time
 from autoplan.costmodels.memory import (
     WEIGHT_BYTES, ModelStates, in_flight_chunks, layer_activation_bytes, layer_params_on_gpu,
-    allocator_slack_bytes, loss_peak_bytes, model_state_bytes, backward_working_bytes,
-    zero3_buffer_bytes,
+    allocator_slack_bytes, layer_trained_on_gpu, layer_weight_bytes, loss_peak_bytes,
+    model_state_bytes, backward_working_bytes, optimizer_step_bytes, zero3_buffer_bytes,
 )
 from autoplan.costmodels.pipeline import pipeline_time
 from autoplan.costmodels.profiles import ComputeProfile, RuntimeProfile, compute_profile
@@ -31,10 +31,6 @@ from autoplan.graph.layer_graph import Layer, LayerGraph, LayerKind
 from autoplan.plan import Estimate, Offload, PipelineSchedule, Plan, Recompute
 from autoplan.training import AttentionKernel, TrainingSpec
 from autoplan.units import GIB
-
-ADAM_BYTES_PER_PARAM = 26
-"""Optimizer step traffic per parameter besides the gradient: read+write fp32 master (8) and
-two fp32 moments (16), write the bf16 weight (2)."""
 
 HOST_LINK_BPS = 25e9
 """[Empirical] achieved PCIe 4.0 x16 host<->GPU copy bandwidth (of 31.5 GB/s) for offload, when
@@ -143,6 +139,8 @@ class _LayerCost:
     params: float
     gathered: float
     gathers: int
+    trained: float  # of params, those that require grad
+    weight_bytes: float  # the weights as stored (frozen ones in the frozen dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +164,7 @@ class _RankCost:
     expert_params: float = 0.0
     """The part of ``params`` that are experts split by EP (0 when ep = 1: experts are then
     sharded and reduced like every other parameter)."""
+    trained: float = 0.0  # of params, those that require grad: reduced and stepped
 
     @property
     def memory(self) -> float:
@@ -196,8 +195,9 @@ def _layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
     cached = problem._cache.get(key)
     if cached is not None:
         return cached
+    frozen_dtype = problem.training.frozen_storage
     t = layer_time(layer, split, recompute, gpu=problem.cluster.gpu, precision=problem.precision,
-                   profile=problem.compute)
+                   profile=problem.compute, frozen_dtype=frozen_dtype)
     fwd_n, bwd_n, message = _tp_messages(layer, split)
     one = comm.all_reduce_time(message, tp_links) if split.tp > 1 else 0.0
     full = recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK
@@ -213,6 +213,8 @@ def _layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
         working_bytes=_working_bytes(problem, layer, split),
         params=layer_params_on_gpu(layer, split.tp),
         gathered=_gathered_params(problem, layer, split.tp), gathers=_gather_units(problem, layer),
+        trained=layer_trained_on_gpu(layer, split.tp),
+        weight_bytes=layer_weight_bytes(layer, split.tp, frozen_dtype),
     )
     problem._cache[key] = cost
     return cost
@@ -376,6 +378,8 @@ class _ChunkSums:
     working: float
     largest: float
     gathers: int
+    trained: float
+    weight_bytes: float
     working_kind: str = ""  # the kind of layer whose backward (or loss) holds ``working``
 
 
@@ -416,7 +420,7 @@ def _chunk_sums(problem: Problem, compositions: tuple, split: Split,
     if cached is not None:
         return cached
     compute_s = backward_s = tp_comm_s = cp_comm_s = wgrad_s = params = acts = working = 0.0
-    largest = 0.0
+    largest = trained = weight_bytes = 0.0
     gathers = 0
     working_kind = ""
     for composition in compositions:
@@ -429,20 +433,23 @@ def _chunk_sums(problem: Problem, compositions: tuple, split: Split,
             cp_comm_s += count * cost.cp_comm_s
             wgrad_s += count * cost.wgrad_s
             params += count * cost.params
+            trained += count * cost.trained
+            weight_bytes += count * cost.weight_bytes
             acts += count * cost.act_bytes
             if cost.working_bytes > working:
                 working, working_kind = cost.working_bytes, layer.kind.value
             largest = max(largest, cost.gathered)
             gathers += count * cost.gathers
     sums = _ChunkSums(compute_s, backward_s, tp_comm_s, cp_comm_s, wgrad_s, params,
-                      acts / len(compositions), working, largest, gathers, working_kind)
+                      acts / len(compositions), working, largest, gathers, trained, weight_bytes,
+                      working_kind)
     problem._cache[key] = sums
     return sums
 
 
 def _rank_base(problem: Problem, plan: Plan, rank: int, split: Split,
-               links: dict[str, GroupLinks]) -> tuple[_ChunkSums, float, float]:
-    """(layer sums, pipeline-send time, parameters) of a rank; shared by equal ranks."""
+               links: dict[str, GroupLinks]) -> tuple[_ChunkSums, float, "HeldParams"]:
+    """(layer sums, pipeline-send time, parameters held) of a rank; shared by equal ranks."""
     stages = _rank_stages(plan, rank)
     key = ("rank", stages, split, plan.recompute, plan.recompute_num_layers, links["tp"],
            links["pp"], links["cp"])
@@ -451,37 +458,68 @@ def _rank_base(problem: Problem, plan: Plan, rank: int, split: Split,
         compositions = _chunk_compositions(problem, plan, stages)
         sums = _chunk_sums(problem, compositions, split, links["tp"], links["cp"])
         pp_comm_s = _pp_comm(problem, plan, stages, links["pp"]) if plan.pp > 1 else 0.0
-        params = sums.params + _tied_copy_params(problem, stages) / plan.tp
-        cached = problem._cache[key] = (sums, pp_comm_s, params)
+        cached = problem._cache[key] = (sums, pp_comm_s, held_params(problem, plan, sums, stages))
     return cached
+
+
+@dataclass(frozen=True, slots=True)
+class HeldParams:
+    """Parameters one GPU holds (before ZeRO sharding): all, those trained, and the bytes of
+    their weights as stored."""
+
+    count: float
+    trained: float
+    weight_bytes: float
+
+    def without(self, params: float, trained: float) -> "HeldParams":
+        """Less ``params`` 2-byte weights, ``trained`` of them trained."""
+        return HeldParams(self.count - params, self.trained - trained,
+                          self.weight_bytes - WEIGHT_BYTES * params)
+
+
+def held_params(problem: Problem, plan: Plan, sums: _ChunkSums,
+                stages: tuple[tuple[int, int], ...]) -> HeldParams:
+    """What a rank's layers hold, plus its copy of tied weights, trained where the layer
+    they are tied to (the embedding, layer 0) trains."""
+    tied = _tied_copy_params(problem, stages) / plan.tp
+    first = problem.graph.layers[0]
+    tied_trained = tied * first.trainable_params / first.num_params if first.num_params else 0.0
+    return HeldParams(sums.params + tied, sums.trained + tied_trained,
+                      sums.weight_bytes + WEIGHT_BYTES * tied)
 
 
 def _rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLinks]) -> _RankCost:
     split = Split(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel, mbs=plan.micro_batch_size,
                   flash=problem.flash_attention)
-    sums, pp_comm_s, params = _rank_base(problem, plan, rank, split, links)
+    sums, pp_comm_s, holds = _rank_base(problem, plan, rank, split, links)
     experts, ep_comm_s = (_rank_experts(problem, plan, rank, split, links) if plan.ep > 1
                           else (0.0, 0.0))
-    params -= experts * (plan.ep - 1)  # the rank holds 1/ep of its experts
-    states = _model_states(problem, plan, params - experts, experts)
+    holds = holds.without(experts * (plan.ep - 1), experts * (plan.ep - 1))  # 1/ep of experts
+    params = holds.count
+    states = _model_states(problem, plan, holds.without(experts, experts), experts)
     held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp, num_microbatches=plan.num_microbatches)
     activations = held * sums.acts_per_chunk + sums.working
     other = _other_bytes(problem, plan, activations, sums.largest, params)
     return _RankCost(rank, sums.compute_s + sums.tp_comm_s + sums.cp_comm_s + pp_comm_s + ep_comm_s,
                      sums.compute_s, sums.backward_s, sums.tp_comm_s, sums.cp_comm_s, sums.wgrad_s,
                      pp_comm_s, states, activations, other, params,
-                     sums.acts_per_chunk, sums.largest, sums.gathers, ep_comm_s, experts)
+                     sums.acts_per_chunk, sums.largest, sums.gathers, ep_comm_s, experts,
+                     holds.trained)
 
 
-def _model_states(problem: Problem, plan: Plan, dense: float, experts: float) -> ModelStates:
+def _model_states(problem: Problem, plan: Plan, dense: HeldParams, experts: float) -> ModelStates:
     """Model states of a GPU: the dense parameters sharded over the dp*cp replicas, the experts
-    EP split (``experts``, 0 when ep = 1) over the dp*cp/ep ranks that hold the same ones."""
-    states = model_state_bytes(dense, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp,
-                               offload=plan.offload, runtime=problem.runtime)
+    EP split (``experts``, 0 when ep = 1; priced as trained) over the dp*cp/ep ranks that hold
+    the same ones."""
+    optimizer = problem.training.optimizer
+    states = model_state_bytes(dense.count, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp,
+                               offload=plan.offload, runtime=problem.runtime,
+                               trained=dense.trained, weight_bytes=dense.weight_bytes,
+                               optimizer=optimizer)
     if not experts:
         return states
     own = model_state_bytes(experts, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp // plan.ep,
-                            offload=plan.offload, runtime=problem.runtime)
+                            offload=plan.offload, runtime=problem.runtime, optimizer=optimizer)
     return ModelStates(states.weights + own.weights, states.gradients + own.gradients,
                        states.optimizer + own.optimizer)
 
@@ -563,7 +601,8 @@ model bytes, Rajbhandari et al. 2020)."""
 
 def _dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
              backward_s: float, compute_s: float, gathers: int = 0,
-             experts: tuple[float, GroupLinks] | None = None) -> float:
+             experts: tuple[float, GroupLinks] | None = None,
+             trained: float | None = None) -> float:
     """Exposed gradient reduction (and ZeRO gathers) per step for one GPU's parameters.
 
     Gradient reduction can overlap the last micro-batch's backward (``backward_s``); ZeRO-3
@@ -571,31 +610,36 @@ def _dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
     ZeRO-3 issues them per gather unit (``gathers`` per pass over the GPU's layers), each a
     ring over the DP group that pays its latency (:func:`comm.ring_latency`). ``experts``:
     EP-split expert parameters (part of ``params``) and their expert-data-parallel group,
-    which reduces them instead of the whole DP group, in the same overlap window.
+    which reduces them instead of the whole DP group, in the same overlap window. Only the
+    ``trained`` parameters (default: all) have gradients to reduce and weights to re-gather
+    after the step; ZeRO-3 gathers every weight.
     """
     if plan.dp * plan.cp == 1:
         return 0.0
     runtime = problem.runtime
-    groups = [(params, links)]
+    trained = params if trained is None else trained
+    groups = [(params, trained, links)]
     if experts is not None and experts[0]:
-        groups = [(params - experts[0], links), experts]
-    sync = sum(_dp_collectives(problem, plan, p, l, gathers) for p, l in groups)
+        groups = [(params - experts[0], trained - experts[0], links),
+                  (experts[0], experts[0], experts[1])]
+    sync = sum(_dp_collectives(problem, plan, p, t, l, gathers) for p, t, l in groups)
     if plan.zero_stage < 3:
         return _overlapped(sync, backward_s, runtime.dp_overlap)
     return _overlapped(plan.num_microbatches * sync, compute_s, runtime.zero3_overlap)
 
 
-def _dp_collectives(problem: Problem, plan: Plan, params: float, links: GroupLinks,
-                    gathers: int) -> float:
-    """Seconds of the data-parallel collectives over ``links`` for ``params`` parameters: per
-    step below ZeRO-3, per micro-batch with ZeRO-3."""
+def _dp_collectives(problem: Problem, plan: Plan, params: float, trained: float,
+                    links: GroupLinks, gathers: int) -> float:
+    """Seconds of the data-parallel collectives over ``links`` for ``params`` parameters,
+    ``trained`` of them with gradients: per step below ZeRO-3, per micro-batch with ZeRO-3."""
     runtime = problem.runtime
-    grads = runtime.grad_bytes * params
+    grads = runtime.grad_bytes * trained
     if plan.zero_stage == 0:
         return comm.all_reduce_time(grads, links)
-    weights = WEIGHT_BYTES * params
     if plan.zero_stage < 3:
-        return comm.reduce_scatter_time(grads, links) + comm.all_gather_time(weights, links)
+        return (comm.reduce_scatter_time(grads, links)
+                + comm.all_gather_time(WEIGHT_BYTES * trained, links))
+    weights = WEIGHT_BYTES * params
     volume = 2 * comm.all_gather_time(weights, links) + comm.reduce_scatter_time(grads, links)
     latency = ZERO3_PASSES * gathers * comm.ring_latency(links)
     return volume / runtime.zero3_collective_efficiency + latency
@@ -606,15 +650,17 @@ def _host_link(problem: Problem) -> float:
 
 
 def _optimizer_time(problem: Problem, plan: Plan, params: float, experts: float = 0.0) -> float:
-    """Adam step over the GPU's shard: memory-bound on the GPU, or CPUAdam plus PCIe copies.
-    ``experts``: EP-split expert parameters among ``params``, sharded over dp*cp/ep ranks."""
+    """Optimizer step over the GPU's shard of its ``params`` trained parameters: memory-bound
+    on the GPU, or CPUAdam plus PCIe copies. ``experts``: EP-split expert parameters among
+    ``params``, sharded over dp*cp/ep ranks."""
     shard = params / (plan.dp * plan.cp if plan.zero_stage >= 1 else 1)
     if experts and plan.zero_stage >= 1:
         shard += experts * (plan.ep - 1) / (plan.dp * plan.cp)
     if plan.offload is not Offload.NONE:
         copies = shard * (problem.runtime.grad_bytes + WEIGHT_BYTES) / _host_link(problem)
         return shard / CPU_ADAM_PARAMS_PER_S + copies
-    traffic = shard * (ADAM_BYTES_PER_PARAM + problem.runtime.grad_bytes)
+    traffic = shard * (optimizer_step_bytes(problem.training.optimizer, problem.runtime)
+                       + problem.runtime.grad_bytes)
     gpu = problem.cluster.gpu
     return traffic / (gpu.memory_bandwidth_Bps * problem.compute.memory_efficiency)
 
@@ -724,12 +770,13 @@ def _evaluate(problem: Problem, plan: Plan) -> _Evaluation:
     pipe = pipeline_time(slowest_s=slowest, total_s=total, num_microbatches=m, vpp=plan.vpp,
                          deferred_share=_deferred_share(plan, costs))
     params = max(c.params for c in costs)
+    trained = max(c.trained for c in costs)
     experts = max(c.expert_params for c in costs)
     slow = max(costs, key=lambda c: c.micro_batch_s)
     dp_s = _dp_time(problem, plan, params, links["dp"], backward_s=slow.backward_s,
                     compute_s=m * slow.compute_s, gathers=slow.gathers,
-                    experts=(experts, links["expert_dp"]) if experts else None)
-    opt_s = (_optimizer_time(problem, plan, params, experts)
+                    experts=(experts, links["expert_dp"]) if experts else None, trained=trained)
+    opt_s = (_optimizer_time(problem, plan, trained, experts)
              + _offload_param_time(problem, plan, params))
     return _Evaluation(pipe + dp_s + opt_s, pipe, dp_s, opt_s, groups, costs)
 

@@ -107,7 +107,17 @@ def deepspeed_config(result: Result) -> dict:
             "activation_checkpoint_interval": 1 if plan.recompute == Recompute.FULL else 0}
     if plan.tp > 1:
         config["tensor_parallel"] = {"autotp_size": plan.tp}
+    if plan.zero_stage >= 1 and _client_optimizer(result):
+        config["zero_allow_untested_optimizer"] = True
     return config
+
+
+def _client_optimizer(result: Result) -> str | None:
+    """The optimizer the training script passes that DeepSpeed's ZeRO does not list as tested
+    (``ZERO_SUPPORTED_OPTIMIZERS``: Adam(W), Adagrad, Lion and its own): the engine then
+    asserts unless ``zero_allow_untested_optimizer`` is set."""
+    optimizer = result.training.optimizer if result.training is not None else "adamw"
+    return {"adamw8bit": "bitsandbytes.optim.AdamW8bit", "sgd": "torch.optim.SGD"}.get(optimizer)
 
 
 def hostfile_text(nodes: Nodes) -> str:
@@ -143,11 +153,22 @@ def nccl_environment(nodes: Nodes) -> dict[str, str]:
     return env
 
 
+def _fine_tuned(result: Result) -> bool:
+    model = result.model
+    return bool(model and model.num_trainable_params is not None
+                and model.num_trainable_params < model.num_params)
+
+
 def _script(result: Result, nodes: Nodes, env: dict[str, str]) -> str:
+    client = _client_optimizer(result)
     notes = (
         "The model code builds the engine: deepspeed.initialize(..., config=ds_config.json)"
         + (f", with PipelineModule(num_stages={result.plan.pp}) and a partition matching the "
            "planned stages" if result.plan.pp > 1 else "") + ".",
+        *((f"Pass optimizer={client}(trainable parameters) to deepspeed.initialize.",)
+          if client else ()),
+        *(("Pass model_parameters=[p for p in model.parameters() if p.requires_grad]: only "
+           "they get gradients and optimizer state.",) if _fine_tuned(result) else ()),
         f"{ENV_FILE} (read through DS_ENV_FILE) exports to every rank: "
         + (", ".join(f"{k}={v}" for k, v in env.items()) or "nothing needed here") + ".",
         "Run once, on the first host; extra arguments go to TRAIN_SCRIPT.",

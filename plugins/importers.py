@@ -28,6 +28,7 @@ class ImportedRun:
     runtime: str = "megatron"
     first_stage_blocks: int | None = None  # Megatron's uneven first/last stages
     last_stage_blocks: int | None = None
+    notes: tuple[str, ...] = ()  # what was inferred from fields the file leaves out
 
 
 def _tokens(text: str) -> list[str]:
@@ -112,18 +113,56 @@ def _torchtitan(tokens: list[str], flags: dict) -> ImportedRun:
                        global_batch=_int(flags, "training.global_batch_size"), runtime="fsdp")
 
 
+def _batch_field(config: dict, name: str) -> int | None:
+    """A ds_config batch field: an integer, or None when absent or "auto" (the HF Trainer's
+    default, which it fills from the run's own settings: here --global-batch, --mbs and the
+    cluster)."""
+    value = config.get(name)
+    if value is None or value == "auto":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PlanFileError(f"ds_config.json: {name} is {value!r}; give a positive integer or "
+                            "\"auto\".")
+    return value
+
+
+def _deepspeed_batch(config: dict) -> tuple[int | None, dict, list[str]]:
+    """(train_batch_size, pins, notes) as DeepSpeed resolves them (runtime/config.py
+    _set_batch_related_parameters, _batch_assertion): train_batch_size = micro_batch *
+    gradient_accumulation_steps * dp; a field left out (or "auto") follows from the others
+    once dp, the GPUs not used by TP and PP, is known."""
+    batch = _batch_field(config, "train_batch_size")
+    mbs = _batch_field(config, "train_micro_batch_size_per_gpu")
+    accumulation = _batch_field(config, "gradient_accumulation_steps")
+    if not {"train_batch_size", "train_micro_batch_size_per_gpu"} & config.keys():
+        raise PlanFileError("ds_config.json: give train_batch_size or "
+                            "train_micro_batch_size_per_gpu (DeepSpeed needs one of them; \"auto\" "
+                            "takes --global-batch and --mbs).")
+    if batch is not None and mbs is not None and accumulation is not None:
+        if batch % (mbs * accumulation):
+            raise PlanFileError(
+                f"ds_config.json: train_batch_size {batch} is not micro_batch {mbs} x "
+                f"gradient_accumulation_steps {accumulation} x a data-parallel degree, as "
+                "DeepSpeed requires.")
+        return batch, {"mbs": mbs, "dp": batch // (mbs * accumulation)}, []
+    notes = []
+    if mbs is not None and accumulation is None:
+        notes.append("gradient_accumulation_steps inferred as DeepSpeed does: train_batch_size "
+                     "/ (micro_batch x dp), dp from the cluster")
+    if batch is None:
+        notes.append("train_batch_size not stated (or \"auto\"): taken from --global-batch")
+    if mbs is None:
+        notes.append("train_micro_batch_size_per_gpu not stated (or \"auto\"): from --mbs, "
+                     "else 1")
+    return batch, {"mbs": mbs}, notes
+
+
 def _deepspeed(config: dict) -> ImportedRun:
-    batch = config.get("train_batch_size")
-    mbs = config.get("train_micro_batch_size_per_gpu")
-    accumulation = config.get("gradient_accumulation_steps", 1)
-    if not all(isinstance(v, int) for v in (batch, mbs, accumulation)):
-        raise PlanFileError(
-            "ds_config.json: train_batch_size, train_micro_batch_size_per_gpu and "
-            "gradient_accumulation_steps must be integers (not \"auto\") to price the setup.")
+    batch, batch_pins, notes = _deepspeed_batch(config)
     zero = config.get("zero_optimization", {})
     offload = "params" if zero.get("offload_param", {}).get("device") == "cpu" else (
         "optimizer" if zero.get("offload_optimizer", {}).get("device") == "cpu" else "none")
-    pins = {"mbs": mbs, "dp": batch // (mbs * accumulation), "zero": zero.get("stage", 0),
+    pins = {**batch_pins, "zero": zero.get("stage", 0),
             "offload": offload,
             "recompute": "full" if "activation_checkpointing" in config else "none",
             "pp": config.get("pipeline", {}).get("stages"),
@@ -131,7 +170,8 @@ def _deepspeed(config: dict) -> ImportedRun:
     precision = "bf16" if config.get("bf16", {}).get("enabled") else (
         "fp16" if config.get("fp16", {}).get("enabled") else None)
     return ImportedRun("deepspeed", {k: v for k, v in pins.items() if v is not None},
-                       global_batch=batch, precision=precision, runtime="deepspeed")
+                       global_batch=batch, precision=precision, runtime="deepspeed",
+                       notes=tuple(notes))
 
 
 def read_run(path: str | Path) -> ImportedRun:

@@ -38,6 +38,24 @@ def require_model(result: Result) -> ModelInfo:
     return result.model
 
 
+def fine_tuning_line(result: Result) -> str | None:
+    """What trains and what is frozen, when not everything trains or the optimizer or the
+    frozen weights' storage is not the default; None for a plain full training."""
+    model, training = result.model, result.training
+    if model is None or training is None or model.num_trainable_params is None:
+        return None
+    frozen = model.num_params - model.num_trainable_params
+    if not frozen and training.optimizer == "adamw":
+        return None
+    share = model.num_trainable_params / model.num_params if model.num_params else 0.0
+    line = (f"Trains {model.num_trainable_params:,} parameters ({share:.2%}) with "
+            f"{training.optimizer}")
+    if frozen:
+        line += f"; {frozen:,} frozen (no gradients, no optimizer state), stored in " \
+                f"{training.frozen_dtype or training.precision}"
+    return line + "."
+
+
 def summary_lines(result: Result) -> list[str]:
     """Plain sentences describing the plan and its predicted figures."""
     plan, est = result.plan, result.estimate
@@ -59,6 +77,7 @@ def summary_lines(result: Result) -> list[str]:
         f"{est.memory_limit_gib:.1f} GiB per GPU.",
         f"Solver: {result.solver.status}, objective {result.solver.objective:.3f} s, "
         f"gap {result.solver.gap:.1%}.",
+        *([line] if (line := fine_tuning_line(result)) else []),
     ]
 
 

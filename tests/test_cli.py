@@ -6,6 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autoplan.cli import app
+from tests.extras import require
 
 runner = CliRunner()
 TINY = "examples/models/tiny_gpt.py"
@@ -76,7 +77,7 @@ MIXTRAL = "examples/models/hf_mixtral_tiny.py"
 
 
 def test_ep_pin_reaches_the_plan_and_the_report():
-    pytest.importorskip("transformers")
+    require("transformers")
     result = run("solve", MIXTRAL, DGX1, "--seq-len", 256, "--global-batch", 16, "--tp", 1,
                  "--ep", 4)
     assert result.exit_code == 0, result.output
@@ -91,7 +92,7 @@ def test_ep_pin_reaches_the_plan_and_the_report():
 ])
 def test_bad_ep_pins_exit_2_with_one_message(model, flags, says):
     if model == MIXTRAL:
-        pytest.importorskip("transformers")
+        require("transformers")
     result = run("estimate", model, DGX1, "--seq-len", 256, "--global-batch", 16, *flags)
     assert result.exit_code == 2, result.output
     assert says in " ".join(result.output.split()) and "Traceback" not in result.output

@@ -13,6 +13,13 @@ table per link class, message size -> bus bandwidth (the ``busbw`` column), both
       1MiB: 10GB/s
       1GiB: 90GB/s
 
+Real fabrics lose bus bandwidth as rings grow (more hops, more switch levels, more contention),
+so ``inter_node`` may instead give one table per node count the test ran on::
+
+    inter_node:
+      2:  {1MiB: 10GB/s, 1GiB: 90GB/s}
+      64: {1MiB: 4GB/s, 1GiB: 70GB/s}
+
 Either table may be left out; a group whose links have no table uses the built-in model.
 cluster.yaml names the file with ``nccl_profile: nccl-profile.yaml`` (relative to cluster.yaml)
 or gives the same mapping inline; ``group_links(..., profile=...)`` takes one directly.
@@ -21,9 +28,11 @@ How a table is read (costmodels.comm): busbw is interpolated linearly in log(siz
 points; below the smallest size the *time* of the smallest is kept (latency-bound), above the
 largest the busbw of the largest. ``inter_node`` was measured with every GPU of a node in one
 communicator, so a group with k of a node's g GPUs gets k/g of it (the NICs are shared by the
-node's concurrent groups, as in the built-in model). busbw is, by nccl-tests' definition, the
-same for any ring size, so one table serves groups of every size, and reduce-scatter, all-gather
-and all-to-all read the all-reduce table (nccl-tests reports their busbw on the same scale).
+node's concurrent groups, as in the built-in model). A flat table serves groups over any number
+of nodes; with tables by node count, a group spanning N nodes reads the busbw of the tables
+either side of N interpolated linearly in log(N) (the nearest table outside the measured range).
+Reduce-scatter, all-gather and all-to-all read the all-reduce table (nccl-tests reports their
+busbw on the same scale).
 """
 
 from __future__ import annotations
@@ -62,12 +71,38 @@ class BusbwCurve:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeCurves:
+    """Measured inter-node busbw curves by the number of nodes the test spanned (sorted)."""
+
+    nodes: tuple[int, ...]
+    curves: tuple[BusbwCurve, ...]
+
+    def at(self, message_bytes: float, num_nodes: int) -> float:
+        """busbw for a message over ``num_nodes`` nodes: log-linear between measured counts."""
+        values = [c.at(message_bytes) for c in self.curves]
+        if num_nodes <= self.nodes[0]:
+            return values[0]
+        if num_nodes >= self.nodes[-1]:
+            return values[-1]
+        i = bisect.bisect_right(self.nodes, num_nodes)
+        x0, x1 = math.log(self.nodes[i - 1]), math.log(self.nodes[i])
+        w = (math.log(num_nodes) - x0) / (x1 - x0)
+        return values[i - 1] + w * (values[i] - values[i - 1])
+
+
+@dataclass(frozen=True, slots=True)
 class NcclProfile:
-    """Measured busbw curves; ``None`` where the profile has no table for that link class."""
+    """Measured busbw curves; ``None`` where the profile has no table for that link class.
+    ``inter`` holds the inter-node tables by node count (one entry, node count 2, for the flat
+    form: busbw then does not change with the number of nodes)."""
 
     intra: BusbwCurve | None = None
-    inter: BusbwCurve | None = None
+    inter: NodeCurves | None = None
     source: str = ""
+
+    def inter_busbw(self, message_bytes: float, num_nodes: int) -> float | None:
+        """Measured inter-node busbw of whole nodes, or None without an inter_node table."""
+        return None if self.inter is None else self.inter.at(message_bytes, num_nodes)
 
 
 def _curve(table: object, where: str) -> BusbwCurve:
@@ -102,9 +137,37 @@ def nccl_profile_from_mapping(data: object, origin: str = "nccl_profile") -> Ncc
         raise ClusterSpecError(f"{origin}: give intra_node or inter_node, e.g. {_EXAMPLE}.")
     return NcclProfile(
         intra=_curve(data["intra_node"], f"{origin}.intra_node") if "intra_node" in data else None,
-        inter=_curve(data["inter_node"], f"{origin}.inter_node") if "inter_node" in data else None,
+        inter=_node_curves(data["inter_node"], f"{origin}.inter_node") if "inter_node" in data else None,
         source=str(data.get("source", "")),
     )
+
+
+_NODES_EXAMPLE = "inter_node: {2: {1MiB: 10GB/s, 1GiB: 90GB/s}, 64: {1MiB: 4GB/s, 1GiB: 70GB/s}}"
+
+
+def _node_count(key: object) -> int | None:
+    """A node-count key (YAML gives an int, a JSON round trip a string of digits), or None."""
+    if isinstance(key, bool):
+        return None
+    text = str(key)
+    return int(text) if text.isdigit() and int(text) >= 2 else None
+
+
+def _node_curves(table: object, where: str) -> NodeCurves:
+    """The inter-node tables: keyed by node count (values are tables) or one flat table."""
+    if not isinstance(table, dict) or not any(isinstance(v, dict) for v in table.values()):
+        return NodeCurves((2,), (_curve(table, where),))
+    points = []
+    for key, curve in table.items():
+        nodes = _node_count(key)
+        if nodes is None or not isinstance(curve, dict):
+            raise ClusterSpecError(
+                f"{where}: keyed by node count, each key a whole number of nodes (2 or more) "
+                f"and each value a table of message size to busbw, e.g. {_NODES_EXAMPLE}; "
+                f"got {key!r}: {curve!r}.")
+        points.append((nodes, _curve(curve, f"{where}.{nodes}")))
+    points.sort(key=lambda p: p[0])
+    return NodeCurves(tuple(n for n, _ in points), tuple(c for _, c in points))
 
 
 def load_nccl_profile(source: str | Path | dict) -> NcclProfile:

@@ -33,8 +33,10 @@ def _gbs(bps: float | None) -> str:
 
 def probe_groups(cluster: Cluster) -> list[tuple[str, int, int]]:
     """(label, size, stride) of the groups a reader asks about first: a node's GPUs, one GPU per
-    node across all nodes (DP over whole-node TP), and every GPU."""
-    probes = [(f"{cluster.gpus_per_node} GPUs in a node", cluster.gpus_per_node, 1)]
+    node across all nodes (DP over whole-node TP), and every GPU; only groups of two or more
+    (one GPU has nothing to all-reduce)."""
+    probes = [(f"{cluster.gpus_per_node} GPUs in a node", cluster.gpus_per_node, 1)
+              ] if cluster.gpus_per_node > 1 else []
     if cluster.num_nodes > 1:
         probes.append((f"1 GPU per node x {cluster.num_nodes} nodes", cluster.num_nodes,
                        cluster.gpus_per_node))
@@ -75,6 +77,8 @@ def render_summary(cluster: Cluster, console: Console) -> None:
         console.print("groups differ: plans cannot span them yet; bandwidths below are for the "
                       f"first group ({cluster.groups[0].name})", highlight=False)
         cluster = cluster.groups[0]
+    if not probe_groups(cluster):
+        return
     probes = Table(title="all-reduce of 1 GiB (bus bandwidth, nccl-tests convention)")
     for column in ("group", "crosses", "busbw", "time"):
         probes.add_column(column)

@@ -172,6 +172,8 @@ class _NodeKeys(_Strict):
     def _missing(self, prefix: str) -> list[str]:
         examples = {"gpu": "gpu: a100-sxm4-80gb", "nodes": "nodes: 4", "gpus_per_node": "gpus_per_node: 8",
                     "intra_node": "intra_node: {link: nvswitch, bandwidth: 300GB/s}"}
+        if self.gpus_per_node == 1:  # a GPU alone in its node has no intra-node link
+            del examples["intra_node"]
         return [f"{prefix}{key}: missing; add e.g. {example} (or preset: dgx-a100)"
                 for key, example in examples.items() if getattr(self, key) is None]
 
@@ -344,6 +346,11 @@ def _with_overrides(base: LinkSpec, bandwidth: str | None, latency: str | None) 
     )
 
 
+LONE_GPU_LINK = IntraNode(link="pcie")
+"""The intra-node link of a node with one GPU, which states none: its PCIe to the host is its
+only link; no collective crosses it (every group of two or more GPUs spans nodes)."""
+
+
 def _resolve_intra(intra: IntraNode, gpu: GpuSpec) -> LinkSpec:
     if intra.link == "pcie":
         rate = parse_quantity(intra.bandwidth, "bandwidth") if intra.bandwidth else 32e9
@@ -390,7 +397,7 @@ def _resolve_node(keys: _NodeKeys, name: str, fabric: Fabric,
     inter = keys.inter_node
     return Cluster(
         name=name, gpu=gpu, num_nodes=keys.nodes, gpus_per_node=keys.gpus_per_node,
-        intra=_resolve_intra(keys.intra_node, gpu),
+        intra=_resolve_intra(keys.intra_node or LONE_GPU_LINK, gpu),
         inter=_resolve_inter(inter) if inter else None,
         nics_per_node=inter.nics_per_node if inter else 0,
         interface=inter.interface if inter else None,

@@ -8,6 +8,7 @@ joins the next non-block layer; what runs after the model returns is the ``loss`
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from torch import nn
@@ -70,10 +71,10 @@ def _merged(run: TraceRun, members: list[str]) -> LayerStats:
     return merged
 
 
-def _params(modules: list[nn.Module], seen: set[int]) -> tuple[int, int, int]:
-    """(params, bytes, tied params) of modules; parameters seen earlier in the chain count as
-    tied, not again."""
-    count = nbytes = tied = 0
+def _params(modules: list[nn.Module], seen: set[int]) -> tuple[int, int, int, int]:
+    """(params, bytes, tied params, frozen params) of modules; parameters seen earlier in the
+    chain count as tied, not again; frozen ones have requires_grad=False."""
+    count = nbytes = tied = frozen = 0
     for module in modules:
         for p in module.parameters():
             if id(p) in seen:
@@ -82,7 +83,8 @@ def _params(modules: list[nn.Module], seen: set[int]) -> tuple[int, int, int]:
             seen.add(id(p))
             count += p.numel()
             nbytes += p.numel() * p.element_size()
-    return count, nbytes, tied
+            frozen += 0 if p.requires_grad else p.numel()
+    return count, nbytes, tied, frozen
 
 
 def _param_modules(modules: list[nn.Module], seen: set[int]) -> tuple[int, int]:
@@ -96,24 +98,28 @@ def _param_modules(modules: list[nn.Module], seen: set[int]) -> tuple[int, int]:
 
 
 def _sharded_params(modules: list[nn.Module], stats: LayerStats, gemms: dict[str, Gemm],
-                    vocab: int | None, named: dict[str, nn.Module]) -> int:
+                    vocab: int | None, named: dict[str, nn.Module], *,
+                    frozen: bool = False) -> int:
     """Parameters TP splits: paired weight matmuls (column bias too), all experts (expert
-    tensor parallelism), and vocab-sized tables. Gemm names are the traced block's; identical
-    blocks have identical weights."""
+    tensor parallelism), and vocab-sized tables; with ``frozen``, only those that do not
+    require grad. Gemm names are the traced block's; identical blocks have identical weights
+    (and the same parameters trainable)."""
+    counted = lambda p: p is not None and (not frozen or not p.requires_grad)
     experts = [e.name for e in stats.experts]
-    sharded = sum(e.num_experts * e.params_per_expert for e in stats.experts)
+    sharded = sum(e.num_experts * e.params_per_expert for e in stats.experts
+                  if not frozen or not any(p.requires_grad for p in named[e.name].parameters()))
     for gemm in gemms.values():
         module = named.get(gemm.name)
         if module is None or gemm.split is TpSplit.NONE or any(
                 gemm.name.startswith(f"{e}.") for e in experts):
             continue
-        sharded += module.weight.numel()
+        sharded += module.weight.numel() if counted(module.weight) else 0
         bias = getattr(module, "bias", None)
-        if bias is not None and gemm.split is TpSplit.COLUMN:
+        if counted(bias) and gemm.split is TpSplit.COLUMN:
             sharded += bias.numel()
     for module in modules:
         for sub in module.modules():
-            if isinstance(sub, nn.Embedding) and sub.num_embeddings == vocab:
+            if isinstance(sub, nn.Embedding) and sub.num_embeddings == vocab and counted(sub.weight):
                 sharded += sub.weight.numel()
     return sharded
 
@@ -156,16 +162,20 @@ def _layer(run: TraceRun, name: str, members: list[str], position: str, *, seen:
     modules = [named[m] for m in module_names]
     stats = _merged(run, members)
     param_modules, largest_module = _param_modules(modules, seen)
-    count, nbytes, tied = _params(modules, seen)
+    count, nbytes, tied, frozen = _params(modules, seen)
     fwd, bwd = _flops(run, [f"{root}.{m}" for m in members if m in named])
     kind = _kind_of(name, modules, position)
     gemms = dict(stats.gemms)
     if kind is LayerKind.HEAD:  # the LM head is vocab-parallel (column) in Megatron
-        gemms = {k: Gemm(g.name, g.in_features, g.out_features, TpSplit.COLUMN, g.count, g.rows)
-                 for k, g in gemms.items()}
+        gemms = {k: replace(g, split=TpSplit.COLUMN) for k, g in gemms.items()}
+    sharded = min(count, _sharded_params(modules, stats, gemms, vocab, named))
     return Layer(
-        name=name, kind=kind, num_params=count,
-        params_sharded=min(count, _sharded_params(modules, stats, gemms, vocab, named)),
+        name=name, kind=kind, num_params=count, params_sharded=sharded,
+        frozen_params=frozen,
+        frozen_sharded=min(frozen, sharded, _sharded_params(modules, stats, gemms, vocab, named,
+                                                            frozen=True)),
+        in_backward=bool(count > frozen or stats.input_grad or bwd > 0
+                         or stats.saved_sharded + stats.saved_replicated),
         param_bytes=nbytes, fwd_flops=fwd, bwd_flops=bwd,
         activation_bytes_sharded=stats.saved_sharded,
         activation_bytes_replicated=stats.saved_replicated,
@@ -174,7 +184,8 @@ def _layer(run: TraceRun, name: str, members: list[str], position: str, *, seen:
         elementwise_bytes_replicated=stats.traffic_replicated,
         boundary_bytes=stats.output_bytes, input_bytes=stats.input_bytes,
         gemms=tuple(gemms.values()), attention=tuple(stats.attention),
-        tp_allreduces=sum(g.count for g in gemms.values() if g.split is TpSplit.ROW)
+        tp_allreduces=sum(g.count for g in gemms.values()
+                          if g.split is TpSplit.ROW and not g.adapter)
         + (1 if kind is LayerKind.EMBEDDING and vocab else 0),
         tied_params=tied, experts=tuple(stats.experts), modules=module_names,
         param_modules=param_modules, largest_module_params=largest_module,

@@ -5,7 +5,9 @@ block alone carries the relative position table; a ResNet stage's first block do
 whatever the attribute is called (``h``, ``layers``, ``encoder.block``...). Models may have
 several (encoder and decoder). The first block of each distinct shape runs for real; the others
 are *replayed*: they return their input, and reuse that block's statistics, so tracing time does
-not grow with depth. Everything else is a *unit*: a module outside every stack that is a layer
+not grow with depth. Blocks that differ in what trains are not identical: which of their
+parameters require grad, and whether their input does (a trainable parameter runs before them),
+decide what their backward computes and saves. Everything else is a *unit*: a module outside every stack that is a layer
 of its own (embeddings, final norm, head). A model with no stack is a chain of its top-level
 modules, the largest split into their children so that a pipeline has somewhere to cut.
 """
@@ -47,17 +49,33 @@ class Chain:
         return {n: t for s in self.stacks for (n, _), t in zip(s.blocks, s.traced_as)}
 
 
-def _signature(module: nn.Module) -> tuple:
-    return type(module), tuple((n, tuple(p.shape)) for n, p in module.named_parameters())
+class _GradFlow:
+    """Whether a module's input requires grad: some trainable parameter is registered before
+    its own (registration order standing for execution order, as in a chain of blocks)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.index = {id(p): i for i, p in enumerate(model.parameters())}
+        self.first_trainable = min((self.index[id(p)] for p in model.parameters()
+                                    if p.requires_grad), default=len(self.index))
+
+    def input_requires_grad(self, module: nn.Module) -> bool:
+        first = min((self.index[id(p)] for p in module.parameters()), default=len(self.index))
+        return self.first_trainable < first
 
 
-def _as_stack(name: str, module: nn.Module) -> Stack | None:
+def _signature(module: nn.Module, flow: _GradFlow) -> tuple:
+    params = tuple((n, tuple(p.shape), p.requires_grad) for n, p in module.named_parameters())
+    return type(module), params, flow.input_requires_grad(module)
+
+
+def _as_stack(name: str, module: nn.Module, flow: _GradFlow) -> Stack | None:
     """``module`` as a stack, if it is a list of same-type blocks, mostly identical."""
     if not isinstance(module, (nn.ModuleList, nn.Sequential)) or len(module) < 2:
         return None
     children = list(module)
-    signatures = [_signature(c) for c in children]
-    common, count = Counter(signatures).most_common(1)[0]
+    signatures = [_signature(c, flow) for c in children]
+    shapes = Counter((s[0], tuple(p[:2] for p in s[1])) for s in signatures)
+    common, count = shapes.most_common(1)[0]
     if (len({s[0] for s in signatures}) > 1 or count < 2 or 2 * count < len(children)
             or not common[1]):
         return None
@@ -70,10 +88,11 @@ def _as_stack(name: str, module: nn.Module) -> Stack | None:
 def find_stacks(model: nn.Module) -> list[Stack]:
     """The outermost stacks of ``model`` in definition order."""
     candidates: list[Stack] = []
+    flow = _GradFlow(model)
     for name, module in model.named_modules():
         if any(name.startswith(f"{s.name}.") for s in candidates):
             continue
-        stack = _as_stack(name, module)
+        stack = _as_stack(name, module, flow)
         if stack is not None:
             candidates.append(stack)
     size = {s.name: sum(p.numel() for _, b in s.blocks for p in b.parameters()) for s in candidates}

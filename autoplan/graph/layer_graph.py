@@ -41,6 +41,14 @@ class Gemm:
     split: TpSplit
     count: int = 1  # how many times the layer applies it
     rows: int = 1  # rows of its input per sample (tokens for a transformer)
+    wgrad: bool = True  # its weight requires grad: backward runs the weight-gradient GEMM
+    dgrad: bool = True  # its input requires grad: backward runs the input-gradient GEMM
+    adapter: bool = False  # a low-rank adapter (LoRA A or B) beside a frozen base Linear
+
+    @property
+    def weight_params(self) -> int:
+        """Elements of its weight matrix (one copy, however often it is applied)."""
+        return self.in_features * self.out_features
 
     @property
     def fwd_flops(self) -> float:
@@ -60,6 +68,7 @@ class Attention:
     dropout: float
     fwd_flops: float  # per sample, as FlopCounterMode counts the fused kernel
     bwd_flops: float
+    backward: bool = True  # q, k or v requires grad (False inside a frozen prefix)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +122,9 @@ class Layer:
     experts: tuple[Experts, ...] = ()  # MoE layers inside (empty for dense layers)
     param_modules: int = 0  # submodules owning parameters (ZeRO-3 per-module gathers)
     largest_module_params: int = 0  # parameters of the largest of them
+    frozen_params: int = 0  # of num_params, those with requires_grad=False (no grad, no state)
+    frozen_sharded: int = 0  # of params_sharded, the frozen ones
+    in_backward: bool = True  # False before the first trainable parameter: no backward at all
     op_sac_bytes: OpSacBytes | None = None
     """What torchtitan's op-level selective checkpointing saves of this block besides its
     input (None: not a block)."""
@@ -129,6 +141,15 @@ class Layer:
     @property
     def params_replicated(self) -> int:
         return self.num_params - self.params_sharded
+
+    @property
+    def trainable_params(self) -> int:
+        return self.num_params - self.frozen_params
+
+    @property
+    def trainable_sharded(self) -> int:
+        """Trainable parameters TP splits (adapters are split as their base Linear)."""
+        return self.params_sharded - self.frozen_sharded
 
     @property
     def activation_bytes(self) -> float:
@@ -166,6 +187,10 @@ class LayerGraph:
     @property
     def num_params(self) -> int:
         return sum(layer.num_params for layer in self.layers)
+
+    @property
+    def num_trainable_params(self) -> int:
+        return sum(layer.trainable_params for layer in self.layers)
 
     @property
     def fwd_flops(self) -> float:

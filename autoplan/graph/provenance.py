@@ -55,6 +55,7 @@ class Weight:
     in_features: int
     out_features: int
     replicated: bool = False  # never TP-split (an MoE router): its output stays unsharded
+    adapter_of: str | None = None  # a LoRA adapter: the name of its base Linear
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +90,7 @@ class LayerStats:
     input_bytes: float = 0.0
     sac_saves: list[SacSave] = field(default_factory=list)
     column_inputs: dict[int, float] = field(default_factory=dict)  # storage -> bytes
+    input_grad: bool = False  # an input tensor requires grad (a trainable parameter ran before)
 
 
 @dataclass
@@ -204,7 +206,7 @@ class ProvenanceMode(TorchFunctionMode):
         self.running_sharded = False
         if weight is not None and func in MATMUL_FUNCS:
             x = next(t for t in inputs if t is not weight and id(t) not in self.tracker.param_ids)
-            self._weight_matmul(x, self.weights[id(weight)], out)
+            self._weight_matmul(x, self.weights[id(weight)], out, wgrad=weight.requires_grad)
             self._sac_save(out, alternating=_lowers_to_mm(func, args, kwargs),
                            partial=self._tagged(x) and not self.weights[id(weight)].replicated)
             return out
@@ -236,17 +238,24 @@ class ProvenanceMode(TorchFunctionMode):
         self._count_traffic([x], out, sharded=sharded)
         return out
 
-    def _weight_matmul(self, x: torch.Tensor, weight: Weight, out: torch.Tensor) -> None:
-        if weight.replicated:
+    def _weight_matmul(self, x: torch.Tensor, weight: Weight, out: torch.Tensor, *,
+                       wgrad: bool) -> None:
+        """Record the matmul as a Gemm: its TP split by dataflow (an adapter takes its base
+        Linear's, which ran just before it), and which of its gradients backward computes."""
+        stats = self.tracker.now()
+        if weight.adapter_of is not None:
+            base = stats.gemms.get(weight.adapter_of)
+            split = base.split if base is not None else TpSplit.NONE
+        elif weight.replicated:
             split = TpSplit.NONE
         else:
             split = TpSplit.ROW if self._tagged(x) else TpSplit.COLUMN
-        stats = self.tracker.now()
         previous = stats.gemms.get(weight.name)
         count = previous.count + 1 if previous else 1
         rows = x.numel() // weight.in_features
         stats.gemms[weight.name] = Gemm(weight.name, weight.in_features, weight.out_features,
-                                        split, count, rows)
+                                        split, count, rows, wgrad=wgrad, dgrad=x.requires_grad,
+                                        adapter=weight.adapter_of is not None)
         if split is TpSplit.COLUMN:
             self._tag(out, weight.name)
             stats.column_inputs[storage_id(x)] = float(x.untyped_storage().nbytes())
@@ -306,7 +315,8 @@ class ProvenanceMode(TorchFunctionMode):
         fwd = 2.0 * 2.0 * heads * sq * sk * head_dim
         self.tracker.now().attention.append(Attention(
             num_heads=heads, num_kv_heads=heads, head_dim=head_dim, seq_len=sq,
-            causal=e.masked, dropout=0.0, fwd_flops=fwd, bwd_flops=FLASH_BWD_RATIO * fwd))
+            causal=e.masked, dropout=0.0, fwd_flops=fwd, bwd_flops=FLASH_BWD_RATIO * fwd,
+            backward=e.q.requires_grad))
 
     def _attention(self, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                    enable_gqa=False):
@@ -335,7 +345,8 @@ class ProvenanceMode(TorchFunctionMode):
         stats.attention.append(Attention(
             num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, seq_len=q.shape[-2],
             causal=bool(is_causal), dropout=float(dropout_p), fwd_flops=fwd / q.shape[0],
-            bwd_flops=FLASH_BWD_RATIO * fwd / q.shape[0]))
+            bwd_flops=FLASH_BWD_RATIO * fwd / q.shape[0],
+            backward=any(t.requires_grad for t in (q, k, v))))
         self._tag(out, self.origin(q))
         return out
 

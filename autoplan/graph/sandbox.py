@@ -4,15 +4,18 @@ address-space cap, its output kept off our stdout.
 model.py is someone else's code: it may loop forever, allocate real tensors for a trillion
 parameters, or print. The child is forked (it inherits the imported libraries, so it starts in
 milliseconds), its stdout goes to /dev/null so ``--json`` stays one document, and whatever it
-returns or raises comes back pickled. A child that runs out of time is killed; one that dies
-(killed by the OS for memory) is reported as such.
+returns or raises comes back pickled. A child that runs out of time is killed; one that exits
+(sys.exit in model.py) or dies by a signal (killed by the OS for memory, a segfault in native
+code) is reported as such.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
 import os
 import resource
+import signal
 import traceback
 from typing import Any, Callable
 
@@ -37,6 +40,7 @@ def _address_space_bytes() -> int:
 def _child(conn, fn: Callable, args: tuple, headroom: int) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
+    faulthandler.disable()  # a crash is reported by the parent, not dumped on stderr
     try:
         limit = _address_space_bytes() + headroom
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -47,10 +51,27 @@ def _child(conn, fn: Callable, args: tuple, headroom: int) -> None:
         conn.send(("error", err))
     except MemoryError:
         conn.send(("memory", None))
+    except SystemExit as err:
+        conn.send(("exit", err.code))
     except BaseException as err:  # anything else is reported, not re-raised in the child
         conn.send(("crash", f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=3)}"))
     finally:
         conn.close()
+
+
+def _death_message(what: str, exitcode: int | None) -> str:
+    """Why a child that sent nothing back ended: a signal (negative exit code) or an exit."""
+    if exitcode is not None and exitcode < 0 and -exitcode != signal.SIGKILL:
+        name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else "?"
+        return (f"{what} crashed (signal {-exitcode}, {name}) in native code called by model.py "
+                "(a C extension, ctypes or a library bug), not in Python. Run model.py on its own "
+                "to find the call; autoplan only needs build_model() with default constructors.")
+    if exitcode is not None and exitcode >= 0:
+        return (f"{what} ended the process (exit code {exitcode}) without an answer: model.py "
+                "must not call os._exit() or exit the interpreter; remove the call.")
+    return (f"{what} was killed (SIGKILL), most likely by the OS for memory. build_model() must "
+            "not allocate real tensors: build with default constructors (autoplan runs them "
+            "under torch.device('meta')), load no weights.")
 
 
 def run_guarded(fn: Callable, *args: Any, what: str,
@@ -73,13 +94,13 @@ def run_guarded(fn: Callable, *args: Any, what: str,
             raise ModelFileError(
                 f"{what} did not finish within {time_limit_s:g} s and was stopped. build_model() "
                 "and the forward pass must not loop or wait; on the meta device they take "
-                "seconds even for trillion-parameter models.")
+                "seconds even for trillion-parameter models. If yours really needs longer, raise "
+                "the limit: --trace-timeout SECONDS (options file: trace_timeout; Python: "
+                "autoplan.load_model(path, trace_time_limit_s=...)).")
         kind, payload = parent.recv()
     except EOFError:
-        raise ModelFileError(
-            f"{what} died (exit code {process.exitcode}), most likely killed for memory. "
-            "build_model() must not allocate real tensors: build with default constructors "
-            "(autoplan runs them under torch.device('meta')), load no weights.") from None
+        process.join(timeout=5)
+        raise ModelFileError(_death_message(what, process.exitcode)) from None
     finally:
         process.join(timeout=5)
         parent.close()
@@ -87,6 +108,10 @@ def run_guarded(fn: Callable, *args: Any, what: str,
         return payload
     if kind == "error":
         raise payload
+    if kind == "exit":
+        raise ModelFileError(
+            f"{what} stopped: model.py called sys.exit({payload!r}). model.py must not exit: "
+            "remove the call, or put script code under `if __name__ == '__main__':`.")
     if kind == "memory":
         raise ModelFileError(
             f"{what} ran out of memory: it allocates real tensors. Build the model with default "

@@ -52,15 +52,33 @@ class TraceRun:
 
 
 def matmul_weights(model: nn.Module) -> dict[int, Weight]:
-    """Weights multiplied by activations: Linears, and HF's Conv1D (GPT-2), stored [in, out]."""
+    """Weights multiplied by activations: Linears, and HF's Conv1D (GPT-2), stored [in, out];
+    PEFT's LoRA adapters know their base Linear."""
     weights = {}
+    adapters = _lora_adapters(model)
     for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
         if isinstance(module, nn.Linear):
-            weights[id(weight)] = Weight(name, module.in_features, module.out_features)
+            weights[id(weight)] = Weight(name, module.in_features, module.out_features,
+                                         adapter_of=adapters.get(name))
         elif isinstance(weight, torch.Tensor) and weight.dim() == 2 and getattr(module, "nf", None) == weight.shape[1]:
             weights[id(weight)] = Weight(name, weight.shape[0], weight.shape[1])
     return weights
+
+
+def _lora_adapters(model: nn.Module) -> dict[str, str]:
+    """Adapter Linear -> its base Linear, for PEFT LoRA layers (a module with ``base_layer``
+    and the ``lora_A``/``lora_B`` dictionaries of adapters, peft/tuners/lora/layer.py)."""
+    adapters = {}
+    for name, module in model.named_modules():
+        if not all(isinstance(getattr(module, a, None), nn.ModuleDict) for a in ("lora_A", "lora_B")):
+            continue
+        if not isinstance(getattr(module, "base_layer", None), nn.Module):
+            continue
+        for part in ("lora_A", "lora_B"):
+            for key in getattr(module, part):
+                adapters[f"{name}.{part}.{key}"] = f"{name}.base_layer"
+    return adapters
 
 
 def _install_segment_hooks(tracker: Tracker, chain: Chain) -> list:
@@ -73,7 +91,9 @@ def _install_segment_hooks(tracker: Tracker, chain: Chain) -> list:
             first = name not in tracker.order
             stats = tracker.enter(name)
             if first:
-                stats.input_bytes = sum(nbytes(t) for t in tensors((args, kwargs))[:1])
+                inputs = tensors((args, kwargs))
+                stats.input_bytes = sum(nbytes(t) for t in inputs[:1])
+                stats.input_grad = any(t.requires_grad for t in inputs)
         return hook
 
     def leave(name):
@@ -119,9 +139,11 @@ def _run(source: ModelSource, *, seq_len: int, precision: str) -> TraceRun:
                 with ProvenanceMode(tracker, weights):
                     tracker.enter(START_SEGMENT)
                     output = _call(model, inputs)
-                    tracker.enter(LOSS_SEGMENT)
+                    tracker.enter(LOSS_SEGMENT).input_grad = any(
+                        t.requires_grad for t in tensors(output))
                     loss = _loss(source, output, inputs)
             flops_fwd = _per_module(counter)
+            _check_trains(source, loss)
             loss.backward()
         flops_total = _per_module(counter)
     except ModelFileError:
@@ -132,6 +154,15 @@ def _run(source: ModelSource, *, seq_len: int, precision: str) -> TraceRun:
         for handle in handles:
             handle.remove()
     return TraceRun(model, chain, tracker, flops_fwd, flops_total)
+
+
+def _check_trains(source: ModelSource, loss: torch.Tensor) -> None:
+    """A loss without a gradient means nothing trains: a planning question for inference."""
+    if not loss.requires_grad:
+        raise ModelFileError(
+            f"{source.name}: no parameter requires grad, so nothing would be trained. Leave "
+            "requires_grad=True on the parameters to train (PEFT's get_peft_model does this for "
+            "its adapters), or use `autoplan infer` to place the model for inference.")
 
 
 def _call(model: nn.Module, inputs: Any) -> Any:

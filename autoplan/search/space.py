@@ -438,6 +438,19 @@ def check_pins(graph: LayerGraph, *, world: int, training: TrainingSpec, pins: P
             f"{pins.recompute.value}.")
     if graph.layers and not any(l.kind is LayerKind.BLOCK for l in graph.layers) and pins.vpp not in (None, 1):
         raise ConstraintError("--vpp > 1 needs a model with repeated blocks to interleave.")
+    _check_chunks(graph, pins.pp or 1, pins.vpp or 1)
+
+
+def _check_chunks(graph: LayerGraph, pp: int, vpp: int) -> None:
+    """Every pipeline chunk (pp * vpp of them) needs a block of its own, or a layer of a model
+    without repeated blocks."""
+    blocks = len(graph.block_indices())
+    units, what = (blocks, "repeated blocks") if blocks else (len(graph.layers), "layers")
+    if pp * vpp > units:
+        asked = f"--pp {pp} x --vpp {vpp} = {pp * vpp} pipeline chunks" if vpp > 1 else f"--pp {pp}"
+        raise ConstraintError(
+            f"{asked} but the model has {units} {what}: every pipeline stage needs at least "
+            f"one. Use a pipeline of at most {units} stages (pp * vpp <= {units}).")
 
 
 def check_ep(graph: LayerGraph, training: TrainingSpec, pins: Pins) -> None:

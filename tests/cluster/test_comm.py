@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autoplan.api import load_cluster
+from autoplan.errors import ClusterSpecError
 from autoplan.cluster.profile import load_nccl_profile
 from autoplan.cluster.topology import GroupLinks, group_links
 from autoplan.costmodels import comm
@@ -174,3 +175,36 @@ def test_cluster_yaml_names_a_profile_file_relative_to_itself(tmp_path):
     assert cluster.nccl_profile.source == "all_reduce_perf on our node"
     links = group_links(cluster, 8, 1)
     assert _busbw(8, GIB, comm.all_reduce_time(GIB, links)) == pytest.approx(120e9)
+
+
+def test_profile_by_node_count_interpolates_in_log_nodes():
+    # nccl-tests busbw measured on 2 and 16 whole nodes: 90 and 60 GB/s at 1 GiB. A 4-node ring
+    # is a third of the way from 2 to 16 in log(nodes): 90 - 30/3 = 80 GB/s; 32 nodes are past
+    # the largest table and keep its 60; a 2-node ring reads its own table.
+    profile = load_nccl_profile({"inter_node": {2: {"1GiB": "90GB/s"}, 16: {"1GiB": "60GB/s"}}})
+    for nodes, busbw in ((2, 90e9), (4, 80e9), (16, 60e9), (32, 60e9)):
+        cluster = _cluster(_node("h100-sxm5-80gb", "450GB/s", nodes=nodes))
+        dp = group_links(cluster, nodes, 8, profile=profile)  # one GPU per node: 1/8 of the NICs
+        assert _busbw(nodes, GIB, comm.all_reduce_time(GIB, dp)) == pytest.approx(busbw / 8)
+
+
+def test_flat_inter_node_table_holds_for_any_node_count():
+    profile = load_nccl_profile({"inter_node": {"1GiB": "80GB/s"}})
+    for nodes in (2, 64):
+        cluster = _cluster(_node("a100-sxm4-80gb", "300GB/s", nodes=nodes))
+        dp = group_links(cluster, nodes, 8, profile=profile)
+        assert _busbw(nodes, GIB, comm.all_reduce_time(GIB, dp)) == pytest.approx(80e9 / 8)
+
+
+@pytest.mark.parametrize("table", [{1: {"1GiB": "90GB/s"}}, {"two": {"1GiB": "90GB/s"}},
+                                   {2: {"1GiB": "90GB/s"}, 4: "80GB/s"}])
+def test_bad_node_keyed_tables_are_refused_with_the_form_to_use(table):
+    with pytest.raises(ClusterSpecError, match=r"keyed by node count.*2: \{1MiB"):
+        load_nccl_profile({"inter_node": table})
+
+
+def test_node_keyed_profile_survives_the_plan_json_round_trip():
+    # model_dump(mode="json") writes the node counts as strings: they read back the same.
+    as_json = {"inter_node": {"2": {"1GiB": "90GB/s"}, "16": {"1GiB": "60GB/s"}}}
+    assert load_nccl_profile(as_json) == load_nccl_profile(
+        {"inter_node": {2: {"1GiB": "90GB/s"}, 16: {"1GiB": "60GB/s"}}})

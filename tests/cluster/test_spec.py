@@ -110,3 +110,22 @@ def test_bad_cluster_files_exit_2_with_what_to_fix(tmp_path, text, says):
 def test_missing_file_exits_2(tmp_path):
     result = CliRunner().invoke(app, ["topo", str(tmp_path / "nope.yaml")])
     assert result.exit_code == 2 and "no such file" in result.output
+
+
+ONE_GPU = "gpu: a100-sxm4-80gb\nnodes: 1\ngpus_per_node: 1\n"
+
+
+def test_a_one_gpu_cluster_needs_no_intra_node_link(tmp_path):
+    path = tmp_path / "one.yaml"
+    path.write_text(ONE_GPU)
+    assert load_cluster(path).cluster.num_gpus == 1
+    tiny = str(EXAMPLES.parent / "models" / "tiny_gpt.py")
+    for command in (["topo", str(path)],
+                    ["solve", tiny, str(path), "--seq-len", "64", "--global-batch", "4"]):
+        result = CliRunner().invoke(app, command)
+        assert result.exit_code == 0, result.output
+
+
+def test_two_gpus_in_a_node_still_need_their_link():
+    with pytest.raises(ClusterSpecError, match="intra_node: missing"):
+        load_cluster({"gpu": "a100-sxm4-80gb", "nodes": 1, "gpus_per_node": 2})

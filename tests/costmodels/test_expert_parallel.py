@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-transformers = pytest.importorskip("transformers")
+from tests.extras import require
+
+transformers = require("transformers")
 
 import autoplan  # noqa: E402
 from autoplan.cluster.topology import group_links  # noqa: E402

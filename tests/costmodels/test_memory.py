@@ -1,4 +1,4 @@
-"""Memory model against published formulas worked by hand (../shared/data/README.md sec. 3)."""
+"""Memory model against published formulas worked by hand (data/README.md sec. 3)."""
 
 import dataclasses
 import types
@@ -15,6 +15,7 @@ from autoplan.graph.loader import load_model_source
 from autoplan.graph.trace import trace_model
 from autoplan.plan import Offload, Recompute
 from autoplan.zoo import GPT, GPTConfig, next_token_loss
+from tests.extras import require
 
 DEEPSPEED = runtime_profile("deepspeed")
 MEGATRON = runtime_profile("megatron")
@@ -94,7 +95,7 @@ def test_flash_attention_keeps_no_score_matrix(block):
 
 @pytest.mark.parametrize("gpus", [1, 8, 64])
 def test_deepspeed_zero2_matches_deepspeeds_own_estimator(gpus):
-    stage_1_and_2 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
+    stage_1_and_2 = require("deepspeed.runtime.zero.stage_1_and_2")
     psi = 7_000_000_000
     _, expected = stage_1_and_2.estimate_zero2_model_states_mem_needs(
         psi, num_gpus_per_node=min(gpus, 8), num_nodes=max(1, gpus // 8), cpu_offload=False)
@@ -103,7 +104,7 @@ def test_deepspeed_zero2_matches_deepspeeds_own_estimator(gpus):
 
 @pytest.mark.parametrize("gpus", [8, 64])
 def test_deepspeed_zero3_matches_deepspeeds_own_estimator(gpus):
-    stage3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
+    stage3 = require("deepspeed.runtime.zero.stage3")
     psi, largest = 7_000_000_000, 200_000_000
     _, expected, _ = stage3.estimate_zero3_model_states_mem_needs(
         psi, largest, num_gpus_per_node=8, num_nodes=gpus // 8, cpu_offload=False)
@@ -116,7 +117,7 @@ def test_deepspeed_zero3_matches_deepspeeds_own_estimator(gpus):
 
 
 def test_traced_largest_module_is_deepspeeds_largest_layer(block):
-    stage3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
+    stage3 = require("deepspeed.runtime.zero.stage3")
     config = GPTConfig(num_layers=2, hidden_size=H, num_heads=A, vocab_size=1024, max_seq_len=S)
     _, largest = stage3.model_to_params(GPT(config).h[0])
     assert block.largest_module_params == largest == 4 * H * H + 4 * H  # the MLP's c_fc

@@ -1,4 +1,4 @@
-"""How benchmarks/published_runs.py reads a row of ../shared/data/published_runs.csv into a plan
+"""How benchmarks/published_runs.py reads a row of data/published_runs.csv into a plan
 and the settings of the framework that ran it."""
 
 from published_runs import published_runs

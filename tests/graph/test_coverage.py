@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+from tests.extras import require
+
+transformers = require("transformers")
 
 import autoplan  # noqa: E402
 from autoplan.api import load_model  # noqa: E402

@@ -7,10 +7,11 @@ import pytest
 from autoplan.errors import ExportError
 from autoplan.plugins import export_plan
 from autoplan.plugins.accelerate import accelerate_config
+from tests.extras import require
 from tests.plugins.plans import changed, load_plan
 
-config_args = pytest.importorskip("accelerate.commands.config.config_args")
-launch = pytest.importorskip("accelerate.commands.launch")
+config_args = require("accelerate.commands.config.config_args")
+launch = require("accelerate.commands.launch")
 
 ACCELERATE_PLANS = {"llama8b_zero3_offload_1gpu": "DEEPSPEED",
                     "gpt13b_ethernet_10g": "MEGATRON_LM"}

@@ -10,11 +10,12 @@ import pytest
 
 from autoplan.errors import ExportError
 from autoplan.plugins.deepspeed import deepspeed_config, render
+from tests.extras import require
 from tests.plugins.plans import changed, load_plan
 
-dist = pytest.importorskip("deepspeed.comm")
-ds_config = pytest.importorskip("deepspeed.runtime.config")
-runner = pytest.importorskip("deepspeed.launcher.runner")
+dist = require("deepspeed.comm")
+ds_config = require("deepspeed.runtime.config")
+runner = require("deepspeed.launcher.runner")
 
 DEEPSPEED_PLANS = ["llama8b_zero3_offload_1gpu", "gpt13b_ethernet_10g"]
 
@@ -22,7 +23,8 @@ DEEPSPEED_PLANS = ["llama8b_zero3_offload_1gpu", "gpt13b_ethernet_10g"]
 # all be names DeepSpeedConfig reads (deepspeed/runtime/config.py and its constants).
 KNOWN_TOP_LEVEL = {"train_batch_size", "train_micro_batch_size_per_gpu",
                    "gradient_accumulation_steps", "zero_optimization", "bf16", "fp16",
-                   "activation_checkpointing", "pipeline", "tensor_parallel"}
+                   "activation_checkpointing", "pipeline", "tensor_parallel",
+                   "zero_allow_untested_optimizer"}
 
 
 def parse_with_deepspeed(config: dict, *, dp: int):
@@ -121,3 +123,17 @@ def test_an_interface_that_is_not_a_name_is_refused():
     inter = dict(result.cluster["inter_node"], interface="eth0 ; reboot")
     with pytest.raises(ExportError, match="not an interface name"):
         render(changed(result, cluster=dict(result.cluster, inter_node=inter)))
+
+
+def test_a_lora_fine_tune_with_8bit_adam_under_zero_lets_deepspeed_take_the_client_optimizer():
+    result = load_plan("gpt13b_ethernet_10g")  # ZeRO-1
+    doc = result.model_dump(mode="json")
+    lora = changed(result, training={**doc["training"], "optimizer": "adamw8bit", "frozen_dtype": "nf4"},
+                   model={**doc["model"], "num_trainable_params": doc["model"]["num_params"] // 100})
+    files = render(lora)
+    config = json.loads(files["ds_config.json"])
+    assert set(config) <= KNOWN_TOP_LEVEL
+    # DeepSpeed's engine asserts on optimizers outside ZERO_SUPPORTED_OPTIMIZERS unless this is set.
+    assert parse_with_deepspeed(config, dp=lora.plan.dp).zero_allow_untested_optimizer is True
+    assert "bitsandbytes.optim.AdamW8bit" in files["launch_deepspeed.sh"]
+    assert "p.requires_grad" in files["launch_deepspeed.sh"] and "stored in nf4" in files["launch_deepspeed.sh"]

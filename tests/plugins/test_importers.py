@@ -1,6 +1,8 @@
 """Importers: a configuration exported by autoplan reads back into the same plan, and the
 current setup of a user is priced against the optimum."""
 
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -9,6 +11,7 @@ from autoplan.cli import app
 from autoplan.errors import PlanFileError
 from autoplan.plugins import export_plan
 from autoplan.plugins.importers import read_run
+from tests.extras import require
 
 TINY = "examples/models/tiny_gpt.py"
 DGX1 = "examples/clusters/dgx-a100-x1.yaml"
@@ -76,7 +79,7 @@ MIXTRAL = "examples/models/hf_mixtral_tiny.py"
     ("torchtitan", "torchtitan_args.txt", "fsdp", {"tp": 1, "pp": 1, "mbs": 1, "zero": 2, "ep": 2}),
 ])
 def test_expert_parallel_degree_round_trips(tmp_path, target, filename, runtime, pins):
-    pytest.importorskip("transformers")
+    require("transformers")
     planned = autoplan.estimate(MIXTRAL, DGX1, pins, seq_len=256, global_batch=16, runtime=runtime)
     export_plan(planned, target, tmp_path)
     imported = autoplan.estimate(MIXTRAL, DGX1, read_run(tmp_path / filename), seq_len=256,
@@ -88,7 +91,7 @@ def test_expert_parallel_degree_round_trips(tmp_path, target, filename, runtime,
 
 @pytest.mark.parametrize("target", ["deepspeed", "accelerate", "torchrun", "colossalai"])
 def test_targets_without_expert_parallelism_refuse_it(tmp_path, target):
-    pytest.importorskip("transformers")
+    require("transformers")
     from autoplan.errors import ExportError
     planned = autoplan.estimate(MIXTRAL, DGX1, {"tp": 1, "pp": 1, "ep": 2}, seq_len=256,
                                 global_batch=16)
@@ -111,4 +114,44 @@ def test_unknown_files_are_refused_clearly(tmp_path):
     path = tmp_path / "notes.txt"
     path.write_text("hello\n")
     with pytest.raises(PlanFileError, match="Megatron-LM argument list"):
+        read_run(path)
+
+
+def _ds_config(tmp_path, **fields):
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 1}, "bf16": {"enabled": True},
+                                **fields}))
+    return path
+
+
+def test_deepspeed_infers_gradient_accumulation_from_the_batch_as_deepspeed_does(tmp_path):
+    # DeepSpeed runtime/config.py _set_batch_related_parameters: with train_batch_size 256 and
+    # micro-batch 4 but no gradient_accumulation_steps, it sets 256 // 4 // dp; on the 8 GPUs
+    # of DGX1, dp = 8 and accumulation 8 (256 = 4 x 8 x 8), not 1 (which needed dp = 64).
+    path = _ds_config(tmp_path, train_batch_size=256, train_micro_batch_size_per_gpu=4)
+    result = CliRunner().invoke(app, ["estimate", TINY, DGX1, "--from", str(path),
+                                      "--seq-len", "256", "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)["plan"]
+    assert (plan["dp"], plan["micro_batch_size"], plan["num_microbatches"]) == (8, 4, 8)
+    assert "gradient_accumulation_steps inferred" in result.stderr
+
+
+def test_deepspeed_auto_values_are_filled_from_the_run_as_the_hf_trainer_does(tmp_path):
+    # The HF Trainer writes "auto" and fills it from its own arguments (batch, accumulation,
+    # world size): here --global-batch and --mbs.
+    path = _ds_config(tmp_path, train_batch_size="auto", train_micro_batch_size_per_gpu="auto",
+                      gradient_accumulation_steps="auto")
+    result = CliRunner().invoke(app, ["estimate", TINY, DGX1, "--from", str(path), "--seq-len",
+                                      "256", "--global-batch", "64", "--mbs", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)["plan"]
+    assert (plan["dp"], plan["micro_batch_size"], plan["num_microbatches"]) == (8, 2, 4)
+    assert "auto" in result.stderr
+
+
+def test_deepspeed_batch_fields_that_cannot_agree_are_refused(tmp_path):
+    path = _ds_config(tmp_path, train_batch_size=100, train_micro_batch_size_per_gpu=3,
+                      gradient_accumulation_steps=2)
+    with pytest.raises(PlanFileError, match="DeepSpeed requires"):
         read_run(path)

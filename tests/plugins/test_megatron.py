@@ -7,11 +7,12 @@ import torch
 
 from autoplan.errors import ExportError
 from autoplan.plugins.megatron import megatron_args, render
+from tests.extras import require
 from tests.plugins.plans import changed, load_plan, stages_for
 
-core = pytest.importorskip("megatron.core.transformer.transformer_config")
-block = pytest.importorskip("megatron.core.transformer.transformer_block")
-layout_mod = pytest.importorskip("megatron.core.transformer.pipeline_parallel_layer_layout")
+core = require("megatron.core.transformer.transformer_config")
+block = require("megatron.core.transformer.transformer_block")
+layout_mod = require("megatron.core.transformer.pipeline_parallel_layer_layout")
 from megatron.core.transformer.enums import LayerType  # noqa: E402
 
 MEGATRON_PLANS = ["llama8b_3d_vpp_sp", "gpt13b_uneven_stages", "gpt13b_ethernet_10g"]

@@ -13,13 +13,14 @@ import pytest
 
 from autoplan.errors import ExportError
 from autoplan.plugins.torchtitan import torchtitan_overrides
+from tests.extras import require
 from tests.plugins.plans import changed, load_plan
 
-tyro = pytest.importorskip("tyro")
-configs = pytest.importorskip("torchtitan.config.configs")
-manager = pytest.importorskip("torchtitan.config.manager")
-ac = pytest.importorskip("torchtitan.distributed.activation_checkpoint")
-parallel_dims = pytest.importorskip("torchtitan.distributed.parallel_dims")
+tyro = require("tyro")
+configs = require("torchtitan.config.configs")
+manager = require("torchtitan.config.manager")
+ac = require("torchtitan.distributed.activation_checkpoint")
+parallel_dims = require("torchtitan.distributed.parallel_dims")
 
 TORCHTITAN_PLANS = ["llama8b_3d_vpp_sp", "llama8b_zero3_offload_1gpu", "gpt13b_ethernet_10g"]
 
@@ -103,7 +104,7 @@ def test_context_parallel_degree_is_exported():
 
 
 def test_zero_bubble_schedule_is_one_torch_pipelining_knows():
-    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    schedules = require("torch.distributed.pipelining.schedules")
     result = changed(load_plan("llama8b_3d_vpp_sp"), plan={"pipeline_schedule": "zero_bubble"})
     config = parse(torchtitan_overrides(result))
     name = config.parallelism.pipeline_parallel_schedule

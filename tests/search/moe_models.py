@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 from autoplan.api import load_model
+from tests.extras import require
 from tests.graph.models import model_file
 
 _MODELS: dict = {}
@@ -12,7 +11,7 @@ _MODELS: dict = {}
 
 def tiny_moe(layers: int, hidden: int, experts: int, *, ffn: int | None = None):
     """A Mixtral of ``layers`` blocks, ``experts`` experts (top-2), loaded for tracing."""
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     key = (layers, hidden, experts, ffn)
     if key not in _MODELS:
         config = transformers.MixtralConfig(

@@ -8,8 +8,9 @@ from autoplan.costmodels.step import axis_stride
 from autoplan.plan import Plan
 from autoplan.plugins.megatron import megatron_args
 from autoplan.search.space import balanced_stages
+from tests.extras import require
 
-parallel_state = pytest.importorskip("megatron.core.parallel_state")
+parallel_state = require("megatron.core.parallel_state")
 
 TINY = "examples/models/tiny_gpt.py"
 SLOW_INTER = {"gpu": "a100-sxm4-80gb", "nodes": 2, "gpus_per_node": 8,

@@ -13,6 +13,8 @@ from autoplan import sweep as sweeps
 from autoplan.cli import app
 from autoplan.errors import ConstraintError
 
+from tests.extras import require
+
 from .conftest import DGX16, EXAMPLES, TINY
 
 
@@ -153,7 +155,7 @@ def test_price_per_gpu_type(tiny, dgx16):
 
 def test_ray_backend_gives_the_same_points(tiny, dgx16):
     """Skipped unless Ray is installed (the `ray` extra); starts a local Ray."""
-    pytest.importorskip("ray")
+    require("ray", extra="ray")
     over, base = {"nodes": [1, 2]}, {"seq_len": 128, "global_batch": 16}
     on_ray = api.sweep(tiny, dgx16, over=over, base=base, ray_address="local", workers=2)
     local = api.sweep(tiny, dgx16, over=over, base=base, workers=1)

@@ -1,0 +1,139 @@
+"""The measured runs of data/more_runs.csv (llm-foundry FSDP, BigScience Megatron-DeepSpeed,
+flash-attention's DDP trainer) as autoplan questions, as a new user would pose them: the model
+built from the row's shape, the cluster the row names, the configuration pinned as published and
+autoplan filling the rest.
+
+Rows that cannot be posed come back as ``Skipped`` with the reason (no measured time, a shape
+the source does not state, a precision autoplan does not model), so a benchmark can count them.
+What a row does not state and the question needs is an assumption named here, never a fit:
+- H100 llm-foundry nodes: the network is not stated; DGX H100 nodes (8x NDR 400 Gb/s) assumed.
+- Jean Zay (BigScience): A100 nodes with 4x HDR 200 Gb/s and V100 nodes (4 GPUs) with 4x
+  Omni-Path 100 Gb/s assumed; the rows state neither.
+- llm-foundry throughput is a window average over a global batch Composer may split unevenly:
+  the step compared is ``mbs * grad_accum * dp`` sequences at the published tokens/s/GPU.
+- flash-attention's DDPStrategyZero1 all-reduces like DDP and shards only the optimizer step: it
+  is posed as the fsdp runtime with ZeRO 0 (DDP's bucketed, overlapped all-reduce).
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass
+
+from published_runs import DATA, PublishedRun, _gpt_module
+
+CSV = DATA / "more_runs.csv"
+
+GPU_NAMES = {"H100 80GB": "h100-sxm5-80gb", "A100 40GB": "a100-sxm4-40gb",
+             "A100 80GB": "a100-sxm4-80gb", "A100-SXM4 80GB": "a100-sxm4-80gb",
+             "V100 32GB": "v100-sxm2-32gb", "V100 16GB": "v100-sxm2-16gb"}
+
+NODES = {
+    # gpu -> (intra-node link, its per-GPU bandwidth, NIC link, NICs per node, NIC bandwidth)
+    "h100-sxm5-80gb": ("nvswitch", "450GB/s", "infiniband", 8, "400Gbps"),
+    "a100-sxm4-40gb": ("nvswitch", "300GB/s", "roce", 8, "200Gbps"),  # 1600 Gb/s RoCE per node
+    "a100-sxm4-80gb": ("nvswitch", "300GB/s", "roce", 8, "200Gbps"),
+    "v100-sxm2-32gb": ("nvlink", "150GB/s", "omnipath", 4, "100Gbps"),
+    "v100-sxm2-16gb": ("nvlink", "150GB/s", "omnipath", 4, "100Gbps"),
+}
+JEAN_ZAY_A100 = ("nvswitch", "300GB/s", "infiniband", 4, "200Gbps")
+
+
+@dataclass(frozen=True)
+class Skipped:
+    row_id: str
+    source: str
+    reason: str
+
+
+def _cluster(name: str, gpu: str, num_gpus: int, gpus_per_node: int, node: tuple) -> dict:
+    intra, intra_bw, nic, nics, nic_bw = node
+    link = "infiniband" if nic == "omnipath" else nic
+    return {"name": name, "gpu": gpu, "nodes": max(1, num_gpus // gpus_per_node),
+            "gpus_per_node": min(gpus_per_node, num_gpus),
+            "intra_node": {"link": intra, "bandwidth": intra_bw},
+            "inter_node": {"link": link, "nics_per_node": nics, "bandwidth": nic_bw,
+                           "latency": "5us"}}
+
+
+def _gpu(row: dict) -> str | None:
+    return next((v for k, v in GPU_NAMES.items() if row["gpu_type"].startswith(k)), None)
+
+
+def _recompute(text: str) -> str:
+    return "full" if text.startswith("full") else "none"
+
+
+def _zero(row: dict) -> int:
+    text = row["zero_or_fsdp"]
+    if "FULL_SHARD" in text:
+        return 3
+    if "SHARD_GRAD_OP" in text:
+        return 2
+    if "ZeRO-1" in text or "BF16Optimizer" in text:
+        return 1
+    return 0
+
+
+def _vocab(text: str) -> int:
+    """BigScience's "250k" is BLOOM's tokenizer, 250,880 entries padded (BLOOM model card)."""
+    return 250880 if text.startswith("250k") else int(re.match(r"\d+", text).group())
+
+
+def _why_not(row: dict) -> str | None:
+    if row["outcome"] != "success" or not (row["step_time_s"] or row["tokens_per_s_per_gpu"]):
+        return f"no measured time (outcome: {row['outcome']})"
+    if not row["step_time_s"]:
+        return "tokens/s of a fine-tuning recipe without a stated global batch per step"
+    if not row["num_layers"] or not row["num_heads"]:
+        return "layers or heads not stated in the source"
+    if "fp8" in row["precision"]:
+        return "fp8 (Transformer Engine) is not a precision autoplan models"
+    if _gpu(row) is None:
+        return f"GPU {row['gpu_type']!r} not mapped to the catalog"
+    return None
+
+
+def _run(row: dict) -> PublishedRun:
+    source = row["row_id"].split("-")[0]
+    gpu = _gpu(row)
+    n, per_node = int(row["num_gpus"]), int(row["gpus_per_node"])
+    node = JEAN_ZAY_A100 if source == "BSPRQ" else NODES[gpu]
+    tp, pp, dp = int(row["TP"]), int(row["PP"]), int(row["DP"])
+    mbs, ga = int(row["micro_batch"]), int(row["grad_accum"] or 1)
+    seq = int(row["seq_len"])
+    batch = mbs * ga * dp
+    if source == "LLMF":
+        step = batch * seq / (float(row["tokens_per_s_per_gpu"]) * n)
+    else:
+        step = float(row["step_time_s"])
+    runtime = "fsdp" if source in ("LLMF", "FA2TRAIN") else "deepspeed"
+    zero = 0 if source == "FA2TRAIN" else _zero(row)
+    dropout = 0.0 if source == "LLMF" else 0.1  # MPT yamls: attn/resid/emb pdrop 0
+    model = _gpt_module(int(row["num_layers"]), int(row["hidden"]), int(row["num_heads"]),
+                        _vocab(row["vocab"]), seq, int(row["ffn_hidden"]), dropout)
+    pins = {"tp": tp, "pp": pp, "dp": dp, "mbs": mbs, "vpp": 1,
+            "recompute": _recompute(row["recompute"]), "sp": False, "zero": zero}
+    flash = row["flash_attention"].startswith("y")
+    return PublishedRun(
+        row_id=row["row_id"], model=model,
+        cluster=_cluster(f"{source.lower()}-{n}", gpu, n, per_node, node), seq_len=seq,
+        global_batch=batch, pins=pins, runtime=runtime,
+        precision="fp16" if row["precision"].startswith("fp16") else "bf16",
+        step_time_s=step, runtime_settings={}, source=source, gpu=gpu,
+        attention="flash" if flash else "explicit")
+
+
+def more_runs() -> tuple[list[PublishedRun], list[Skipped]]:
+    """(the rows posed as questions, the rows that cannot be, with why)."""
+    with CSV.open() as f:
+        rows = list(csv.DictReader(f))
+    runs, skipped = [], []
+    for row in rows:
+        reason = _why_not(row)
+        if reason:
+            skipped.append(Skipped(row["row_id"], row["row_id"].split("-")[0], reason))
+        else:
+            runs.append(_run(row))
+    return runs, skipped

@@ -1,0 +1,45 @@
+"""How benchmarks/more_runs.py poses the rows of data/more_runs.csv, checked against what the
+rows themselves state."""
+
+import pytest
+from more_runs import more_runs
+
+
+@pytest.fixture(scope="module")
+def posed():
+    runs, skipped = more_runs()
+    return {r.row_id: r for r in runs}, {s.row_id: s for s in skipped}
+
+
+def test_llm_foundry_step_is_the_published_throughput_over_the_posed_batch(posed):
+    # LLMF-H100L-01: MPT-70b, 512 H100, mbs 8, GA 1, DP 512, s 2048, 1007 tokens/s/GPU; the row's
+    # own derived step_time_s is 16.2685 s = 8 * 512 * 2048 / (1007 * 512).
+    run = posed[0]["LLMF-H100L-01"]
+    assert run.global_batch == 8 * 1 * 512
+    assert run.step_time_s == pytest.approx(16.2685, rel=1e-3)
+    assert (run.runtime, run.gpu, run.attention) == ("fsdp", "h100-sxm5-80gb", "flash")
+    assert run.pins == {"tp": 1, "pp": 1, "dp": 512, "mbs": 8, "vpp": 1, "recompute": "full",
+                        "sp": False, "zero": 3}
+
+
+def test_bigscience_rows_run_megatron_deepspeed_with_their_pipeline(posed):
+    # BSPRQ-002: TP 8, PP 10, DP 1, MBS 1, GBS 2048, ZeRO-1, fp16, explicit attention, 844.81 s.
+    run = posed[0]["BSPRQ-002"]
+    assert (run.runtime, run.precision, run.attention) == ("deepspeed", "fp16", "explicit")
+    assert (run.pins["tp"], run.pins["pp"], run.pins["dp"], run.pins["zero"]) == (8, 10, 1, 1)
+    assert (run.global_batch, run.step_time_s) == (2048, 844.81)
+    assert run.cluster["nodes"] == 10
+
+
+def test_v100_rows_have_four_gpus_per_node(posed):
+    run = posed[0]["BS1B3-22"]  # 8 V100 16GB on 2 nodes of 4, PP 4, DP 2
+    assert (run.gpu, run.cluster["nodes"], run.cluster["gpus_per_node"]) == ("v100-sxm2-16gb", 2, 4)
+
+
+def test_rows_that_cannot_be_posed_say_why(posed):
+    runs, skipped = posed
+    assert "outcome: oom" in skipped["BS1B3-24"].reason  # an OOM has no step time
+    assert "not stated" in skipped["BSPRQ-007"].reason  # layers not stated
+    assert "fp8" in skipped["LLMF-H100FP8-01"].reason
+    # Every row of the file is either posed or skipped: 390 rows (data/README.md).
+    assert len(runs) + len(skipped) == 390
