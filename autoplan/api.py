@@ -39,11 +39,12 @@ from autoplan.plugins.importers import ImportedRun, read_run  # noqa: F401 (API)
 from autoplan.search.hetero import solve_on_groups
 from autoplan.search.solver import solve_search
 from autoplan.search.space import (
-    balanced_stages, check_ep, check_pins, check_tp, dp_options, pipeline_schedule,
+    SP_WITH_TP_RUNTIMES, balanced_stages, check_ep, check_pins, check_tp, dp_options,
+    pipeline_schedule,
 )
 from autoplan.run_profile import RunsProfile
 from autoplan.options import (as_options, global_batches, mem_limit_bytes, merge_options,
-                              options_mem_limit, validated)
+                              options_mem_limit, solve_headroom, validated)
 from autoplan.training import (
     DEFAULT_PLACEMENT, AttentionKernel, FrozenDtype, Optimizer, Pins, Precision,
     Runtime, TrainingSpec,
@@ -156,13 +157,14 @@ def _compute(cluster: Cluster, profile: Profile | None) -> ComputeProfile:
 def make_problem(model: Model, cluster: LoadedCluster, training: TrainingSpec,
                  mem_limit: str | float | None = None, *,
                  profile: str | Path | Profile | None = None,
-                 runtime_settings: Mapping[str, Any] | None = None) -> Problem:
+                 runtime_settings: Mapping[str, Any] | None = None,
+                 headroom: float = 0.0) -> Problem:
     """Trace the model and gather the cost-model inputs for one question. ``profile`` (a
     profile YAML from ``autoplan calibrate``, a ComputeProfile or a RunsProfile) replaces the
     catalog's compute profile of the cluster's GPU (of its first node group's GPU on a
     heterogeneous cluster), or, fitted to runs, the parameters it names
     (costmodels.parameters); ``runtime_settings`` replaces fields of the runtime's profile
-    (see :func:`runtime_with`)."""
+    (see :func:`runtime_with`); ``headroom`` the fraction of the limit plans must leave free."""
     profile = _loaded_profile(profile)
     graph = model.trace(training.seq_len, training.precision.value)
     if not cluster.cluster.is_homogeneous and not graph.block_indices():
@@ -176,7 +178,8 @@ def make_problem(model: Model, cluster: LoadedCluster, training: TrainingSpec,
         graph=graph, cluster=cluster.cluster, training=training,
         runtime=runtime,
         compute=_compute(cluster.cluster, profile),
-        mem_limit_bytes=mem_limit_bytes(mem_limit, cluster.cluster),
+        mem_limit_bytes=mem_limit_bytes(mem_limit, cluster.cluster) * (1 - headroom),
+        headroom=headroom,
     )
     if isinstance(profile, RunsProfile):
         return with_parameters(problem, profile.parameters)
@@ -274,7 +277,7 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
           bounds=None, max_gpus: int | None = None, tp_within_node: bool | None = None,
           forbid_offload: bool | None = None, options=None, profile=None,
           num_workers: int = 1, runners_up: bool = True, optimizer: str | None = None,
-          frozen_dtype: str | None = None) -> Result:
+          frozen_dtype: str | None = None, headroom: float | None = None) -> Result:
     """The best plan that fits (fastest by default), with its estimate, the solver's status
     and the best plan of each other (TP, PP) shape.
 
@@ -301,6 +304,8 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
         max_gpus: a GPU budget: plans use at most this many GPUs.
         tp_within_node: TP at most a node's GPUs, even when pinned.
         forbid_offload: no CPU offload.
+        headroom: fraction of each GPU's memory (or of ``mem_limit``) plans leave free,
+            default :data:`DEFAULT_HEADROOM`; 0 fills the GPU to the predicted peak.
         options: a :class:`SolveOptions` or the path of an options YAML; keywords given here
             win over it.
         optimizer: ``"adamw"`` (default), ``"adamw8bit"`` (bitsandbytes) or ``"sgd"``.
@@ -327,7 +332,8 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
                                precision=precision, runtime=runtime, attention=attention,
                                mem_limit=mem_limit, profile=profile,
                                optimizer=optimizer or opts.optimizer,
-                               frozen_dtype=frozen_dtype or opts.frozen_dtype)
+                               frozen_dtype=frozen_dtype or opts.frozen_dtype,
+                               headroom=solve_headroom(headroom, opts))
     if not cluster.cluster.is_homogeneous:  # stages on node groups; no runners-up
         found = solve_on_groups(problems, constraints.pins, time_limit_s=constraints.time_limit_s,
                                 objective=constraints.objective, bounds=constraints.bounds,
@@ -347,7 +353,7 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
 def _batch_problems(model: Model, cluster: LoadedCluster, batches: list[int] | None, pins: Pins,
                     *, seq_len: int, precision: str, runtime: str, attention: str,
                     mem_limit, profile=None, optimizer: str | None = None,
-                    frozen_dtype: str | None = None) -> list[Problem]:
+                    frozen_dtype: str | None = None, headroom: float = 0.0) -> list[Problem]:
     """One problem per allowed global batch whose pins are legal (all checked if none is)."""
     if not batches:
         raise ConstraintError("give --global-batch (or global_batch in --options).")
@@ -356,7 +362,8 @@ def _batch_problems(model: Model, cluster: LoadedCluster, batches: list[int] | N
     for batch in batches:
         training = _training(seq_len, batch, precision, runtime, attention, optimizer,
                              frozen_dtype)
-        problem = make_problem(model, cluster, training, mem_limit, profile=profile)
+        problem = make_problem(model, cluster, training, mem_limit, profile=profile,
+                               headroom=headroom)
         try:
             check_pins(problem.graph, world=cluster.cluster.num_gpus, training=training, pins=pins)
         except ConstraintError as err:
@@ -389,8 +396,10 @@ def plan_from_pins(problem: Problem, pins: Pins, *, first: int | None = None,
         raise ConstraintError(
             f"--ep {ep} does not divide dp*cp = {dp * cp} (dp={dp} cp={cp}): expert-parallel "
             "ranks are carved out of the data-parallel replicas. Pin a --dp that --ep divides.")
-    sp = pins.sp if pins.sp is not None else (
-        ep > 1 and tp > 1 and problem.training.runtime is Runtime.MEGATRON)  # Megatron needs it
+    runtime = problem.training.runtime
+    sp = pins.sp if pins.sp is not None else tp > 1 and (
+        ep > 1 and runtime is Runtime.MEGATRON  # Megatron needs it
+        or runtime in SP_WITH_TP_RUNTIMES)
     return Plan(
         tp=tp, pp=pp, dp=dp, cp=cp, zero_stage=pins.zero or 0, micro_batch_size=mbs,
         global_batch_size=batch, num_microbatches=batch // (dp * mbs),
@@ -433,6 +442,13 @@ def check_plan_matches(problem: Problem, plan: Plan, model: Model,
             "model.py it was solved for, or solve this model afresh.")
 
 
+def _with_implied_sp(problem: Problem, plan: Plan) -> Plan:
+    """The plan as its runtime runs it: torchtitan shards the sequence whenever TP > 1."""
+    if plan.tp > 1 and not plan.sequence_parallel and problem.training.runtime in SP_WITH_TP_RUNTIMES:
+        return plan.model_copy(update={"sequence_parallel": True})
+    return plan
+
+
 def _plan_for(problem: Problem, cluster: LoadedCluster, model: Model, plan_or_pins) -> Plan:
     """The plan to estimate: a Plan checked against the problem, or pins (from the caller or an
     imported configuration) completed with the documented defaults."""
@@ -447,6 +463,7 @@ def _plan_for(problem: Problem, cluster: LoadedCluster, model: Model, plan_or_pi
             check_ep(problem.graph, problem.training, Pins(
                 ep=plan_or_pins.ep, dp=plan_or_pins.dp, cp=plan_or_pins.cp, tp=plan_or_pins.tp,
                 sp=plan_or_pins.sequence_parallel))
+        plan_or_pins = _with_implied_sp(problem, plan_or_pins)
         if plan_or_pins.stage_groups is not None:
             check_groups(problem, plan_or_pins)
         elif not cluster.cluster.is_homogeneous:

@@ -157,6 +157,8 @@ def solve(
     precision: Optional[str] = PRECISION, profile: Optional[Path] = PROFILE,
     optimizer: Optional[str] = OPTIMIZER, frozen_dtype: Optional[str] = FROZEN_DTYPE,
     as_json: bool = JSON,
+    headroom: Optional[float] = typer.Option(
+        None, "--headroom", help="Fraction of each GPU's memory plans leave free (default 0.05)."),
     time_limit: float = typer.Option(api.DEFAULT_TIME_LIMIT_S, "--time-limit", min=0.1,
                                      help="Solver time limit in seconds; the best plan so far is returned."),
     export: Optional[ExportTarget] = typer.Option(None, "--export", help="Also write launch files."),
@@ -164,7 +166,7 @@ def solve(
     force: bool = typer.Option(False, "--force", help="Overwrite existing files in --out."),
     explain: bool = typer.Option(False, "--explain", help="Also say why this plan (see `explain`)."),
     options: Optional[Path] = typer.Option(
-        None, "--options", help="YAML of objective, pins, bounds, mem_limit, max_gpus, "
+        None, "--options", help="YAML of objective, pins, bounds, mem_limit, headroom, max_gpus, "
         "global_batch, tp_within_node, forbid_offload, optimizer, frozen_dtype, trace_timeout; "
         "flags given here win."),
     objective: Optional[str] = typer.Option(
@@ -199,7 +201,8 @@ def solve(
         model, cluster, seq_len=seq_len, global_batch=global_batch, pins=pins,
         mem_limit=mem_limit, time_limit_s=time_limit, runtime=runtime, precision=precision,
         objective=terms, min_tokens_per_s=min_tokens_per_s, price_per_gpu_hour=price,
-        options=options, profile=profile, optimizer=optimizer, frozen_dtype=frozen_dtype))
+        options=options, profile=profile, optimizer=optimizer, frozen_dtype=frozen_dtype,
+        headroom=headroom))
     if explain:
         explanation = _run(lambda: api.explain(result, model, pins=pins, profile=profile))
     # Written (or refused) before anything is printed: a refusal leaves stdout empty.

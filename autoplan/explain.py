@@ -17,7 +17,9 @@ from pydantic import BaseModel, ConfigDict
 
 from autoplan.cluster.topology import GroupLinks
 from autoplan.costmodels.comm import SLOW_NETWORK_BPS
-from autoplan.costmodels.step import Problem, axis_links, estimate, limit_mib, memory_mib
+from autoplan.costmodels.step import (
+    Problem, axis_links, estimate, limit_mib, memory_mib, peak_moments,
+)
 from autoplan.graph.layer_graph import LayerGraph
 from autoplan.plan import Offload, OmitsDefaults, Plan, Result, one_line
 from autoplan.plugins.colossalai_tp import compare_tp_modes
@@ -132,7 +134,8 @@ def binding(table: Table, problem: Problem, row: int, pins: Pins) -> str:
     fastest = min(range(len(free)), key=free.order)
     worst = max(range(len(est.stage_memory_gib)), key=lambda s: est.stage_memory_gib[s])
     own = (f"the plan's fullest GPU is on pipeline stage {worst} at {est.peak_memory_gib:.1f} "
-           f"of {est.memory_limit_gib:.1f} GiB")
+           f"of {est.memory_limit_gib:.1f} GiB, its peak during "
+           f"{peak_moments(problem, table.plans[row])[worst]}")
     if free.key(fastest) >= table.key(row):
         return f"nothing binds: the plan is the fastest candidate even ignoring memory; {own}."
     limit = limit_mib(problem)

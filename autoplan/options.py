@@ -9,6 +9,7 @@ Example::
     pins: {zero: 1}
     bounds: {tp: {max: 4}, pp: {min: 2, max: 8}}
     mem_limit: 70GiB             # may only lower the GPU's memory
+    headroom: 0.05               # fraction of it plans leave free (the default)
     max_gpus: 64                 # a GPU budget: plans use at most this many
     global_batch: [256, 512]     # or {min: 256, max: 1024}: the solver picks it
     tp_within_node: true
@@ -64,6 +65,7 @@ class SolveOptions(BaseModel):
     pins: Pins = Pins()
     bounds: Bounds = Bounds()
     mem_limit: str | None = None
+    headroom: float | None = None
     max_gpus: int | None = Field(default=None, ge=1)
     global_batch: int | list[int] | BatchRange | None = None
     tp_within_node: bool = False
@@ -154,6 +156,27 @@ def mem_limit_bytes(value: str | float | None, cluster: Cluster, *, field: str =
             f"the {name}'s {gpu_bytes / 2**30:.1f} GiB; it can only lower the limit. Give at "
             f"most {gpu_bytes / 2**30:.1f}GiB or leave {field} unset.")
     return limit
+
+
+DEFAULT_HEADROOM = 0.05
+"""Fraction of GPU memory ``solve`` leaves free by default. What it covers: the spread of the
+caching allocator's reserved peak between steps and runs of one configuration (fragmentation
+depends on the order of frees; the Llama 3.1 rows of torchtitan's performance.md differ by up
+to 0.6 GiB of 84 across CP degrees that hold the same bytes), memory the model does not see
+(a data loader's pinned buffers, a profiler, NCCL growing its buffers for a new
+communicator), and the cost model's own error on the measured rows
+(benchmarks/memory_accuracy.py). 5% of an 80 GiB GPU is 4 GiB."""
+
+
+def solve_headroom(headroom: float | None, opts: SolveOptions) -> float:
+    """The caller's headroom, else the options file's, else the default; checked."""
+    value = headroom if headroom is not None else opts.headroom
+    value = DEFAULT_HEADROOM if value is None else value
+    if not 0 <= value < 1:
+        raise ConstraintError(
+            f"headroom {value}: give the fraction of GPU memory to leave free, from 0 (fill "
+            "the GPU) to below 1, e.g. 0.05.")
+    return float(value)
 
 
 def merge_options(opts: SolveOptions, cluster: Cluster, *, pins: Pins, bounds=None,

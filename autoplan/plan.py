@@ -212,11 +212,18 @@ class Estimate(OmitsDefaults):
     hardware_tflops_per_gpu: float
     mfu: float
     peak_memory_gib: float
+    """What the fullest GPU needs at its peak: the caching allocator's reserved peak plus the
+    memory outside it (CUDA context, NCCL buffers); "fits" is decided on it."""
     memory_limit_gib: float
     memory_breakdown_gib: dict[str, float]
     time_breakdown_s: dict[str, float]
     stage_memory_gib: tuple[float, ...]
     feasible: bool
+    peak_allocated_gib: float | None = None
+    """What tensors occupy on that GPU at its peak (``torch.cuda.max_memory_allocated``)."""
+    peak_reserved_gib: float | None = None
+    """The caching allocator's reserved peak on that GPU (``torch.cuda.max_memory_reserved``):
+    allocated memory plus the allocator's slack (None in files written before it existed)."""
     stage_memory_limit_gib: tuple[float, ...] | None = None
     """Each stage's own limit when stages run on node groups with different limits (else left
     out of the JSON: ``memory_limit_gib`` holds for every stage)."""

@@ -88,7 +88,11 @@ def plan_table(result: Result) -> Table:
 
 def estimate_table(result: Result) -> Table:
     e = result.estimate
-    status = "fits" if e.feasible else "DOES NOT FIT"
+    left = e.memory_limit_gib - e.peak_memory_gib
+    status = (f"fits, {left:.1f} GiB left" if e.feasible
+              else f"DOES NOT FIT, {-left:.1f} GiB over")
+    reserved = ([("allocator reserved", f"{e.peak_reserved_gib:.1f} GiB (the rest of the peak: "
+                  "CUDA context and NCCL buffers)")] if e.peak_reserved_gib is not None else [])
     return _kv_table("Predicted", [
         ("step time", format_seconds(e.step_time_s)),
         ("throughput", f"{e.tokens_per_s:,.0f} tokens/s"),
@@ -97,6 +101,7 @@ def estimate_table(result: Result) -> Table:
         ("peak memory", f"{e.peak_memory_gib:.1f} GiB of {e.memory_limit_gib:.1f} GiB ({status})"
          + (f", on stage {_tightest(e)} (each stage against its group's GPU)"
             if e.stage_memory_limit_gib else "")),
+        *reserved,
     ])
 
 

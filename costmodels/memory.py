@@ -36,6 +36,8 @@ from autoplan.training import FrozenDtype, Optimizer
 WEIGHT_BYTES = 2
 """bf16/fp16 working copy of the weights."""
 
+FP32_BYTES = 4
+
 SCORE_BYTES_WITH_DROPOUT = 5
 """Explicit attention keeps softmax output (2), dropout mask (1) and dropout output (2) per
 score element (Korthikanti et al. 2022, the 5as/h term)."""
@@ -60,6 +62,7 @@ def optimizer_step_bytes(optimizer: Optimizer, runtime: RuntimeProfile) -> float
     """HBM traffic of the optimizer step per trained parameter besides the gradient: read and
     write the master and the states, write the 2-byte weight (26 for mixed-precision Adam)."""
     return 2 * (runtime.master_bytes + optimizer_state_bytes(optimizer, runtime)) + WEIGHT_BYTES
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,15 +131,24 @@ def _score_bytes(layer: Layer, split: Split) -> float:
     return total * split.mbs / (split.tp * split.cp * split.cp)
 
 
-def layer_activation_bytes(layer: Layer, split: Split, recompute: Recompute) -> float:
-    """Bytes one layer keeps for backward, per micro-batch, on one GPU (none before the first
-    trainable parameter: such a layer has no backward)."""
+def layer_activation_bytes(layer: Layer, split: Split, recompute: Recompute, *,
+                           op_sac: bool = False, gathered_inputs: bool = False) -> float:
+    """Bytes one layer keeps for backward, per micro-batch, on one GPU. ``op_sac``: selective
+    recompute is torchtitan's op-level checkpointing rather than Megatron's core-attention
+    recompute. ``gathered_inputs``: under SP the column-parallel Linears save the input they
+    all-gathered, whole (DTensor's ``Shard(1) -> Replicate`` before them, as torchtitan runs
+    it), not the 1/tp shard Megatron keeps and re-gathers in backward. None before the first
+    trainable parameter: such a layer has no backward."""
     if not layer.in_backward:
         return 0.0
     replicated_div = split.tp if split.sp else 1
     if recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK:
         return layer.input_bytes * split.mbs / (split.cp * replicated_div)
+    if recompute is Recompute.SELECTIVE and op_sac and layer.op_sac_bytes is not None:
+        return op_sac_block_bytes(layer, split)
     kept = layer.activation_bytes_sharded / split.tp + layer.activation_bytes_replicated / replicated_div
+    if gathered_inputs and split.sp and split.tp > 1:
+        kept += layer.column_input_bytes * (1 - 1 / split.tp)
     kept *= split.mbs / split.cp
     if recompute is Recompute.SELECTIVE:
         return kept
@@ -145,10 +157,63 @@ def layer_activation_bytes(layer: Layer, split: Split, recompute: Recompute) -> 
     return kept + layer.attention_internal_bytes * split.mbs / (split.tp * split.cp)
 
 
-def backward_working_bytes(layer: Layer, split: Split) -> float:
+def op_sac_block_bytes(layer: Layer, split: Split) -> float:
+    """A block under torchtitan's op-level SAC keeps its input (the checkpoint's argument) and
+    the outputs its policy saves. A row-parallel Linear's output is a whole partial sum on
+    each TP rank, and with TP its reduce-scatter output (1/tp, a saved comm op) too."""
+    replicated_div = split.tp if split.sp else 1
+    partial_factor = 1 + 1 / split.tp if split.tp > 1 else 1
+    saved = layer.op_sac_bytes.sharded / split.tp + layer.op_sac_bytes.partial * partial_factor
+    return (layer.input_bytes / replicated_div + saved) * split.mbs / split.cp
+
+
+def loss_peak_bytes(logits_bytes: float, split: Split, *, bytes_per_logit: int,
+                    logit_element_bytes: int = WEIGHT_BYTES) -> float:
+    """Bytes the cross-entropy over one micro-batch's logits holds at its peak on one GPU,
+    besides the activations kept for the blocks' backward. ``logits_bytes``: the head's
+    output per sample; the vocabulary is split over TP (vocab-parallel head and loss).
+
+    ``bytes_per_logit`` per runtime: Megatron's fused vocab-parallel cross-entropy upcasts to
+    fp32 (4, beside the 16-bit logits: 6) and turns that buffer into the softmax and then, in
+    place, into the gradient (4, plus its 16-bit cast: 6). Plain ``cross_entropy(logits.float())``
+    (torchtitan, HF) keeps the fp32 log-softmax (4) and in backward adds the dense fp32
+    gradient of ``nll_loss`` (4) and of ``log_softmax`` (4): 12.
+    """
+    elements = logits_bytes / logit_element_bytes
+    return bytes_per_logit * elements * split.mbs / (split.tp * split.cp)
+
+
+def backward_working_bytes(layer: Layer, split: Split, *, gathered_inputs: bool = False) -> float:
     """Transient bytes while one layer runs its backward: the gradients it produces are about
     as large as what it saved, and a fully recomputed layer first rebuilds all of that."""
-    return layer_activation_bytes(layer, split, Recompute.NONE)
+    return layer_activation_bytes(layer, split, Recompute.NONE, gathered_inputs=gathered_inputs)
+
+
+def zero3_buffer_bytes(largest_gathered: float, rank_params: float, *, bytes_per_param: float,
+                       pipeline_resident: bool) -> float:
+    """Unsharded copies ZeRO-3 holds besides the shards, for a GPU holding ``rank_params``
+    parameters whose largest gather unit has ``largest_gathered``.
+
+    Per unit (``bytes_per_param`` of the largest): DeepSpeed's own estimator counts a module's
+    16-bit weights and gradient (4); FSDP2 in backward holds the running and the prefetched
+    block's bf16 parameters (2 + 2), the block's bf16 gradient (2) and its fp32 copy for the
+    reduce-scatter (torchtitan's ``mixed_precision_reduce = float32``: 4), 10 in all.
+    ``pipeline_resident``: torchtitan with PP does not reshard after forward (its
+    ``fsdp_reshard_after_forward = "default"``) and the pipeline schedule turns gradient sync
+    off until the last micro-batch's backward (``stage.py``: ``set_requires_gradient_sync``),
+    so the stage's bf16 parameters stay unsharded and FSDP2 accumulates unsharded gradients
+    in the fp32 reduce dtype: 2 + 4 bytes per parameter of the stage."""
+    if pipeline_resident:
+        return (WEIGHT_BYTES + FP32_BYTES) * rank_params
+    return bytes_per_param * largest_gathered
+
+
+def allocator_slack_bytes(activations: float, fragmentation: float, workspace: float) -> float:
+    """What PyTorch's caching allocator reserves beyond the allocated bytes at the peak: the
+    cuBLAS ``workspace``, and the freed blocks of other sizes (activations, gradients and
+    communication buffers of a step come and go in many sizes, and a cached block serves a
+    request only if it is at least as large) as the stated fraction of activation memory."""
+    return workspace + fragmentation * activations
 
 
 def in_flight_chunks(rank: int, *, pp: int, vpp: int, num_microbatches: int) -> int:

@@ -45,6 +45,16 @@ class RuntimeProfile:
     cuda_context_bytes: float
     fragmentation: float
     zero3_gather_unit: str = "layer"
+    selective_recompute: str = "attention"
+    loss_bytes_per_logit: int = 12
+    sp_saves_gathered_input: bool = False
+    zero3_gather_bytes: float = 4.0
+    zero3_pp_resident: bool = False
+    zero_bucket_bytes: float = 0.0
+    cublas_workspace_bytes: float = 32 * 2**20
+    """cuBLAS workspace PyTorch allocates per handle and stream through its caching allocator:
+    32 MiB, the size the cuBLAS docs recommend for Hopper (``cublasSetWorkspace``; 4 MiB
+    before); none on CPU."""
     source: str = ""
 
 

@@ -22,8 +22,8 @@ from autoplan.costmodels.experts import ep_comm_time, expert_params
 from autoplan.costmodels.compute import LayerTime, Split, layer_time
 from autoplan.costmodels.memory import (
     WEIGHT_BYTES, ModelStates, in_flight_chunks, layer_activation_bytes, layer_params_on_gpu,
-    layer_trained_on_gpu, layer_weight_bytes, model_state_bytes, backward_working_bytes,
-    optimizer_step_bytes,
+    allocator_slack_bytes, layer_trained_on_gpu, layer_weight_bytes, loss_peak_bytes,
+    model_state_bytes, backward_working_bytes, optimizer_step_bytes, zero3_buffer_bytes,
 )
 from autoplan.costmodels.pipeline import pipeline_time
 from autoplan.costmodels.profiles import ComputeProfile, RuntimeProfile, compute_profile
@@ -51,6 +51,8 @@ class Problem:
     runtime: RuntimeProfile
     compute: ComputeProfile
     mem_limit_bytes: float
+    headroom: float = 0.0
+    """Fraction of each GPU's memory kept free (``mem_limit_bytes`` already has it)."""
     _cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -82,7 +84,7 @@ class Problem:
     def on_group(self, name: str) -> "Problem":
         """The problem on one node group of a heterogeneous cluster: its GPU and links, its
         GPU's compute profile (the given one where the group has the cluster's first GPU), and
-        the memory limit capped at its GPU's memory. Its layers drop their names, so equal
+        the memory limit capped at its GPU's memory less the headroom. Its layers drop their names, so equal
         blocks share one class and a stage's costs depend on how many blocks it has, not which."""
         key = ("on_group", name)
         sub = self._cache.get(key)
@@ -92,7 +94,8 @@ class Problem:
                        else compute_profile(group.gpu.name))
             sub = self._cache[key] = Problem(
                 _unnamed(self.graph), group, self.training, self.runtime, compute,
-                min(self.mem_limit_bytes, group.gpu.memory_bytes))
+                min(self.mem_limit_bytes, group.gpu.memory_bytes * (1 - self.headroom)),
+                self.headroom)
         return sub
 
     @property
@@ -206,8 +209,8 @@ def _layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
         cp_comm_s=ring_attention_time(layer, split, t, cp_links,
                                       recomputed=full or recompute is Recompute.SELECTIVE),
         wgrad_s=t.wgrad_s,
-        act_bytes=layer_activation_bytes(layer, split, recompute),
-        working_bytes=backward_working_bytes(layer, split),
+        act_bytes=_kept_bytes(problem, layer, split, recompute),
+        working_bytes=_working_bytes(problem, layer, split),
         params=layer_params_on_gpu(layer, split.tp),
         gathered=_gathered_params(problem, layer, split.tp), gathers=_gather_units(problem, layer),
         trained=layer_trained_on_gpu(layer, split.tp),
@@ -215,6 +218,37 @@ def _layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
     )
     problem._cache[key] = cost
     return cost
+
+
+def _kept_bytes(problem: Problem, layer: Layer, split: Split, recompute: Recompute) -> float:
+    """What a layer keeps for backward per micro-batch. The cross-entropy of the logits keeps
+    nothing across micro-batches: each one's backward starts right after its loss."""
+    if _logits_layer(problem, layer) is not None:
+        return 0.0
+    return layer_activation_bytes(layer, split, recompute,
+                                  op_sac=problem.runtime.selective_recompute == "op",
+                                  gathered_inputs=problem.runtime.sp_saves_gathered_input)
+
+
+def _working_bytes(problem: Problem, layer: Layer, split: Split) -> float:
+    """Transient bytes of a layer's backward; for the loss, the runtime's cross-entropy."""
+    head = _logits_layer(problem, layer)
+    if head is None:
+        return backward_working_bytes(layer, split,
+                                      gathered_inputs=problem.runtime.sp_saves_gathered_input)
+    element = 4 if problem.precision == "fp32" else WEIGHT_BYTES
+    return loss_peak_bytes(head.boundary_bytes, split,
+                           bytes_per_logit=problem.runtime.loss_bytes_per_logit,
+                           logit_element_bytes=element)
+
+
+def _logits_layer(problem: Problem, layer: Layer) -> Layer | None:
+    """The LM head whose logits ``layer`` turns into the loss (None for other layers, and
+    for a loss that does not follow a head)."""
+    layers = problem.graph.layers
+    if layer.kind is not LayerKind.LOSS or len(layers) < 2:
+        return None
+    return layers[-2] if layers[-2].kind is LayerKind.HEAD else None
 
 
 def _gathered_params(problem: Problem, layer: Layer, tp: int) -> float:
@@ -346,6 +380,7 @@ class _ChunkSums:
     gathers: int
     trained: float
     weight_bytes: float
+    working_kind: str = ""  # the kind of layer whose backward (or loss) holds ``working``
 
 
 def _chunk_compositions(problem: Problem, plan: Plan,
@@ -387,6 +422,7 @@ def _chunk_sums(problem: Problem, compositions: tuple, split: Split,
     compute_s = backward_s = tp_comm_s = cp_comm_s = wgrad_s = params = acts = working = 0.0
     largest = trained = weight_bytes = 0.0
     gathers = 0
+    working_kind = ""
     for composition in compositions:
         for class_id, count, recompute in composition:
             layer = problem.layer_class(class_id)
@@ -400,11 +436,13 @@ def _chunk_sums(problem: Problem, compositions: tuple, split: Split,
             trained += count * cost.trained
             weight_bytes += count * cost.weight_bytes
             acts += count * cost.act_bytes
-            working = max(working, cost.working_bytes)
+            if cost.working_bytes > working:
+                working, working_kind = cost.working_bytes, layer.kind.value
             largest = max(largest, cost.gathered)
             gathers += count * cost.gathers
     sums = _ChunkSums(compute_s, backward_s, tp_comm_s, cp_comm_s, wgrad_s, params,
-                      acts / len(compositions), working, largest, gathers, trained, weight_bytes)
+                      acts / len(compositions), working, largest, gathers, trained, weight_bytes,
+                      working_kind)
     problem._cache[key] = sums
     return sums
 
@@ -461,7 +499,7 @@ def _rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLi
     states = _model_states(problem, plan, holds.without(experts, experts), experts)
     held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp, num_microbatches=plan.num_microbatches)
     activations = held * sums.acts_per_chunk + sums.working
-    other = _other_bytes(problem, plan, activations, sums.largest)
+    other = _other_bytes(problem, plan, activations, sums.largest, params)
     return _RankCost(rank, sums.compute_s + sums.tp_comm_s + sums.cp_comm_s + pp_comm_s + ep_comm_s,
                      sums.compute_s, sums.backward_s, sums.tp_comm_s, sums.cp_comm_s, sums.wgrad_s,
                      pp_comm_s, states, activations, other, params,
@@ -506,14 +544,21 @@ def _rank_experts(problem: Problem, plan: Plan, rank: int, split: Split,
 
 
 def _other_bytes(problem: Problem, plan: Plan, activations: float,
-                 largest_gathered: float) -> float:
-    """The stated allowance: CUDA context and workspaces, allocator fragmentation, and with
-    ZeRO-3 two 16-bit copies of the largest unit gathered at once: the running and the
-    prefetched layer (FSDP), or a module's weights and their gradient (DeepSpeed's own
-    estimator: 4 bytes per parameter of the largest module)."""
-    other = problem.runtime.cuda_context_bytes + problem.runtime.fragmentation * activations
+                 largest_gathered: float, params: float) -> float:
+    """Memory besides model states and activations: outside the allocator the CUDA context and
+    NCCL buffers, the allocator's slack (memory.allocator_slack_bytes), a ZeRO optimizer's
+    gradient-reduction bucket (DeepSpeed allocates it whole), and with ZeRO-3 the
+    unsharded copies of the gathered units (memory.zero3_buffer_bytes) of a GPU holding
+    ``params`` parameters."""
+    runtime = problem.runtime
+    other = runtime.cuda_context_bytes + allocator_slack_bytes(activations, runtime.fragmentation,
+                                                                runtime.cublas_workspace_bytes)
+    if plan.zero_stage >= 1:
+        other += runtime.zero_bucket_bytes
     if plan.zero_stage >= 3:
-        other += 2 * WEIGHT_BYTES * largest_gathered
+        other += zero3_buffer_bytes(
+            largest_gathered, params, bytes_per_param=runtime.zero3_gather_bytes,
+            pipeline_resident=runtime.zero3_pp_resident and plan.pp > 1)
     return other
 
 
@@ -757,8 +802,30 @@ def _rank_memories(problem: Problem, plan: Plan, evaluation: _Evaluation) -> lis
                                     num_microbatches=plan.num_microbatches)
             activations = cost.activations + (held - first) * cost.acts_per_chunk
             memories[rank] = (cost.states.total + activations
-                              + _other_bytes(problem, plan, activations, cost.largest))
+                              + _other_bytes(problem, plan, activations, cost.largest,
+                                             cost.params))
     return memories
+
+
+def peak_moments(problem: Problem, plan: Plan) -> list[str]:
+    """For each pipeline rank, the moment of the step that sets its memory peak: the
+    micro-batches it holds in flight (its schedule's warm-up) when its largest transient runs,
+    the cross-entropy of the logits or the backward of its heaviest layer (a full-recompute
+    block rebuilding its activations), with ZeRO-3's gathered copies held meanwhile."""
+    moments = [""] * plan.pp
+    links = _plan_links(problem, plan)
+    for ranks in _rank_groups(problem, plan):
+        for rank in ranks:
+            split = Split(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel,
+                          mbs=plan.micro_batch_size, flash=problem.flash_attention)
+            sums = _rank_base(problem, plan, rank, split, links)[0]
+            held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp,
+                                    num_microbatches=plan.num_microbatches)
+            what = ("the loss (cross-entropy over the logits) of the newest micro-batch"
+                    if sums.working_kind == "loss" else f"the backward of a {sums.working_kind}"
+                    if sums.working_kind else "the backward")
+            moments[rank] = f"{what}, with {held} micro-batch chunk(s) of activations in flight"
+    return moments
 
 
 def lower_bound_s(problem: Problem) -> float:
@@ -855,6 +922,11 @@ def _summarize(problem: Problem, plan: Plan, *, step: float, worst: _RankCost,
         hardware_tflops_per_gpu=hw / (plan.world_size * step) / 1e12,
         mfu=model_tflops * 1e12 / peak,
         peak_memory_gib=worst.memory / GIB,
+        peak_allocated_gib=(worst.memory - problem.runtime.cuda_context_bytes
+                            - allocator_slack_bytes(worst.activations,
+                                                    problem.runtime.fragmentation,
+                                                    problem.runtime.cublas_workspace_bytes)) / GIB,
+        peak_reserved_gib=(worst.memory - problem.runtime.cuda_context_bytes) / GIB,
         memory_limit_gib=problem.mem_limit_bytes / GIB,
         memory_breakdown_gib={
             "weights": worst.states.weights / GIB, "gradients": worst.states.gradients / GIB,

@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from autoplan.graph.layer_graph import Gemm, Layer, LayerGraph, LayerKind, ModelDims, TpSplit
-from autoplan.graph.provenance import LayerStats
+from autoplan.graph.layer_graph import (
+    Gemm, Layer, LayerGraph, LayerKind, ModelDims, OpSacBytes, TpSplit,
+)
+from autoplan.graph.provenance import LayerStats, SacSave
 
 if TYPE_CHECKING:
     from autoplan.graph.trace import TraceRun
@@ -61,6 +63,8 @@ def _merged(run: TraceRun, members: list[str]) -> LayerStats:
         merged.gemms.update(part.gemms)
         merged.attention.extend(part.attention)
         merged.experts.extend(part.experts)
+        merged.sac_saves.extend(part.sac_saves)
+        merged.column_inputs.update(part.column_inputs)
     if parts:
         merged.input_bytes = next((p.input_bytes for p in parts if p.input_bytes), 0.0)
         merged.output_bytes = next((p.output_bytes for p in reversed(parts) if p.output_bytes), 0.0)
@@ -185,7 +189,28 @@ def _layer(run: TraceRun, name: str, members: list[str], position: str, *, seen:
         + (1 if kind is LayerKind.EMBEDDING and vocab else 0),
         tied_params=tied, experts=tuple(stats.experts), modules=module_names,
         param_modules=param_modules, largest_module_params=largest_module,
+        op_sac_bytes=_op_sac_bytes(stats.sac_saves) if kind is LayerKind.BLOCK else None,
+        column_input_bytes=sum(stats.column_inputs.values()),
     )
+
+
+def _op_sac_bytes(saves: list[SacSave]) -> OpSacBytes:
+    """Saved op outputs of a block under torchtitan's SAC policy, which counts ``aten.mm``
+    calls within each forward of the block (a fresh count per checkpointed call) and
+    recomputes those whose count is even: its first, third, fifth... mm outputs are saved,
+    with every other compute-intensive op's (torchtitan activation_checkpoint.py,
+    ``_get_custom_policy``)."""
+    sharded = partial = 0.0
+    count = 0
+    for save in saves:
+        count += save.alternating
+        if save.alternating and count % 2 == 0:
+            continue
+        if save.partial:
+            partial += save.nbytes
+        else:
+            sharded += save.nbytes
+    return OpSacBytes(sharded, partial)
 
 
 def _layers(run: TraceRun) -> list[Layer]:

@@ -87,6 +87,16 @@ class Experts:
 
 
 @dataclass(frozen=True, slots=True)
+class OpSacBytes:
+    """Op outputs selective op checkpointing saves per sample: ``sharded`` lie in TP-sharded
+    regions (column-parallel Linear and attention outputs, 1/tp each on a TP rank);
+    ``partial`` are row-parallel Linear outputs, whole on every TP rank (partial sums)."""
+
+    sharded: float
+    partial: float
+
+
+@dataclass(frozen=True, slots=True)
 class Layer:
     """One layer of the chain (a block, the embedding, the head...). Per sample, see module doc."""
 
@@ -115,6 +125,12 @@ class Layer:
     frozen_params: int = 0  # of num_params, those with requires_grad=False (no grad, no state)
     frozen_sharded: int = 0  # of params_sharded, the frozen ones
     in_backward: bool = True  # False before the first trainable parameter: no backward at all
+    op_sac_bytes: OpSacBytes | None = None
+    """What torchtitan's op-level selective checkpointing saves of this block besides its
+    input (None: not a block)."""
+    column_input_bytes: float = 0.0
+    """Inputs of the column-parallel Linears (each storage once): under sequence parallelism
+    the tensors a TP rank all-gathers before them."""
 
     @property
     def other_fwd_flops(self) -> float:

@@ -26,6 +26,14 @@ MATMUL_FUNCS = {F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matm
 FLASH_BWD_RATIO = 2.5  # flash backward: five matmuls against the forward's two (FlopCounterMode)
 
 
+def _lowers_to_mm(func, args, kwargs) -> bool:
+    """A Linear without bias runs as ``aten.mm``; with a bias as ``aten.addmm``."""
+    if func is not F.linear:
+        return True
+    bias = args[2] if len(args) > 2 else kwargs.get("bias")
+    return bias is None
+
+
 def storage_id(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
@@ -50,6 +58,20 @@ class Weight:
     adapter_of: str | None = None  # a LoRA adapter: the name of its base Linear
 
 
+@dataclass(frozen=True, slots=True)
+class SacSave:
+    """The output of an op torchtitan's selective (op-level) activation checkpointing saves:
+    one of the compute-intensive ops (``torch._functorch.partitioners.get_default_op_list``:
+    mm, addmm, bmm, flash/efficient SDPA, convolution), in forward order. ``alternating``: a
+    bias-free Linear (``aten.mm``), of which torchtitan's policy recomputes every second one.
+    ``partial``: a row-parallel Linear's output, which a TP rank holds whole (a partial sum
+    before its reduce-scatter); the rest lies in a TP-sharded region."""
+
+    nbytes: float
+    alternating: bool
+    partial: bool
+
+
 @dataclass
 class LayerStats:
     """What the observers accumulate for one layer of the chain during the traced pass."""
@@ -66,6 +88,8 @@ class LayerStats:
     internal_storages: set[int] = field(default_factory=set)
     output_bytes: float = 0.0
     input_bytes: float = 0.0
+    sac_saves: list[SacSave] = field(default_factory=list)
+    column_inputs: dict[int, float] = field(default_factory=dict)  # storage -> bytes
     input_grad: bool = False  # an input tensor requires grad (a trainable parameter ran before)
 
 
@@ -183,7 +207,11 @@ class ProvenanceMode(TorchFunctionMode):
         if weight is not None and func in MATMUL_FUNCS:
             x = next(t for t in inputs if t is not weight and id(t) not in self.tracker.param_ids)
             self._weight_matmul(x, self.weights[id(weight)], out, wgrad=weight.requires_grad)
+            self._sac_save(out, alternating=_lowers_to_mm(func, args, kwargs),
+                           partial=self._tagged(x) and not self.weights[id(weight)].replicated)
             return out
+        if func in MATMUL_FUNCS:
+            self._sac_save(out, alternating=False, partial=False)  # bmm of explicit attention
         if closing:
             self._record_explicit()
         elif self.explicit is not None:
@@ -230,6 +258,11 @@ class ProvenanceMode(TorchFunctionMode):
                                         adapter=weight.adapter_of is not None)
         if split is TpSplit.COLUMN:
             self._tag(out, weight.name)
+            stats.column_inputs[storage_id(x)] = float(x.untyped_storage().nbytes())
+
+    def _sac_save(self, out: Any, *, alternating: bool, partial: bool) -> None:
+        self.tracker.now().sac_saves.append(
+            SacSave(float(sum(nbytes(t) for t in tensors(out))), alternating, partial))
 
     def _count_traffic(self, inputs: list[torch.Tensor], out: Any, *, sharded: bool) -> None:
         """Bytes a memory-bound op reads and writes (views and parameters move nothing)."""
@@ -297,13 +330,17 @@ class ProvenanceMode(TorchFunctionMode):
         self.tracker.in_attention = ({storage_id(t) for t in (q, k, v)}, stats)
         with FlopCounterMode(display=False) as counter:
             if attn_mask is None:
-                out = torch.ops.aten._scaled_dot_product_flash_attention(
-                    q, k, v, dropout_p, is_causal, False, scale=scale)[0]
+                results = torch.ops.aten._scaled_dot_product_flash_attention(
+                    q, k, v, dropout_p, is_causal, False, scale=scale)
             else:
-                out = torch.ops.aten._scaled_dot_product_efficient_attention(
+                results = torch.ops.aten._scaled_dot_product_efficient_attention(
                     q, k, v, attn_mask.expand(q.shape[0], heads, q.shape[-2], k.shape[-2]),
-                    True, dropout_p, is_causal, scale=scale)[0]
+                    True, dropout_p, is_causal, scale=scale)
         self.tracker.in_attention = None
+        out = results[0]
+        # SAC keeps the kernel's output and its fp32 log-sum-exp (the tensor outputs)
+        self._sac_save([t for t in results[:2] if isinstance(t, torch.Tensor)],
+                       alternating=False, partial=False)
         fwd = float(counter.get_total_flops())
         stats.attention.append(Attention(
             num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, seq_len=q.shape[-2],

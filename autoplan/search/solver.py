@@ -647,8 +647,10 @@ def explain_infeasible(table: Table, problem: Problem) -> str:
     best = min(range(len(table)), key=lambda r: table.peak_bytes[r])
     plan, est = table.plans[best], table.estimate(best)
     stage = max(range(len(est.stage_memory_gib)), key=lambda s: est.stage_memory_gib[s])
+    kept = (f" (the memory limit less the {problem.headroom:.0%} headroom solve keeps free; "
+            "--headroom 0 fills the GPU)" if problem.headroom else "")
     return (
-        f"nothing fits in {est.memory_limit_gib:.1f} GiB per GPU: even the leanest of "
+        f"nothing fits in {est.memory_limit_gib:.1f} GiB per GPU{kept}: even the leanest of "
         f"{len(table)} candidate plans ({one_line(plan)}) needs {est.peak_memory_gib:.1f} GiB on pipeline stage {stage} "
         f"({est.peak_memory_gib - est.memory_limit_gib:.1f} GiB over). Use more or larger GPUs, "
         "a shorter sequence, a smaller model, or unpin dimensions that keep memory high."

@@ -272,6 +272,10 @@ def placement_options(runtime: Runtime, pp: int, dp: int, pinned: str | None) ->
 
 
 EP_RUNTIMES = (Runtime.MEGATRON, Runtime.FSDP)
+SP_WITH_TP_RUNTIMES = (Runtime.FSDP,)
+"""Runtimes that always shard the sequence between TP regions when TP > 1: torchtitan's
+parallelize plan (``apply_tp``: norms ``SequenceParallel``, attention/MLP inputs
+``Shard(1)`` -> ``Replicate``, outputs back to ``Shard(1)``) has no TP without SP."""
 """Runtimes whose exports say expert parallelism: Megatron-LM ``--expert-model-parallel-size``,
 torchtitan ``parallelism.expert_parallel_degree``."""
 
@@ -374,7 +378,8 @@ def _switches(tensor_parallel: bool, pipelined: bool, runtime: Runtime, pins: Pi
         zeros = tuple(z for z in zeros if z <= 1)  # the pipeline engine refuses ZeRO-2/3
     options = []
     sps = (False, True) if tensor_parallel and runtime is Runtime.MEGATRON else (False,)
-    if tensor_parallel and expert_parallel and runtime is Runtime.MEGATRON:
+    if tensor_parallel and (expert_parallel and runtime is Runtime.MEGATRON
+                            or runtime in SP_WITH_TP_RUNTIMES):
         sps = (True,)
     for zero, rc, sp, off in product(zeros, Recompute, sps, Offload):
         if off is Offload.OPTIMIZER and zero == 0 or off is Offload.PARAMS and zero < 3:
@@ -479,6 +484,10 @@ def check_pins(graph: LayerGraph, *, world: int, training: TrainingSpec, pins: P
             "data-parallel rank needs a whole number of sequences.")
     if pins.sp and pins.tp == 1:
         raise ConstraintError("--sp needs --tp > 1: sequence parallelism splits along TP.")
+    if pins.sp is False and (pins.tp or 1) > 1 and training.runtime in SP_WITH_TP_RUNTIMES:
+        raise ConstraintError(
+            f"--no-sp with --tp {pins.tp}: the {training.runtime.value} runtime (torchtitan) "
+            "always applies sequence parallelism with TP; drop --no-sp.")
     if pins.ep not in (None, 1):
         check_ep(graph, training, pins)
     runnable = RUNTIME_PLACEMENTS[training.runtime]

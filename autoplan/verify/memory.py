@@ -25,7 +25,7 @@ from autoplan.graph.layer_graph import LayerKind
 FP32_ADAM = RuntimeProfile(
     name="verify-fp32", grad_bytes=4, fp32_grad_bytes=0, master_bytes=0, moment_bytes=8,
     dp_overlap=0.0, zero3_overlap=0.0, zero3_collective_efficiency=1.0, tp_bwd_overlap=False,
-    pp_scatter_gather=False, cuda_context_bytes=0.0, fragmentation=0.0,
+    pp_scatter_gather=False, cuda_context_bytes=0.0, fragmentation=0.0, cublas_workspace_bytes=0.0,
     source="fp32 training with Adam on CPU (autoplan verify)")
 FP32_WEIGHT_FACTOR = 2
 """fp32 weight bytes over the memory model's bf16 WEIGHT_BYTES."""

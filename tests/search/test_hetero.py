@@ -57,9 +57,11 @@ def random_instance(seed: int):
                     rng.choice(["100Gbps", "200Gbps"]))
               for i, gpu in enumerate(rng.sample(GPUS, count))]  # different GPUs: heterogeneous
     model = gpt(rng.choice([3, 4, 5]), rng.choice([64, 128]), 4)
-    training = _training(256, rng.choice([4, 8]), "bf16", rng.choice(["megatron", "deepspeed"]),
-                         "flash")
-    limit = (1.5 + rng.choice([0.002, 0.01, 0.05, 4.0])) * 2**30  # context + a few MiB: tight
+    runtime = rng.choice(["megatron", "deepspeed"])
+    training = _training(256, rng.choice([4, 8]), "bf16", runtime, "flash")
+    # context + cuBLAS workspace (+ DeepSpeed's 5e8-element 16-bit reduce bucket) + a few MiB
+    fixed = 1.5 * 2**30 + 32 * 2**20 + (1e9 if runtime == "deepspeed" else 0)
+    limit = fixed + rng.choice([0.002, 0.01, 0.05, 4.0]) * 2**30
     return make_problem(model, load_cluster({"groups": groups}), training, mem_limit=limit)
 
 

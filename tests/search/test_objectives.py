@@ -35,7 +35,7 @@ def _problems(case):
     hidden, heads = case["width"]
     model = tiny_gpt(case["layers"], hidden, heads)
     loaded = load_cluster(cluster(case["nodes"], case["gpus"], False))
-    limit = 1.5 * 2**30 + case["headroom_mib"] * 2**20
+    limit = 1.5 * 2**30 + 32 * 2**20 + case["headroom_mib"] * 2**20  # context + cuBLAS workspace
     return [make_problem(model, loaded, _training(256, b, "bf16", "megatron", "flash"),
                          mem_limit=limit) for b in case["batches"]]
 
@@ -82,7 +82,7 @@ def _one(gpus=8, batch=16, headroom_mib=4096, layers=4):
     model = tiny_gpt(layers, 128, 8)
     loaded = load_cluster(cluster(1, gpus, False))
     return make_problem(model, loaded, _training(256, batch, "bf16", "megatron", "flash"),
-                        mem_limit=1.5 * 2**30 + headroom_mib * 2**20)
+                        mem_limit=1.5 * 2**30 + (32 + headroom_mib) * 2**20)  # + cuBLAS workspace
 
 
 def test_gpus_objective_takes_the_fewest_gpus_that_reach_the_throughput():
@@ -142,7 +142,7 @@ def test_conflicting_pins_are_named_with_memory():
     only_tp = _leanest_gib(probe, Pins(tp=1, recompute="none"))
     only_zero = _leanest_gib(probe, Pins(zero=0, recompute="none"))
     assert max(only_tp, only_zero) < both
-    headroom = ((max(only_tp, only_zero) + both) / 2 - 1.5) * 1024
+    headroom = ((max(only_tp, only_zero) + both) / 2 - 1.5) * 1024 - 32  # _one adds cuBLAS
     problem = _one(layers=6, headroom_mib=headroom)
     with pytest.raises(InfeasibleError) as err:
         solve_search(problem, Pins(tp=1, zero=0, recompute="none"), time_limit_s=30)

@@ -46,7 +46,7 @@ def test_memory_binds_under_a_tight_limit(tiny):
     loose = api.solve(tiny, FOUR_GPU_NODES, seq_len=256, global_batch=16)
     peak = loose.estimate.peak_memory_gib
     tight = api.solve(tiny, FOUR_GPU_NODES, seq_len=256, global_batch=16,
-                      mem_limit=f"{peak - 0.01:.3f}GiB")
+                      mem_limit=f"{peak - 0.01:.3f}GiB", headroom=0)
     text = api.explain(tight, tiny).binding
     assert text.startswith("memory:") and "pipeline stage" in text
     more = api.explain(tight, tiny).what_ifs[0]

@@ -1,0 +1,184 @@
+"""Predicted vs measured memory for every run in the published data that states its memory or
+that it ran out of memory.
+
+Each row is estimated with its own configuration on its own GPU (``estimate`` judges "fits"
+against the GPU's whole memory, no headroom). Printed per row: the predicted allocator
+reserved peak and the predicted device peak (reserved plus CUDA context and NCCL buffers,
+what ``nvidia-smi`` shows) against the measured figure, and for OOM rows the verdict; then the
+false fits (OOM rows judged to fit), false refusals (rows that ran judged not to fit) and the
+median absolute error per source. Nothing in the memory model is fitted to these rows (the
+allocator's ``fragmentation`` is a stated profile constant), so there is no leave-one-source-
+out refit to report; the script says so.
+
+Measured figures are compared like for like: BigScience's are ``nvidia-smi`` snapshots (device
+peak), torchtune's "peak memory reserved" is the allocator's reserved peak.
+
+    .venv/bin/python benchmarks/memory_accuracy.py [DATA_DIR]
+
+DATA_DIR holds more_runs.csv (default: the repository's data/ copy).
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import statistics
+import sys
+import types
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import autoplan
+from autoplan.errors import AutoplanError
+from autoplan.zoo import GPT, GPTConfig, next_token_loss
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+BLOOM_VOCAB = 250880
+"""BLOOM's padded vocabulary (bigscience/bloom config.json ``vocab_size``), for rows that say
+"250k"."""
+
+MEGATRON_DEEPSPEED = {"loss_bytes_per_logit": 6}
+"""Megatron-DeepSpeed computes the loss with Megatron's fused vocab-parallel cross-entropy."""
+
+GPUS = {"A100 80GB": "a100-sxm4-80gb", "V100 32GB": "v100-sxm2-32gb",
+        "V100 16GB": "v100-sxm2-16gb"}
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    row_id: str
+    source: str
+    outcome: str
+    measured_gib: float | None
+    measured_kind: str  # "device" (nvidia-smi) or "reserved" (allocator)
+    question: dict | None  # estimate() keywords, None when the row cannot be asked
+    reason: str = ""
+
+
+def _int(text: str) -> int | None:
+    match = re.match(r"\s*(\d+)", text or "")
+    return int(match.group(1)) if match else None
+
+
+@cache
+def _gpt(layers: int, hidden: int, heads: int, vocab: int, seq: int) -> types.ModuleType:
+    module = types.ModuleType(f"gpt_{layers}x{hidden}")
+    config = GPTConfig(num_layers=layers, hidden_size=hidden, num_heads=heads,
+                       vocab_size=vocab, max_seq_len=seq, dropout=0.0)
+    module.build_model = lambda: GPT(config)
+    module.loss = next_token_loss
+    return module
+
+
+def _cluster(gpu: str, num_gpus: int, per_node: int) -> dict:
+    """Jean Zay's nodes (links do not change memory: 4 x 100 Gb/s per node, as stated)."""
+    return {"name": f"{gpu}-{num_gpus}", "gpu": gpu, "nodes": max(1, num_gpus // per_node),
+            "gpus_per_node": min(per_node, num_gpus),
+            "intra_node": {"link": "nvlink", "bandwidth": "150GB/s"},
+            "inter_node": {"link": "infiniband", "nics_per_node": 4, "bandwidth": "100Gbps",
+                           "latency": "5us"}}
+
+
+def _gpu(text: str) -> str | None:
+    return next((name for key, name in GPUS.items() if text.startswith(key)), None)
+
+
+def _bigscience(row: dict) -> MemoryRow:
+    """A Megatron-DeepSpeed row: fp16 rows ran DeepSpeed's ZeRO-1 optimizer, bf16 rows the
+    BF16Optimizer (unsharded fp32 gradients, sharded states: Megatron's accounting)."""
+    layers, hidden, heads = _int(row["num_layers"]), _int(row["hidden"]), _int(row["num_heads"])
+    gpu = _gpu(row["gpu_type"])
+    vocab = BLOOM_VOCAB if row["vocab"].startswith("250k") else _int(row["vocab"])
+    base = _base(row)
+    if not (layers and hidden and heads and gpu and row["TP"] and row["micro_batch"]):
+        return MemoryRow(**base, question=None,
+                         reason="the row does not state layers, heads, GPU or degrees")
+    bf16 = row["precision"].startswith("bf16")
+    seq = int(row["seq_len"])
+    recompute = ("full" if row["recompute"].startswith("full")
+                 else "none" if row["recompute"].startswith("none") else "selective")
+    question = dict(
+        model=_gpt(layers, hidden, heads, vocab, seq),
+        cluster=_cluster(gpu, int(row["num_gpus"]), int(row["gpus_per_node"])),
+        plan_or_pins={"tp": int(row["TP"]), "pp": int(row["PP"]), "dp": int(row["DP"]),
+                      "mbs": int(row["micro_batch"]), "zero": 1, "recompute": recompute},
+        seq_len=seq, global_batch=int(row["global_batch_seqs"]),
+        runtime="megatron" if bf16 else "deepspeed", precision="bf16" if bf16 else "fp16",
+        attention="explicit", runtime_settings=MEGATRON_DEEPSPEED)
+    return MemoryRow(**base, question=question)
+
+
+def _base(row: dict) -> dict:
+    measured = row["mem_reserved_peak_GiB"] or row["mem_alloc_peak_GiB"]
+    kind = "device" if "nvidia-smi" in row["mem_note"] else "reserved"
+    return dict(row_id=row["row_id"], source=row["row_id"].split("-")[0], outcome=row["outcome"],
+                measured_gib=float(measured) if measured else None, measured_kind=kind)
+
+
+def _torchtune(row: dict) -> MemoryRow:
+    return MemoryRow(**_base(row), question=None, reason=(
+        "torchtune's recipe (8-bit paged AdamW stepped in backward, pure-bf16 weights, or FSDP2 "
+        "CPU offload of parameters, gradients and optimizer) is outside the runtimes modelled"))
+
+
+def memory_rows(data: Path = DATA) -> list[MemoryRow]:
+    with (data / "more_runs.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if r["outcome"] == "oom"
+                or r["mem_reserved_peak_GiB"] or r["mem_alloc_peak_GiB"]]
+    return [_torchtune(r) if r["row_id"].startswith("TTUNE") else _bigscience(r) for r in rows]
+
+
+def predict(row: MemoryRow) -> autoplan.Result:
+    q = dict(row.question)
+    return autoplan.estimate(q.pop("model"), q.pop("cluster"), q.pop("plan_or_pins"), **q)
+
+
+def main() -> None:
+    data = Path(sys.argv[1]) if len(sys.argv) > 1 else DATA
+    errors: dict[str, list[float]] = {}
+    false_fits = false_refusals = judged = 0
+    print(f"{'row':12} {'outcome':8} {'measured':>8} {'kind':8} {'allocated':>9} "
+          f"{'reserved':>8} {'device':>7} {'limit':>6} {'error':>7}  verdict")
+    for row in memory_rows(data):
+        if row.question is None:
+            print(f"{row.row_id:12} {row.outcome:8} {_gib(row.measured_gib):>8} skipped: "
+                  f"{row.reason}")
+            continue
+        try:
+            e = predict(row).estimate
+        except AutoplanError as err:
+            print(f"{row.row_id:12} {row.outcome:8} refused by autoplan: {str(err)[:100]}")
+            continue
+        judged += 1
+        allocated = e.peak_allocated_gib
+        fits = e.feasible
+        if row.outcome == "oom":
+            verdict = "refused (right)" if not fits else "FALSE FIT"
+            false_fits += fits
+        else:
+            verdict = "fits (right)" if fits else "FALSE REFUSAL"
+            false_refusals += not fits
+        error = ""
+        if row.measured_gib:
+            predicted = e.peak_memory_gib if row.measured_kind == "device" else e.peak_reserved_gib
+            relative = predicted / row.measured_gib - 1
+            errors.setdefault(row.source, []).append(abs(relative))
+            error = f"{relative:+.1%}"
+        print(f"{row.row_id:12} {row.outcome:8} {_gib(row.measured_gib):>8} "
+              f"{row.measured_kind:8} {allocated:9.1f} {e.peak_reserved_gib:8.1f} "
+              f"{e.peak_memory_gib:7.1f} {e.memory_limit_gib:6.1f} {error:>7}  {verdict}")
+    print(f"\njudged: {judged}  false fits: {false_fits}  false refusals: {false_refusals}")
+    for source, values in sorted(errors.items()):
+        print(f"median |error| {source}: {statistics.median(values):.1%} over {len(values)} rows")
+    print("leave-one-source-out: nothing in the memory model is fitted to these rows "
+          "(no refit to report)")
+
+
+def _gib(value: float | None) -> str:
+    return f"{value:.1f}" if value is not None else "-"
+
+
+if __name__ == "__main__":
+    main()
