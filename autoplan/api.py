@@ -31,6 +31,8 @@ from autoplan.graph.sandbox import run_guarded
 from autoplan.graph.trace import trace_model
 from autoplan.inference import InferencePlacement
 from autoplan.inference import place_for_inference as inference_placement
+from autoplan.capabilities import RUNTIMES, pinned_features
+from autoplan.frameworks import AUTO, compare, runtimes_to_search
 from autoplan.plan import ModelInfo, Plan, Result, SolverInfo, TrainingInfo
 from autoplan.plugins.importers import ImportedRun, read_run  # noqa: F401 (API)
 from autoplan.search.hetero import solve_on_groups
@@ -281,7 +283,7 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
     model, cluster = load_model(model), load_cluster(cluster)
     batches = global_batches(global_batch if global_batch is not None else opts.global_batch)
     seq_len, _, precision, runtime = _settings(None, seq_len, (batches or [0])[0], precision,
-                                               runtime)
+                                               runtime, default_runtime=AUTO)
     constraints = merge_options(opts, cluster.cluster, pins=_pins(pins), bounds=bounds,
                                max_gpus=max_gpus, objective=objective,
                                min_tokens_per_s=min_tokens_per_s,
@@ -289,15 +291,35 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
                                tp_within_node=tp_within_node, forbid_offload=forbid_offload,
                                time_limit_s=time_limit_s or DEFAULT_TIME_LIMIT_S)
     mem_limit = mem_limit if mem_limit is not None else options_mem_limit(opts, cluster.cluster)
-    problems = _batch_problems(model, cluster, batches, constraints.pins, seq_len=seq_len,
-                               precision=precision, runtime=runtime, attention=attention,
-                               mem_limit=mem_limit, profile=profile)
+
+    def solve_for(one: Runtime) -> Result:
+        problems = _batch_problems(model, cluster, batches, constraints.pins, seq_len=seq_len,
+                                   precision=precision, runtime=one.value, attention=attention,
+                                   mem_limit=mem_limit, profile=profile)
+        return _solve_problems(problems, model, cluster, constraints, num_workers=num_workers,
+                               time_limit_s=constraints.time_limit_s / len(searched),
+                               runners_up=runners_up)
+
+    start = time.perf_counter()
+    searched = runtimes_to_search(runtime)
+    features = pinned_features(constraints.pins, precision,
+                               node_groups=not cluster.cluster.is_homogeneous)
+    best = compare(solve_for, searched, features, objective=constraints.objective,
+                   per_token=len(batches or []) > 1)
+    solver = best.solver.model_copy(update={"wall_time_s": time.perf_counter() - start})
+    return best.model_copy(update={"solver": solver})
+
+
+def _solve_problems(problems: list[Problem], model: Model, cluster: LoadedCluster,
+                    constraints: Constraints, *, num_workers: int, time_limit_s: float,
+                    runners_up: bool) -> Result:
+    """The best plan of one runtime's problems (one per allowed global batch)."""
     if not cluster.cluster.is_homogeneous:  # stages on node groups; no runners-up
-        found = solve_on_groups(problems, constraints.pins, time_limit_s=constraints.time_limit_s,
+        found = solve_on_groups(problems, constraints.pins, time_limit_s=time_limit_s,
                                 objective=constraints.objective, bounds=constraints.bounds,
                                 max_gpus=constraints.max_gpus)
         return _result(found.problem, model, cluster, found.plan, found.estimate, found.info)
-    solution = solve_search(problems, constraints.pins, time_limit_s=constraints.time_limit_s,
+    solution = solve_search(problems, constraints.pins, time_limit_s=time_limit_s,
                             objective=constraints.objective, bounds=constraints.bounds,
                             max_gpus=constraints.max_gpus, num_workers=num_workers)
     result = _result(solution.problem, model, cluster, solution.plan, solution.estimate,
@@ -350,8 +372,8 @@ def plan_from_pins(problem: Problem, pins: Pins, *, first: int | None = None,
         raise ConstraintError(
             f"--ep {ep} does not divide dp*cp = {dp * cp} (dp={dp} cp={cp}): expert-parallel "
             "ranks are carved out of the data-parallel replicas. Pin a --dp that --ep divides.")
-    sp = pins.sp if pins.sp is not None else (
-        ep > 1 and tp > 1 and problem.training.runtime is Runtime.MEGATRON)  # Megatron needs it
+    sp = pins.sp if pins.sp is not None else (  # Megatron needs SP with EP and TP
+        ep > 1 and tp > 1 and RUNTIMES[problem.training.runtime].ep_with_tp_needs_sp)
     return Plan(
         tp=tp, pp=pp, dp=dp, cp=cp, zero_stage=pins.zero or 0, micro_batch_size=mbs,
         global_batch_size=batch, num_microbatches=batch // (dp * mbs),
@@ -403,8 +425,10 @@ def _plan_for(problem: Problem, cluster: LoadedCluster, model: Model, plan_or_pi
     return plan if cluster.cluster.is_homogeneous else on_groups_in_order(problem, plan)
 
 
-def _settings(run: ImportedRun | None, seq_len, global_batch, precision, runtime):
-    """Training settings: the caller's, else the imported configuration's, else defaults."""
+def _settings(run: ImportedRun | None, seq_len, global_batch, precision, runtime, *,
+              default_runtime: str = "megatron"):
+    """Training settings: the caller's, else the imported configuration's, else defaults
+    (``auto`` for solve: every runtime compared; megatron for estimate)."""
     seq_len = seq_len or (run.seq_len if run else None)
     global_batch = global_batch or (run.global_batch if run else None)
     if not seq_len or not global_batch:
@@ -412,7 +436,7 @@ def _settings(run: ImportedRun | None, seq_len, global_batch, precision, runtime
             "give --seq-len and --global-batch (the imported configuration does not state "
             "them).")
     return (seq_len, global_batch, precision or (run.precision if run else None) or "bf16",
-            runtime or (run.runtime if run else "megatron"))
+            runtime or (run.runtime if run else default_runtime))
 
 
 def estimate(model, cluster, plan_or_pins, *, seq_len: int | None = None,

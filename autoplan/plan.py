@@ -258,11 +258,38 @@ class TrainingInfo(BaseModel):
     runtime: str
 
 
-class Result(BaseModel):
+class RuntimeOption(BaseModel):
+    """The best plan one runtime (framework) offers for the same question, or why it has none
+    (``status`` UNSUPPORTED: it lacks what the pins ask; INFEASIBLE: nothing fits;
+    NO_PLAN_IN_TIME; else the solver's status of its search)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    runtime: str
+    status: str
+    step_time_s: float | None
+    peak_memory_gib: float | None
+    plan: Plan | None
+    reason: str | None
+
+
+class ZeroOption(BaseModel):
+    """The best plan of one runtime at one ZeRO stage (its ZeRO-2 and ZeRO-3 side by side)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    runtime: str
+    zero_stage: int
+    step_time_s: float
+    peak_memory_gib: float
+    plan: Plan
+
+
+class Result(OmitsDefaults):
     """What ``autoplan.solve`` returns; ``model_dump()`` is the CLI's ``--json`` document.
 
     ``model``, ``cluster`` (the cluster.yaml mapping as validated) and ``training`` make the
-    document self-contained for ``autoplan export`` and ``autoplan explain``.
+    document self-contained for ``autoplan export`` and ``autoplan explain``. ``runtimes``: each
+    runtime considered by ``solve``, best plan or reason (left out of estimates); ``zero_options``
+    the best ZeRO-2 and ZeRO-3 plans of runtimes where both fit.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -273,6 +300,10 @@ class Result(BaseModel):
     cluster: dict | None = None
     training: TrainingInfo | None = None
     runners_up: list[ShapeRunnerUp] | None = None
+    runtimes: list[RuntimeOption] | None = None
+    zero_options: list[ZeroOption] | None = None
+
+    _omitted_defaults: ClassVar[dict[str, object]] = {"runtimes": None, "zero_options": None}
 
     @property
     def status(self) -> str:

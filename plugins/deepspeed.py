@@ -22,9 +22,8 @@ import shlex
 from autoplan.errors import ExportError
 from autoplan.plan import Offload, Recompute, Result
 from autoplan.plugins.exporter import Exporter
-from autoplan.plugins.launch import (Nodes, nodes_of, require_default_schedule,
-                                     require_no_expert_parallel,
-                                     require_target_placement)
+from autoplan.plugins.capable import capability_problems
+from autoplan.plugins.launch import Nodes, nodes_of
 from autoplan.plugins.summary import comment_header, precision
 
 CONFIG_FILE = "ds_config.json"
@@ -39,29 +38,7 @@ def check(result: Result) -> None:
     Raises:
         ExportError: saying which rule fails and what to change.
     """
-    require_target_placement(result, "DeepSpeed")
-    require_default_schedule(result, "DeepSpeed")
-    require_no_expert_parallel(result, "DeepSpeed")
-    plan = result.plan
-    problems = []
-    if plan.recompute_num_layers is not None:
-        problems.append("its activation checkpointing covers every layer (or every k-th in a "
-                        "pipeline), not the first N of each stage: re-plan without "
-                        "--recompute-num-layers (recompute_num_layers)")
-    if plan.pp > 1 and plan.zero_stage >= 2:
-        problems.append(f"its pipeline engine does not run ZeRO-{plan.zero_stage} (pp={plan.pp}); "
-                        "re-plan with --zero 1 or --pp 1")
-    if plan.tp > 1 and (plan.pp > 1 or plan.zero_stage == 3):
-        problems.append("AutoTP tensor parallelism runs without pipeline parallelism and with "
-                        "ZeRO stage 0-2 only")
-    if plan.cp > 1:
-        problems.append("context parallelism (Ulysses) is set up in model code, not in ds_config")
-    if plan.vpp > 1:
-        problems.append("its pipeline engine has no interleaved schedule (vpp must be 1)")
-    if plan.offload == Offload.OPTIMIZER and plan.zero_stage == 0:
-        problems.append("optimizer offload needs ZeRO stage 1 or more")
-    if plan.offload == Offload.PARAMS and plan.zero_stage != 3:
-        problems.append("parameter offload needs ZeRO stage 3")
+    problems = capability_problems(result, "deepspeed")
     if problems:
         raise ExportError("DeepSpeed cannot run this plan: " + "; ".join(problems) + ".")
 

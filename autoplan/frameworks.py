@@ -1,0 +1,111 @@
+"""Which framework: solve the same question on every runtime (Megatron-LM, DeepSpeed, FSDP) and
+keep the best, with each runtime's own best plan or the reason it has none.
+
+One exact solve per runtime (each with its own capability table, ``autoplan.capabilities``)
+rather than one table over all of them: each runtime's best plan is then exact, as the
+``runtimes`` list promises, at the cost of the sum of three solves. Pins a runtime lacks
+(``--zero 3`` on Megatron-LM) skip it with the reason; when no runtime is left the error
+names, for each, what it lacks and who has it.
+
+Ties between runtimes are broken as the solver breaks ties between plans (objective key,
+then fewer GPUs, then smaller tp*pp, then less memory) and last by the order of
+``SEARCH_ORDER``: Megatron-LM, DeepSpeed, FSDP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from autoplan.capabilities import Feature, lack_reason, missing
+from autoplan.errors import (AutoplanError, ConstraintError, InfeasibleError,
+                             NoPlanInTimeError)
+from autoplan.plan import Result, RuntimeOption
+from autoplan.search.objective import key as objective_key
+from autoplan.training import Objective, Runtime
+
+AUTO = "auto"
+SEARCH_ORDER = tuple(Runtime)
+
+
+def runtimes_to_search(runtime: str | None) -> list[Runtime]:
+    """Every runtime for ``auto`` (or None), else the one named.
+
+    Raises:
+        ConstraintError: an unknown name.
+    """
+    if runtime in (None, AUTO):
+        return list(SEARCH_ORDER)
+    try:
+        return [Runtime(runtime)]
+    except ValueError:
+        raise ConstraintError(f"--runtime {runtime!r} is not known; choose one of auto, "
+                              f"{', '.join(r.value for r in Runtime)}.") from None
+
+
+def order_key(result: Result, objective: Objective, per_token: bool) -> tuple:
+    """The solver's order across runtimes (see the module docstring)."""
+    plan, est = result.plan, result.estimate
+    tokens = plan.global_batch_size * result.training.seq_len
+    return objective_key(objective, est.step_time_s, plan.world_size, tokens,
+                         per_token=per_token) + (
+        plan.world_size, plan.tp * plan.pp, est.peak_memory_gib,
+        SEARCH_ORDER.index(Runtime(result.training.runtime)))
+
+
+def _option(runtime: Runtime, result: Result | None, status: str, reason: str | None
+            ) -> RuntimeOption:
+    return RuntimeOption(
+        runtime=runtime.value, status=status,
+        step_time_s=result.estimate.step_time_s if result else None,
+        peak_memory_gib=result.estimate.peak_memory_gib if result else None,
+        plan=result.plan if result else None, reason=reason)
+
+
+_STATUS = {InfeasibleError: "INFEASIBLE", NoPlanInTimeError: "NO_PLAN_IN_TIME"}
+
+
+def compare(solve_for: Callable[[Runtime], Result], runtimes: list[Runtime],
+            features: list[Feature], *, objective: Objective, per_token: bool) -> Result:
+    """The best of ``solve_for(runtime)`` over the ``runtimes`` that have every pinned
+    feature, with the ``runtimes`` list filled in.
+
+    Raises:
+        InfeasibleError: no runtime has what the pins ask, or none has a plan that fits.
+        NoPlanInTimeError: every runtime searched ran out of time.
+        ConstraintError: the input is wrong for every runtime (one runtime: its error as is).
+    """
+    options, solved, errors = [], [], []
+    for runtime in runtimes:
+        lacking = missing(runtime, features)
+        if lacking:
+            options.append(_option(runtime, None, "UNSUPPORTED", lack_reason(runtime, lacking)))
+            continue
+        try:
+            result = solve_for(runtime)
+        except AutoplanError as err:
+            if len(runtimes) == 1:
+                raise
+            errors.append(err)
+            options.append(_option(runtime, None, _STATUS.get(type(err), "INVALID"), str(err)))
+            continue
+        solved.append(result)
+        options.append(_option(runtime, result, result.solver.status, None))
+    if not solved:
+        raise _no_runtime(options, errors)
+    best = min(solved, key=lambda r: order_key(r, objective, per_token))
+    return best.model_copy(update={"runtimes": options})
+
+
+def _no_runtime(options: list[RuntimeOption], errors: list[AutoplanError]) -> AutoplanError:
+    """The error when no runtime has a plan: every runtime's reason, with the exit code of the
+    most telling failure (infeasible over out of time over bad input)."""
+    if len(options) == 1 and options[0].status == "UNSUPPORTED":
+        return InfeasibleError(f"{options[0].reason}. Change --runtime (or use auto) or leave "
+                               "those options unset.")
+    text = "; ".join(o.reason if o.status == "UNSUPPORTED" else
+                     f"--runtime {o.runtime}: {o.reason}" for o in options)
+    if any(o.status in ("UNSUPPORTED", "INFEASIBLE") for o in options):
+        return InfeasibleError(f"no runtime has a plan: {text}.")
+    if errors and all(isinstance(e, NoPlanInTimeError) for e in errors):
+        return NoPlanInTimeError(f"no runtime found a plan in time: {text}.")
+    return ConstraintError(f"no runtime can take these inputs: {text}.")
