@@ -292,20 +292,24 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
                                time_limit_s=time_limit_s or DEFAULT_TIME_LIMIT_S)
     mem_limit = mem_limit if mem_limit is not None else options_mem_limit(opts, cluster.cluster)
 
-    def solve_for(one: Runtime) -> Result:
-        problems = _batch_problems(model, cluster, batches, constraints.pins, seq_len=seq_len,
+    def solve_for(one: Runtime, zero: int | None = None) -> Result:
+        """The best plan on runtime ``one`` (at ZeRO stage ``zero``: no runners-up)."""
+        pinned = constraints if zero is None else constraints.model_copy(update={
+            "pins": constraints.pins.model_copy(update={"zero": zero})})
+        problems = _batch_problems(model, cluster, batches, pinned.pins, seq_len=seq_len,
                                    precision=precision, runtime=one.value, attention=attention,
                                    mem_limit=mem_limit, profile=profile)
-        return _solve_problems(problems, model, cluster, constraints, num_workers=num_workers,
+        return _solve_problems(problems, model, cluster, pinned, num_workers=num_workers,
                                time_limit_s=constraints.time_limit_s / len(searched),
-                               runners_up=runners_up)
+                               runners_up=runners_up and zero is None)
 
     start = time.perf_counter()
     searched = runtimes_to_search(runtime)
     features = pinned_features(constraints.pins, precision,
                                node_groups=not cluster.cluster.is_homogeneous)
     best = compare(solve_for, searched, features, objective=constraints.objective,
-                   per_token=len(batches or []) > 1)
+                   per_token=len(batches or []) > 1,
+                   zero_pinned=constraints.pins.zero is not None or not runners_up)
     solver = best.solver.model_copy(update={"wall_time_s": time.perf_counter() - start})
     return best.model_copy(update={"solver": solver})
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from autoplan.capabilities import Feature, lack_reason, missing
+from autoplan.capabilities import RUNTIMES, Feature, lack_reason, missing
 from autoplan.errors import (AutoplanError, ConstraintError, InfeasibleError,
                              NoPlanInTimeError)
-from autoplan.plan import Result, RuntimeOption
+from autoplan.plan import Result, RuntimeOption, ZeroOption
 from autoplan.search.objective import key as objective_key
 from autoplan.training import Objective, Runtime
 
@@ -64,17 +64,43 @@ def _option(runtime: Runtime, result: Result | None, status: str, reason: str | 
 _STATUS = {InfeasibleError: "INFEASIBLE", NoPlanInTimeError: "NO_PLAN_IN_TIME"}
 
 
-def compare(solve_for: Callable[[Runtime], Result], runtimes: list[Runtime],
-            features: list[Feature], *, objective: Objective, per_token: bool) -> Result:
+SHARDED_STAGES = (2, 3)
+"""Shown side by side where a runtime has both and both fit: ZeRO-3 saves memory for more
+communication, and practice keeps stage 2 when memory allows."""
+
+
+def zero_options(solve_for: Callable[..., Result], runtime: Runtime, best: Result
+                 ) -> list[ZeroOption]:
+    """The runtime's best ZeRO-2 and ZeRO-3 plans when it has both stages and both fit (one of
+    them may be ``best`` itself); empty otherwise."""
+    if not set(SHARDED_STAGES) <= set(RUNTIMES[runtime].zero_stages):
+        return []
+    found = []
+    for zero in SHARDED_STAGES:
+        try:
+            result = best if best.plan.zero_stage == zero else solve_for(runtime, zero)
+        except AutoplanError:
+            return []
+        found.append(ZeroOption(runtime=runtime.value, zero_stage=zero,
+                                step_time_s=result.estimate.step_time_s,
+                                peak_memory_gib=result.estimate.peak_memory_gib,
+                                plan=result.plan))
+    return found
+
+
+def compare(solve_for: Callable[..., Result], runtimes: list[Runtime],
+            features: list[Feature], *, objective: Objective, per_token: bool,
+            zero_pinned: bool = False) -> Result:
     """The best of ``solve_for(runtime)`` over the ``runtimes`` that have every pinned
-    feature, with the ``runtimes`` list filled in.
+    feature, with the ``runtimes`` list filled in and, unless the ZeRO stage is pinned, the
+    ZeRO-2 and ZeRO-3 plans of runtimes where both fit (``solve_for(runtime, zero)``).
 
     Raises:
         InfeasibleError: no runtime has what the pins ask, or none has a plan that fits.
         NoPlanInTimeError: every runtime searched ran out of time.
         ConstraintError: the input is wrong for every runtime (one runtime: its error as is).
     """
-    options, solved, errors = [], [], []
+    options, solved, errors, zeros = [], [], [], []
     for runtime in runtimes:
         lacking = missing(runtime, features)
         if lacking:
@@ -90,10 +116,11 @@ def compare(solve_for: Callable[[Runtime], Result], runtimes: list[Runtime],
             continue
         solved.append(result)
         options.append(_option(runtime, result, result.solver.status, None))
+        zeros += [] if zero_pinned else zero_options(solve_for, runtime, result)
     if not solved:
         raise _no_runtime(options, errors)
     best = min(solved, key=lambda r: order_key(r, objective, per_token))
-    return best.model_copy(update={"runtimes": options})
+    return best.model_copy(update={"runtimes": options, "zero_options": zeros or None})
 
 
 def _no_runtime(options: list[RuntimeOption], errors: list[AutoplanError]) -> AutoplanError:
