@@ -31,7 +31,7 @@ from autoplan.graph.sandbox import run_guarded
 from autoplan.graph.trace import trace_model
 from autoplan.inference import InferencePlacement
 from autoplan.inference import place_for_inference as inference_placement
-from autoplan.capabilities import RUNTIMES, pinned_features
+from autoplan.capabilities import RUNTIMES, can_run, pinned_features
 from autoplan.frameworks import AUTO, compare, runtimes_to_search
 from autoplan.plan import ModelInfo, Plan, Result, SolverInfo, TrainingInfo
 from autoplan.plugins.importers import ImportedRun, read_run  # noqa: F401 (API)
@@ -304,14 +304,42 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
                                runners_up=runners_up and zero is None)
 
     start = time.perf_counter()
+    _choice(Precision, precision, "--precision")  # before the runtimes are asked for it
     searched = runtimes_to_search(runtime)
     features = pinned_features(constraints.pins, precision,
                                node_groups=not cluster.cluster.is_homogeneous)
     best = compare(solve_for, searched, features, objective=constraints.objective,
-                   per_token=len(batches or []) > 1,
+                   per_token=len(batches or []) > 1, time_limit_s=constraints.time_limit_s,
                    zero_pinned=constraints.pins.zero is not None or not runners_up)
+    priced = _priced_elsewhere(best, model, cluster, mem_limit=mem_limit, profile=profile,
+                               attention=attention)
     solver = best.solver.model_copy(update={"wall_time_s": time.perf_counter() - start})
-    return best.model_copy(update={"solver": solver})
+    return best.model_copy(update={"solver": solver, "estimates_by_runtime": priced or None})
+
+
+def _priced_elsewhere(result: Result, model: Model, cluster: LoadedCluster, *, mem_limit,
+                      profile, attention: str) -> dict[str, Any]:
+    """The chosen plan's estimate on each other runtime whose capability table runs it (by
+    runtime name), so that each export is priced for the runtime it targets."""
+    t, out = result.training, {}
+    for other in Runtime:
+        if other.value == t.runtime or not can_run(RUNTIMES[other], result.plan, t.precision,
+                                                   uneven=_uneven_chunks(result.plan, model, t)):
+            continue
+        training = _training(t.seq_len, t.global_batch, t.precision, other.value, attention)
+        problem = make_problem(model, cluster, training, mem_limit, profile=profile)
+        out[other.value] = estimate_plan(problem, result.plan)
+    return out
+
+
+def _uneven_chunks(plan: Plan, model: Model, training: TrainingInfo) -> bool:
+    """Whether an interleaved plan's model chunks hold different numbers of blocks."""
+    if plan.vpp == 1:
+        return False
+    blocks = set(model.trace(training.seq_len, training.precision).block_indices())
+    counts = {sum(i in blocks for i in range(s.first_layer, s.first_layer + s.num_layers))
+              for s in plan.stages}
+    return len(counts) > 1
 
 
 def _solve_problems(problems: list[Problem], model: Model, cluster: LoadedCluster,

@@ -248,6 +248,13 @@ def plan_gaps(caps: Capabilities, plan: Plan, precision: str = "bf16", *,
     return [caps.notes.get(key, phrase) for key, phrase in gaps]
 
 
+def can_run(caps: Capabilities, plan: Plan, precision: str = "bf16", *,
+            uneven: bool = False) -> bool:
+    """Whether ``caps`` runs ``plan`` whole: its gaps, rank order and node groups."""
+    placed = caps.node_groups if plan.stage_groups is not None else plan.placement in caps.placements
+    return placed and not plan_gaps(caps, plan, precision, uneven=uneven)
+
+
 @dataclass(frozen=True)
 class Feature:
     """Something the pins ask of a runtime: ``label`` as a sentence names it, ``flags`` the

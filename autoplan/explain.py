@@ -14,13 +14,14 @@ from dataclasses import replace
 
 from pydantic import BaseModel, ConfigDict
 
+from autoplan.capabilities import RUNTIMES
 from autoplan.cluster.topology import GroupLinks
 from autoplan.costmodels.step import Problem, axis_links, limit_mib, memory_mib
 from autoplan.plan import Offload, Plan, Result
 from autoplan.plugins.colossalai_tp import compare_tp_modes
 from autoplan.search.runners_up import best_by_shape
 from autoplan.search.solver import Table
-from autoplan.training import Pins
+from autoplan.training import Pins, Runtime
 
 SLOW_NETWORK_BPS = 100e9 / 8
 """Below 100 Gb/s per node-to-node path ZeRO-3's per-micro-batch gathers dominate (DESIGN.md:
@@ -82,6 +83,7 @@ class Explanation(BaseModel):
     what_ifs: list[WhatIf]
     warnings: list[str]
     tp_modes: list[TpMode] = []  # 1D vs 2D/2.5D/3D TP near the plan's TP size
+    frameworks: list[str] = []  # how far behind the chosen plan each other runtime's best is
 
 
 UNLIMITED_BYTES = float(2**62)
@@ -304,6 +306,24 @@ def tp_modes(result: Result) -> list[TpMode]:
                    vs_1d=r.vs_1d) for r in rows]
 
 
+def frameworks(result: Result) -> list[str]:
+    """One sentence per other runtime the solve compared: how much slower its best plan is,
+    or why it has none (from the plan JSON's ``runtimes``)."""
+    chosen = result.training.runtime if result.training else None
+    base, out = result.estimate.step_time_s, []
+    for option in result.runtimes or ():
+        if option.runtime == chosen:
+            continue
+        name = RUNTIMES[Runtime(option.runtime)].name
+        if option.plan is None:
+            out.append(f"{name}: no plan ({option.reason})")
+            continue
+        out.append(f"{name}: {option.step_time_s / base - 1:+.1%} per step "
+                   f"({option.step_time_s:.3f} s, {summary(option.plan)}, "
+                   f"{option.peak_memory_gib:.1f} GiB)")
+    return out
+
+
 def explain_plan(problem: Problem, result: Result, pins: Pins = Pins()) -> Explanation:
     """The explanation of ``result``, a plan for ``problem`` (found under ``pins``)."""
     table = Table.build(problem, pins)
@@ -318,7 +338,8 @@ def explain_plan(problem: Problem, result: Result, pins: Pins = Pins()) -> Expla
         binding=binding(table, problem, chosen, pins), bottleneck=bottleneck(problem, result),
         runners_up=runners_up(table, chosen),
         what_ifs=what_ifs(problem, result.plan, result.estimate.step_time_s, pins),
-        warnings=notes + warnings(problem, result, pins), tp_modes=tp_modes(result))
+        warnings=notes + warnings(problem, result, pins), tp_modes=tp_modes(result),
+        frameworks=frameworks(result))
 
 
 def render(explanation: Explanation, console) -> None:
@@ -342,6 +363,8 @@ def render(explanation: Explanation, console) -> None:
                    f"{w.step_time_s:.3f} s ({w.speedup:+.0%})"
                    + (f", plan becomes {w.plan}" if w.plan_changes else ", same plan"))
         console.print(f"[bold]what if[/] {w.change}: {outcome}", soft_wrap=True)
+    for line in e.frameworks:
+        console.print(f"[bold]other framework[/] {line}", soft_wrap=True)
     for warning in e.warnings:
         console.print(f"[bold yellow]warning:[/] {warning}", soft_wrap=True)
     _render_tp_modes(e.tp_modes, console)

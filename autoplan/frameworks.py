@@ -90,7 +90,7 @@ def zero_options(solve_for: Callable[..., Result], runtime: Runtime, best: Resul
 
 def compare(solve_for: Callable[..., Result], runtimes: list[Runtime],
             features: list[Feature], *, objective: Objective, per_token: bool,
-            zero_pinned: bool = False) -> Result:
+            time_limit_s: float, zero_pinned: bool = False) -> Result:
     """The best of ``solve_for(runtime)`` over the ``runtimes`` that have every pinned
     feature, with the ``runtimes`` list filled in and, unless the ZeRO stage is pinned, the
     ZeRO-2 and ZeRO-3 plans of runtimes where both fit (``solve_for(runtime, zero)``).
@@ -118,12 +118,13 @@ def compare(solve_for: Callable[..., Result], runtimes: list[Runtime],
         options.append(_option(runtime, result, result.solver.status, None))
         zeros += [] if zero_pinned else zero_options(solve_for, runtime, result)
     if not solved:
-        raise _no_runtime(options, errors)
+        raise _no_runtime(options, errors, time_limit_s)
     best = min(solved, key=lambda r: order_key(r, objective, per_token))
     return best.model_copy(update={"runtimes": options, "zero_options": zeros or None})
 
 
-def _no_runtime(options: list[RuntimeOption], errors: list[AutoplanError]) -> AutoplanError:
+def _no_runtime(options: list[RuntimeOption], errors: list[AutoplanError],
+                time_limit_s: float) -> AutoplanError:
     """The error when no runtime has a plan: every runtime's reason, with the exit code of the
     most telling failure (infeasible over out of time over bad input)."""
     if len(options) == 1 and options[0].status == "UNSUPPORTED":
@@ -134,5 +135,8 @@ def _no_runtime(options: list[RuntimeOption], errors: list[AutoplanError]) -> Au
     if any(o.status in ("UNSUPPORTED", "INFEASIBLE") for o in options):
         return InfeasibleError(f"no runtime has a plan: {text}.")
     if errors and all(isinstance(e, NoPlanInTimeError) for e in errors):
-        return NoPlanInTimeError(f"no runtime found a plan in time: {text}.")
+        return NoPlanInTimeError(
+            f"no plan that fits was found within --time-limit {time_limit_s:g}s, shared by the "
+            f"{len(errors)} runtimes searched; raise the limit, pin more dimensions or pin "
+            "--runtime.")
     return ConstraintError(f"no runtime can take these inputs: {text}.")

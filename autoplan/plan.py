@@ -289,7 +289,8 @@ class Result(OmitsDefaults):
     ``model``, ``cluster`` (the cluster.yaml mapping as validated) and ``training`` make the
     document self-contained for ``autoplan export`` and ``autoplan explain``. ``runtimes``: each
     runtime considered by ``solve``, best plan or reason (left out of estimates); ``zero_options``
-    the best ZeRO-2 and ZeRO-3 plans of runtimes where both fit.
+    the best ZeRO-2 and ZeRO-3 plans of runtimes where both fit; ``estimates_by_runtime`` the
+    chosen plan priced on the other runtimes that can run it.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -302,8 +303,12 @@ class Result(OmitsDefaults):
     runners_up: list[ShapeRunnerUp] | None = None
     runtimes: list[RuntimeOption] | None = None
     zero_options: list[ZeroOption] | None = None
+    estimates_by_runtime: dict[str, Estimate] | None = None
+    """The chosen plan priced on every other runtime that can run it: what each export target
+    stamps on its files (``plugins``: DeepSpeed files carry DeepSpeed's step time)."""
 
-    _omitted_defaults: ClassVar[dict[str, object]] = {"runtimes": None, "zero_options": None}
+    _omitted_defaults: ClassVar[dict[str, object]] = {
+        "runtimes": None, "zero_options": None, "estimates_by_runtime": None}
 
     @property
     def status(self) -> str:

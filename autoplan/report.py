@@ -158,12 +158,12 @@ def model_code(runtime: str, plan: Plan) -> str:
     modules (or a TP plan and a stage split), ZeRO and FSDP wrap the model as it is."""
     split = plan.tp > 1 or plan.pp > 1 or plan.cp > 1 or plan.ep > 1
     if runtime == Runtime.MEGATRON.value:
-        return "Megatron-LM model classes (TP/PP modules)"
+        return "Megatron-LM modules"
     if runtime == Runtime.DEEPSPEED.value and plan.pp > 1:
-        return "Megatron-DeepSpeed model (Megatron TP, PipelineModule)"
+        return "Megatron-DeepSpeed modules"
     if runtime == Runtime.DEEPSPEED.value:
-        return "none (AutoTP splits the Linears)" if split else "none (ZeRO wraps the model)"
-    return "torchtitan model (TP plan, stage split)" if split else "none (FSDP wraps the model)"
+        return "none (AutoTP)" if split else "none"
+    return "torchtitan TP/PP plan" if split else "none"
 
 
 def _plan_words(plan: Plan) -> str:
@@ -182,12 +182,12 @@ def frameworks_table(result: Result) -> Table:
         table.add_column(column, justify="left" if column in ("framework", "plan", "model code")
                          else "right")
     base = result.estimate.step_time_s
-    rows = [(o.runtime, o.plan, o.step_time_s, o.peak_memory_gib, o.reason)
+    rows = [(o.runtime, "", o.plan, o.step_time_s, o.peak_memory_gib, o.reason)
             for o in result.runtimes]
-    rows += [(z.runtime, z.plan, z.step_time_s, z.peak_memory_gib, None)
+    rows += [(z.runtime, f" ZeRO-{z.zero_stage}", z.plan, z.step_time_s, z.peak_memory_gib, None)
              for z in result.zero_options or () if z.plan != _best_plan(result, z.runtime)]
-    for runtime, plan, step, peak, reason in rows:
-        name = RUNTIMES[Runtime(runtime)].name
+    for runtime, variant, plan, step, peak, reason in rows:
+        name = RUNTIMES[Runtime(runtime)].name + variant
         if plan is None:
             table.add_row(name, "-", "-", "-", "-", f"no plan: {reason}", "-")
             continue

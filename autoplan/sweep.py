@@ -227,14 +227,15 @@ def _solve_point(model, task: _Task) -> dict:
         result = api.solve(
             model, task.cluster, seq_len=inputs.seq_len, global_batch=inputs.global_batch,
             pins=pins, mem_limit=inputs.mem_limit, time_limit_s=task.time_limit_s,
-            precision=inputs.precision or "bf16", runtime=inputs.runtime or "megatron",
-            runners_up=False)  # a sweep reports one plan per point
+            precision=inputs.precision or "bf16", runtime=inputs.runtime,
+            runners_up=False)  # a sweep reports one plan per point (unset runtime: auto)
     except AutoplanError as err:
         return {"index": task.index, "plan": None, "estimate": None, "solver": None,
                 "error": str(err), "exit_code": err.exit_code}
     doc = result.model_dump(mode="json")
     return {"index": task.index, "plan": doc["plan"], "estimate": doc["estimate"],
-            "solver": doc["solver"], "gpu": _gpu_name(task.cluster)}
+            "solver": doc["solver"], "gpu": _gpu_name(task.cluster),
+            "runtime": doc["training"]["runtime"]}
 
 
 def _gpu_name(cluster: dict) -> str:
@@ -401,7 +402,7 @@ def document(inputs: list[PointInputs], rows: list[dict], *,
     out = []
     for point, row in zip(inputs, rows):
         entry = {"inputs": point.set_values(), "plan": row["plan"], "estimate": row["estimate"],
-                 "solver": row["solver"]}
+                 "solver": row["solver"], "runtime": row.get("runtime")}
         if row["plan"] is None:
             entry["error"] = row["error"]
         entry["metrics"] = metrics(row, price_per_gpu_hour=price_per_gpu_hour,
@@ -431,6 +432,7 @@ def flat_rows(doc: dict) -> list[dict]:
         row = {n: point["inputs"].get(n, "") for n in names}
         plan, est, m = point["plan"] or {}, point["estimate"] or {}, point["metrics"] or {}
         row["status"] = point["solver"]["status"] if point["solver"] else "INFEASIBLE"
+        row["runtime"] = point.get("runtime") or ""
         row.update({f"plan_{c}": plan.get(c, "") for c in _PLAN_COLUMNS})
         row.update({c: est.get(c, "") for c in _ESTIMATE_COLUMNS})
         row.update({c: m.get(c, "") for c in _METRIC_COLUMNS})
@@ -479,7 +481,8 @@ def render(doc: dict, console) -> None:
         p, e, m = point["plan"], point["estimate"], point["metrics"]
         fronts = "".join(sym for f, sym in zip(FRONTS, "*$m") if point["fronts"][f])
         table.add_row(
-            *cells, f"{p['tp']}/{p['pp']}/{p['dp']} Z{p['zero_stage']}", f"{e['step_time_s']:.3g}",
+            *cells, f"{p['tp']}/{p['pp']}/{p['dp']} Z{p['zero_stage']} {point.get('runtime') or ''}",
+            f"{e['step_time_s']:.3g}",
             f"{e['tokens_per_s']:,.0f}", f"{e['mfu']:.0%}",
             f"{e['peak_memory_gib']:.0f}/{e['memory_limit_gib']:.0f}",
             f"{m['cost_per_million_tokens']:.3g}", f"{m['time_to_train_days']:.3g}", fronts)
