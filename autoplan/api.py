@@ -22,7 +22,7 @@ from autoplan.costmodels.profiles import (ComputeProfile, RuntimeProfile, comput
 from autoplan.costmodels.groups import check_groups, on_groups_in_order
 from autoplan.costmodels.step import Problem
 from autoplan.costmodels.step import estimate as estimate_plan
-from autoplan.errors import ConstraintError, ModelFileError, PlanFileError
+from autoplan.errors import ConstraintError, ModelFileError, NoPlanInTimeError, PlanFileError
 from autoplan.files import refuse_existing
 from autoplan.graph.layer_graph import LayerGraph
 from autoplan.graph.loader import ModelSource, load_model_source
@@ -47,6 +47,8 @@ from autoplan.training import (
 from autoplan.units import parse_quantity
 
 DEFAULT_TIME_LIMIT_S = 60.0
+MIN_SHARE_S = 0.05
+"""The least time one runtime's search gets (it then returns its hint or runs out of time)."""
 
 
 @functools.cache
@@ -293,14 +295,20 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
     mem_limit = mem_limit if mem_limit is not None else options_mem_limit(opts, cluster.cluster)
 
     def solve_for(one: Runtime, zero: int | None = None) -> Result:
-        """The best plan on runtime ``one`` (at ZeRO stage ``zero``: no runners-up)."""
+        """The best plan on runtime ``one`` (at ZeRO stage ``zero``: no runners-up), in an
+        equal share of the time left among the runtimes still to solve (ZeRO variants, solved
+        last, in what is left)."""
+        left = start + constraints.time_limit_s - time.perf_counter()
+        if zero is not None and left <= 0:
+            raise NoPlanInTimeError("no time left for the ZeRO-2/ZeRO-3 comparison")
+        share = left if zero is not None else left / (len(searched) - searched.index(one))
         pinned = constraints if zero is None else constraints.model_copy(update={
             "pins": constraints.pins.model_copy(update={"zero": zero})})
         problems = _batch_problems(model, cluster, batches, pinned.pins, seq_len=seq_len,
                                    precision=precision, runtime=one.value, attention=attention,
                                    mem_limit=mem_limit, profile=profile)
         return _solve_problems(problems, model, cluster, pinned, num_workers=num_workers,
-                               time_limit_s=constraints.time_limit_s / len(searched),
+                               time_limit_s=max(share, MIN_SHARE_S),
                                runners_up=runners_up and zero is None)
 
     start = time.perf_counter()

@@ -116,9 +116,10 @@ def compare(solve_for: Callable[..., Result], runtimes: list[Runtime],
             continue
         solved.append(result)
         options.append(_option(runtime, result, result.solver.status, None))
-        zeros += [] if zero_pinned else zero_options(solve_for, runtime, result)
     if not solved:
         raise _no_runtime(options, errors, time_limit_s)
+    for result in [] if zero_pinned else solved:  # after every runtime had its share of time
+        zeros += zero_options(solve_for, Runtime(result.training.runtime), result)
     best = min(solved, key=lambda r: order_key(r, objective, per_token))
     return best.model_copy(update={"runtimes": options, "zero_options": zeros or None})
 

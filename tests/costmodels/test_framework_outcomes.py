@@ -8,7 +8,7 @@ import types
 from pathlib import Path
 
 import autoplan
-from autoplan.zoo import GPT, GPTConfig, next_token_loss
+from autoplan.zoo import GPT, GPTConfig, Llama, LlamaConfig, next_token_loss
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "narayanan2021_table2.csv"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -71,7 +71,11 @@ def test_65b_zero3_across_nodes_over_10gbe_is_minutes_per_step():
     backward and reduce-scatters the gradients, each moving (n-1)/n x 2 bytes x P through the
     ring; with 8 nodes each ring crosses every node's one 10 Gb/s link (1.25 GB/s), so
     3 x 2 x 65.3e9 x 63/64 / 1.25e9 = 308 s per step, before any overlap with compute."""
-    model = _gpt(80, 8192, 64, 22016, 32000, 2048)
+    module = types.ModuleType("llama_65b")  # LLaMA-65B's shape (Touvron et al. 2023, Table 2)
+    config = LlamaConfig(num_layers=80, hidden_size=8192, num_heads=64, num_kv_heads=64,
+                         ffn_hidden_size=22016)
+    module.build_model = lambda: Llama(config)
+    model = autoplan.load_model(module)
     cluster = _dgx(8, {"link": "ethernet", "bandwidth": "10Gbps"})
     for runtime in ("deepspeed", "fsdp"):
         result = autoplan.estimate(model, cluster, {"dp": 64, "zero": 3, "recompute": "full"},
