@@ -5,7 +5,7 @@
 # Parallelism: TP=1 PP=2 VPP=1 CP=1 DP=8 on 16 GPUs (placement tp-cp-dp-pp, innermost first).
 # Memory: ZeRO stage 1, recompute full, sequence parallel off, offload none.
 # Batch: micro-batch 1 x 16 micro-batches x DP 8 = global batch 128 sequences of 2048 tokens, bf16.
-# Predicted: 41.000 s/step, 6,394 tokens/s, MFU 18.0%, peak memory 62.0 GiB of 80.0 GiB per GPU.
+# Predicted for DeepSpeed: 41.000 s/step, 6,394 tokens/s, MFU 18.0%, peak memory 62.0 GiB of 80.0 GiB per GPU.
 # Solver: FEASIBLE, objective 1.000 s, gap 10.0%.
 #
 # Run launch_torchrun.sh on every node with MODEL_PY set to your model.py; autoplan must be installed there.

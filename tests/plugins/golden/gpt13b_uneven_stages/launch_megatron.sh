@@ -5,7 +5,7 @@
 # Parallelism: TP=2 PP=4 VPP=1 CP=1 DP=1 on 8 GPUs (placement tp-cp-dp-pp, innermost first).
 # Memory: ZeRO stage 0, recompute full, sequence parallel on, offload none.
 # Batch: micro-batch 2 x 16 micro-batches x DP 1 = global batch 32 sequences of 2048 tokens, fp16.
-# Predicted: 7.500 s/step, 8,738 tokens/s, MFU 45.0%, peak memory 70.2 GiB of 80.0 GiB per GPU.
+# Predicted for Megatron-LM: 7.500 s/step, 8,738 tokens/s, MFU 45.0%, peak memory 70.2 GiB of 80.0 GiB per GPU.
 # Solver: OPTIMAL, objective 1.000 s, gap 0.0%.
 #
 # Add data, tokenizer, optimizer, schedule and checkpoint arguments yourself; the tokenizer must give the planned vocabulary of 50304.

@@ -5,7 +5,7 @@
 # Parallelism: TP=1 PP=1 VPP=1 CP=1 DP=1 on 1 GPUs (placement tp-cp-dp-pp, innermost first).
 # Memory: ZeRO stage 3, recompute full, sequence parallel off, offload params.
 # Batch: micro-batch 1 x 16 micro-batches x DP 1 = global batch 16 sequences of 4096 tokens, bf16.
-# Predicted: 95.000 s/step, 690 tokens/s, MFU 21.0%, peak memory 71.0 GiB of 80.0 GiB per GPU.
+# Predicted for DeepSpeed: 95.000 s/step, 690 tokens/s, MFU 21.0%, peak memory 71.0 GiB of 80.0 GiB per GPU.
 # Solver: OPTIMAL, objective 1.000 s, gap 0.0%.
 #
 # The model code builds the engine: deepspeed.initialize(..., config=ds_config.json).
