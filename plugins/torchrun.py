@@ -15,7 +15,7 @@ import json
 import shlex
 
 from autoplan.errors import ExportError
-from autoplan.plan import Offload, Result
+from autoplan.plan import Result
 from autoplan.plugins.exporter import Exporter
 from autoplan.plugins.capable import capability_problems
 from autoplan.plugins.launch import args_file_text, nodes_of, torchrun_script

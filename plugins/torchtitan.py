@@ -19,7 +19,7 @@ from autoplan.plugins.exporter import Exporter
 from autoplan.plugins.capable import capability_problems
 from autoplan.plugins.launch import args_file_text, torchrun_script
 from autoplan.plugins.stages import require_ends, stage_kinds
-from autoplan.plugins.summary import comment_header, precision, seq_len
+from autoplan.plugins.summary import comment_header, seq_len
 
 ARGS_FILE = "torchtitan_args.txt"
 SCRIPT_FILE = "launch_torchtitan.sh"
