@@ -31,7 +31,7 @@ from autoplan.graph.sandbox import run_guarded
 from autoplan.graph.trace import trace_model
 from autoplan.inference import InferencePlacement
 from autoplan.inference import place_for_inference as inference_placement
-from autoplan.capabilities import RUNTIMES, can_run, pinned_features
+from autoplan.capabilities import RUNTIMES, can_run, missing, pinned_features
 from autoplan.frameworks import AUTO, compare, runtimes_to_search
 from autoplan.plan import ModelInfo, Plan, Result, SolverInfo, TrainingInfo
 from autoplan.plugins.importers import ImportedRun, read_run  # noqa: F401 (API)
@@ -301,7 +301,7 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
         left = start + constraints.time_limit_s - time.perf_counter()
         if zero is not None and left <= 0:
             raise NoPlanInTimeError("no time left for the ZeRO-2/ZeRO-3 comparison")
-        share = left if zero is not None else left / (len(searched) - searched.index(one))
+        share = left if zero is not None else left / (len(runnable) - runnable.index(one))
         pinned = constraints if zero is None else constraints.model_copy(update={
             "pins": constraints.pins.model_copy(update={"zero": zero})})
         problems = _batch_problems(model, cluster, batches, pinned.pins, seq_len=seq_len,
@@ -316,6 +316,7 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
     searched = runtimes_to_search(runtime)
     features = pinned_features(constraints.pins, precision,
                                node_groups=not cluster.cluster.is_homogeneous)
+    runnable = [r for r in searched if not missing(r, features)]  # they share the time limit
     best = compare(solve_for, searched, features, objective=constraints.objective,
                    per_token=len(batches or []) > 1, time_limit_s=constraints.time_limit_s,
                    zero_pinned=constraints.pins.zero is not None or not runners_up)
