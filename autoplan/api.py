@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 import types
 from dataclasses import dataclass, field
@@ -20,9 +21,11 @@ from autoplan.calibrate import MeasuredProfile, fitted_profile, load_profile, me
 from autoplan.costmodels.profiles import (ComputeProfile, RuntimeProfile, compute_profile,
                                           runtime_profile)
 from autoplan.costmodels.groups import check_groups, on_groups_in_order
+from autoplan.costmodels.parameters import with_parameters
 from autoplan.costmodels.step import Problem
 from autoplan.costmodels.step import estimate as estimate_plan
-from autoplan.errors import ConstraintError, ModelFileError, NoPlanInTimeError, PlanFileError
+from autoplan.errors import (AutoplanError, ConstraintError, ModelFileError, NoPlanInTimeError,
+                             PlanFileError)
 from autoplan.files import refuse_existing
 from autoplan.graph.layer_graph import LayerGraph
 from autoplan.graph.loader import ModelSource, load_model_source
@@ -33,13 +36,14 @@ from autoplan.inference import InferencePlacement
 from autoplan.inference import place_for_inference as inference_placement
 from autoplan.capabilities import RUNTIMES, can_run, missing, pinned_features
 from autoplan.frameworks import AUTO, compare, runtimes_to_search
-from autoplan.plan import ModelInfo, Plan, Result, SolverInfo, TrainingInfo
+from autoplan.plan import CalibrationNote, ModelInfo, Plan, Result, SolverInfo, TrainingInfo
 from autoplan.plugins.importers import ImportedRun, read_run  # noqa: F401 (API)
 from autoplan.search.hetero import solve_on_groups
 from autoplan.search.solver import solve_search
 from autoplan.search.space import (
     balanced_stages, check_ep, check_pins, dp_options, pipeline_schedule,
 )
+from autoplan.run_profile import RunsProfile
 from autoplan.options import as_options, global_batches, merge_options, options_mem_limit
 from autoplan.training import (
     DEFAULT_PLACEMENT, AttentionKernel, Constraints, Pins, Precision, Runtime, TrainingSpec,
@@ -140,23 +144,33 @@ def _mem_limit_bytes(mem_limit: str | float | None, cluster: Cluster) -> float:
     return parse_quantity(mem_limit, "memory", field="--mem-limit")
 
 
-def _compute(cluster: Cluster, profile: str | Path | ComputeProfile | None) -> ComputeProfile:
-    if profile is None:
-        return compute_profile(cluster.gpu.name)
-    if isinstance(profile, ComputeProfile):
+Profile = ComputeProfile | RunsProfile
+
+
+def _loaded_profile(profile: str | Path | Profile | None) -> Profile | None:
+    """A --profile: None, an already loaded one, or the path of its YAML."""
+    if profile is None or isinstance(profile, (ComputeProfile, RunsProfile)):
         return profile
     return load_profile(profile)
 
 
+def _compute(cluster: Cluster, profile: Profile | None) -> ComputeProfile:
+    if isinstance(profile, ComputeProfile):
+        return profile
+    return compute_profile(cluster.gpu.name)
+
+
 def make_problem(model: Model, cluster: LoadedCluster, training: TrainingSpec,
                  mem_limit: str | float | None = None, *,
-                 profile: str | Path | ComputeProfile | None = None,
+                 profile: str | Path | Profile | None = None,
                  runtime_settings: Mapping[str, Any] | None = None) -> Problem:
     """Trace the model and gather the cost-model inputs for one question. ``profile`` (a
-    profile YAML from ``autoplan calibrate`` or a ComputeProfile) replaces the catalog's
-    compute profile of the cluster's GPU (of its first node group's GPU on a heterogeneous
-    cluster); ``runtime_settings`` replaces fields of the runtime's profile (see
-    :func:`runtime_with`)."""
+    profile YAML from ``autoplan calibrate``, a ComputeProfile or a RunsProfile) replaces the
+    catalog's compute profile of the cluster's GPU (of its first node group's GPU on a
+    heterogeneous cluster), or, fitted to runs, the parameters it names
+    (costmodels.parameters); ``runtime_settings`` replaces fields of the runtime's profile
+    (see :func:`runtime_with`)."""
+    profile = _loaded_profile(profile)
     graph = model.trace(training.seq_len, training.precision.value)
     if not cluster.cluster.is_homogeneous and not graph.block_indices():
         raise ConstraintError(
@@ -165,12 +179,15 @@ def make_problem(model: Model, cluster: LoadedCluster, training: TrainingSpec,
             "group's nodes as a cluster of their own).")
     runtime = runtime_with(runtime_profile(training.runtime.value, training.precision.value),
                            runtime_settings)
-    return Problem(
+    problem = Problem(
         graph=graph, cluster=cluster.cluster, training=training,
         runtime=runtime,
         compute=_compute(cluster.cluster, profile),
         mem_limit_bytes=_mem_limit_bytes(mem_limit, cluster.cluster),
     )
+    if isinstance(profile, RunsProfile):
+        return with_parameters(problem, profile.parameters)
+    return problem
 
 
 def runtime_with(runtime: RuntimeProfile, settings: Mapping[str, Any] | None) -> RuntimeProfile:
@@ -216,8 +233,20 @@ def _pins(pins: Mapping[str, Any] | Pins | None) -> Pins:
         raise ConstraintError(f"pins: {err}".replace("\n", " ")) from None
 
 
+def calibration_note(profile: Profile | None, problem: Problem, plan: Plan
+                     ) -> CalibrationNote | None:
+    """What a ``calibrate --runs`` profile set, and why it may not hold for this plan."""
+    if not isinstance(profile, RunsProfile):
+        return None
+    return CalibrationNote(
+        profile=profile.source, parameters=profile.parameters,
+        warnings=profile.warnings(gpu=problem.cluster.gpu.name,
+                                  runtime=problem.training.runtime.value,
+                                  gpus=plan.world_size, params=problem.graph.num_params))
+
+
 def _result(problem: Problem, model: Model, cluster: LoadedCluster, plan: Plan, est,
-            info: SolverInfo) -> Result:
+            info: SolverInfo, profile: Profile | None = None) -> Result:
     graph, dims = problem.graph, problem.graph.dims
     model_info = ModelInfo(
         name=model.name, num_params=graph.num_params, seq_len=graph.seq_len,
@@ -233,7 +262,7 @@ def _result(problem: Problem, model: Model, cluster: LoadedCluster, plan: Plan, 
                             precision=problem.training.precision.value,
                             runtime=problem.training.runtime.value)
     return Result(plan=plan, estimate=est, solver=info, model=model_info, cluster=cluster.spec,
-                  training=training)
+                  training=training, calibration=calibration_note(profile, problem, plan))
 
 
 def _moe_info(graph: LayerGraph) -> dict:
@@ -282,7 +311,7 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
         InfeasibleError: nothing qualifies; the message names the conflicting requirements.
     """
     opts = as_options(options)
-    model, cluster = load_model(model), load_cluster(cluster)
+    model, cluster, profile = load_model(model), load_cluster(cluster), _loaded_profile(profile)
     batches = global_batches(global_batch if global_batch is not None else opts.global_batch)
     seq_len, _, precision, runtime = _settings(None, seq_len, (batches or [0])[0], precision,
                                                runtime, default_runtime=AUTO)
@@ -308,7 +337,7 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
                                    precision=precision, runtime=one.value, attention=attention,
                                    mem_limit=mem_limit, profile=profile)
         return _solve_problems(problems, model, cluster, pinned, num_workers=num_workers,
-                               time_limit_s=max(share, MIN_SHARE_S),
+                               time_limit_s=max(share, MIN_SHARE_S), profile=profile,
                                runners_up=runners_up and zero is None)
 
     start = time.perf_counter()
@@ -353,18 +382,19 @@ def _uneven_chunks(plan: Plan, model: Model, training: TrainingInfo) -> bool:
 
 def _solve_problems(problems: list[Problem], model: Model, cluster: LoadedCluster,
                     constraints: Constraints, *, num_workers: int, time_limit_s: float,
-                    runners_up: bool) -> Result:
+                    runners_up: bool, profile=None) -> Result:
     """The best plan of one runtime's problems (one per allowed global batch)."""
     if not cluster.cluster.is_homogeneous:  # stages on node groups; no runners-up
         found = solve_on_groups(problems, constraints.pins, time_limit_s=time_limit_s,
                                 objective=constraints.objective, bounds=constraints.bounds,
                                 max_gpus=constraints.max_gpus)
-        return _result(found.problem, model, cluster, found.plan, found.estimate, found.info)
+        return _result(found.problem, model, cluster, found.plan, found.estimate, found.info,
+                       profile)
     solution = solve_search(problems, constraints.pins, time_limit_s=time_limit_s,
                             objective=constraints.objective, bounds=constraints.bounds,
                             max_gpus=constraints.max_gpus, num_workers=num_workers)
     result = _result(solution.problem, model, cluster, solution.plan, solution.estimate,
-                     solution.info)
+                     solution.info, profile)
     if not runners_up:
         return result
     return result.model_copy(update={"runners_up": solution.table.runners_up(solution.row)})
@@ -490,7 +520,7 @@ def estimate(model, cluster, plan_or_pins, *, seq_len: int | None = None,
     ``profile`` replaces the compute profile as in :func:`solve`; ``runtime_settings`` fields
     of the runtime's profile (:func:`runtime_with`)."""
     start = time.perf_counter()
-    model, cluster = load_model(model), load_cluster(cluster)
+    model, cluster, profile = load_model(model), load_cluster(cluster), _loaded_profile(profile)
     run = plan_or_pins if isinstance(plan_or_pins, ImportedRun) else None
     seq_len, global_batch, precision, runtime = _settings(run, seq_len, global_batch, precision,
                                                          runtime)
@@ -501,7 +531,7 @@ def estimate(model, cluster, plan_or_pins, *, seq_len: int | None = None,
     est = estimate_plan(problem, plan)
     info = SolverInfo(status="ESTIMATE", objective=est.step_time_s, bound=est.step_time_s, gap=0.0,
                       wall_time_s=time.perf_counter() - start)
-    return _result(problem, model, cluster, plan, est, info)
+    return _result(problem, model, cluster, plan, est, info, profile)
 
 
 def load_result(path: str | Path) -> Result:
@@ -629,7 +659,7 @@ def verify(model, plan_or_result: Plan | Result | str | Path, *, steps: int = 5,
 def sweep(model, cluster, *, over, base=None, time_limit_s: float | None = None,
           workers: int | None = None, price_per_gpu_hour: float | dict | None = None,
           train_tokens: float | None = None, ray_address: str | None = None,
-          progress=None) -> dict:
+          progress=None, profile=None) -> dict:
     """Solve every point of a grid of inputs and mark the Pareto fronts (see autoplan.sweep).
 
     Args:
@@ -643,6 +673,7 @@ def sweep(model, cluster, *, over, base=None, time_limit_s: float | None = None,
         train_tokens: tokens of the run whose time-to-train and cost the fronts use.
         ray_address: run the points as Ray tasks there (``local`` starts Ray here).
         progress: ``callback(done, total)`` after each point.
+        profile: a calibration profile every point is solved with (as :func:`solve`).
 
     Returns:
         The ``sweep --json`` document: ``{"points": [{"inputs", "plan", "estimate", "solver",
@@ -660,7 +691,8 @@ def sweep(model, cluster, *, over, base=None, time_limit_s: float | None = None,
     inputs = sweeps.points(base, axes)
     rows = sweeps.run_points(model, cluster, inputs,
                              time_limit_s=time_limit_s or DEFAULT_TIME_LIMIT_S, workers=workers,
-                             ray_address=ray_address, progress=progress)
+                             ray_address=ray_address, progress=progress,
+                             profile=_loaded_profile(profile))
     return sweeps.document(
         inputs, rows, model_name=model.name, wall_time_s=time.perf_counter() - start,
         price_per_gpu_hour=price_per_gpu_hour or sweeps.DEFAULT_PRICE_PER_GPU_HOUR,
@@ -668,7 +700,7 @@ def sweep(model, cluster, *, over, base=None, time_limit_s: float | None = None,
 
 
 def sweep_file(path: str | Path, *, workers: int | None = None, ray_address: str | None = None,
-               progress=None) -> dict:
+               progress=None, profile=None) -> dict:
     """Run a sweep YAML (examples/sweeps/*.yaml)."""
     from autoplan import sweep as sweeps
 
@@ -676,7 +708,7 @@ def sweep_file(path: str | Path, *, workers: int | None = None, ray_address: str
     return sweep(spec.model, spec.cluster, over=spec.over, base=spec.base,
                  time_limit_s=spec.time_limit_s, workers=workers,
                  price_per_gpu_hour=spec.price_per_gpu_hour, train_tokens=spec.train_tokens,
-                 ray_address=ray_address, progress=progress)
+                 ray_address=ray_address, progress=progress, profile=profile)
 
 
 def _validated(schema, values: Mapping, what: str):
@@ -686,7 +718,7 @@ def _validated(schema, values: Mapping, what: str):
         raise ConstraintError(f"{what}: {err}".replace("\n", " ")) from None
 
 
-def explain(result: Result | str | Path, model, *, pins=None):
+def explain(result: Result | str | Path, model, *, pins=None, profile=None):
     """Why a plan: binding constraint, runners-up per (TP, PP), what-ifs, warnings.
 
     Args:
@@ -694,6 +726,8 @@ def explain(result: Result | str | Path, model, *, pins=None):
         model: the model.py (path, module or loaded Model) the plan was made for; the plan JSON
             carries the cluster and training settings but not the traced graph.
         pins: the pins the plan was solved under (runners-up and what-ifs keep them).
+        profile: a calibration profile to cost the runners-up and what-ifs with (as solve);
+            where it may not hold, its warnings join the explanation's.
     """
     from autoplan.explain import explain_plan
 
@@ -705,9 +739,14 @@ def explain(result: Result | str | Path, model, *, pins=None):
     training = _training(t.seq_len, t.global_batch, t.precision, t.runtime, "flash")
     cluster = load_cluster(result.cluster)
     require_homogeneous(cluster.cluster, "explain")
+    profile = _loaded_profile(profile)
     problem = make_problem(load_model(model), cluster, training,
-                           result.estimate.memory_limit_gib * 2**30)
-    return explain_plan(problem, result, _pins(pins))
+                           result.estimate.memory_limit_gib * 2**30, profile=profile)
+    explanation = explain_plan(problem, result, _pins(pins))
+    note = calibration_note(profile, problem, result.plan)
+    if note is None or not note.warnings:
+        return explanation
+    return explanation.model_copy(update={"warnings": [*explanation.warnings, *note.warnings]})
 
 
 def write_sweep(doc: dict, folder: str | Path, *, force: bool = False) -> list[Path]:
@@ -783,3 +822,90 @@ def draw_topology(cluster: LoadedCluster, path: str | Path, *, force: bool = Fal
     if not force:
         refuse_existing([Path(path)])
     return draw_png(cluster.cluster, path)
+
+
+def calibrate_runs(runs: list[str | Path], out: str | Path, *, model=None, cluster=None,
+                   force: bool = False, leave_one_out: bool = True) -> RunsProfile:
+    """Fit the global physical parameters (costmodels.parameters) to measured runs and write
+    the profile YAML to ``out`` (autoplan.run_profile).
+
+    Args:
+        runs: runs.csv files and/or training logs (Megatron-LM, torchtitan), each log next to
+            the configuration that produced it (autoplan.runs).
+        model, cluster: the model.py and cluster.yaml of the logs (a runs.csv names its own).
+        force: overwrite an existing ``out``.
+        leave_one_out: also refit without each run and predict it (the LORO error).
+
+    Raises:
+        RunsError: a row or log that cannot be used (the message names row and column).
+        OutputExistsError: ``out`` exists and ``force`` is false.
+    """
+    from autoplan.fit import fit
+    from autoplan.run_profile import profile_from_fit, write_runs_profile
+    from autoplan.runs import read_runs
+
+    if not force:
+        refuse_existing([Path(out)])
+    measured = [run for source in runs for run in read_runs(source, model=model, cluster=cluster)]
+    prepared = fit_runs(measured)
+    profile = profile_from_fit(prepared, fit(prepared, leave_one_out=leave_one_out))
+    write_runs_profile(profile, out)
+    return profile.model_copy(update={"source": str(out)})
+
+
+def fit_runs(measured: list) -> list:
+    """Each measured run traced and planned (autoplan.fit.FitRun), all on one GPU and runtime.
+
+    Raises:
+        RunsError: naming the run (row) and the column at fault.
+    """
+    from autoplan.fit import FitRun
+    from autoplan.runs import RunsError
+
+    models: dict[Path, Model] = {}
+    clusters: dict[Path, LoadedCluster] = {}
+    out = []
+    for run in measured:
+        try:
+            cluster = clusters.get(run.cluster) or clusters.setdefault(
+                run.cluster, load_cluster(run.cluster))
+        except AutoplanError as err:
+            raise RunsError(f"{run.label}, column cluster: {err}") from None
+        world = math.prod(run.pins.get(k, 1) for k in ("tp", "pp", "dp", "cp"))
+        if "dp" in run.pins and world > cluster.cluster.num_gpus:
+            raise RunsError(
+                f"{run.label}, columns tp,pp,dp,cp: tp*pp*dp*cp = {world} GPUs but "
+                f"{run.cluster.name} has {cluster.cluster.num_gpus}; give the cluster the run "
+                "used or the degrees it ran with.")
+        model = models.setdefault(run.model, load_model(run.model))
+        training = _training(run.seq_len, run.global_batch, run.precision or "bf16",
+                             run.runtime, "flash")
+        try:
+            problem = make_problem(model, cluster, training)
+        except AutoplanError as err:
+            raise RunsError(f"{run.label}, column model: {run.model} does not trace: {err}") from None
+        try:
+            plan = _plan_for(problem, cluster, model, run.pins)
+        except AutoplanError as err:
+            raise RunsError(f"{run.label}, columns tp,pp,dp,cp,mbs: {err}") from None
+        tokens = run.tokens_per_s_per_gpu or (
+            run.global_batch * run.seq_len / (run.step_time_s * plan.world_size))
+        out.append(FitRun(run.label, problem, plan, tokens, run.peak_memory_gib))
+    _same_hardware_and_runtime(out)
+    return out
+
+
+def _same_hardware_and_runtime(runs: list) -> None:
+    """A calibration is of one runtime on one GPU: refuse runs that mix them."""
+    from autoplan.runs import RunsError
+
+    first = runs[0]
+    for run in runs[1:]:
+        for column, value, reference in (
+                ("cluster", run.problem.cluster.gpu.name, first.problem.cluster.gpu.name),
+                ("runtime", run.problem.training.runtime.value,
+                 first.problem.training.runtime.value)):
+            if value != reference:
+                raise RunsError(
+                    f"{run.label}, column {column}: {value}, but {first.label} has {reference}. "
+                    "A calibration fits one runtime on one GPU; calibrate each separately.")

@@ -47,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from autoplan.cluster.catalog import get_gpu, gpu_names
 from autoplan.costmodels.profiles import ComputeProfile, compute_profile
 from autoplan.errors import AutoplanError
+from autoplan.run_profile import RunsProfile, is_runs_profile, runs_profile
 
 logger = logging.getLogger(__name__)
 
@@ -138,16 +139,19 @@ def fitted_profile(measured: MeasuredProfile) -> ComputeProfile:
                f"({measured.dtype}); attention/bmm/overhead from the catalog profile")
 
 
-def load_profile(path: str | Path) -> ComputeProfile:
-    """Read a profile YAML and fit its compute profile."""
+def load_profile(path: str | Path) -> ComputeProfile | RunsProfile:
+    """Read a profile YAML: a machine measurement (its compute profile is fitted here) or a
+    calibration on measured runs (``calibrate --runs``, applied by costmodels.parameters)."""
     path = Path(path)
     try:
         document = yaml.safe_load(path.read_text())
+        if is_runs_profile(document):
+            return runs_profile(document, path)
         return fitted_profile(MeasuredProfile.model_validate(document))
-    except FileNotFoundError:
+    except (FileNotFoundError, IsADirectoryError):
         raise ProfileError(f"{path}: no such file; write one with `autoplan calibrate --out "
                            f"{path}`.") from None
-    except (ValidationError, yaml.YAMLError, TypeError) as err:
+    except (ValidationError, yaml.YAMLError, TypeError, ValueError) as err:
         first = str(err).splitlines()[0]
         raise ProfileError(f"{path}: not a calibration profile ({first}); see `autoplan "
                            "calibrate --help` for the schema.") from None

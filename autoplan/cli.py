@@ -114,7 +114,8 @@ RUNTIME = typer.Option(None, "--runtime", help="solve: auto (default: compare Me
                        "estimate: megatron (default), deepspeed or fsdp.")
 PRECISION = typer.Option(None, "--precision", help="bf16 (default) or fp16.")
 PROFILE = typer.Option(None, "--profile", help="A profile YAML from `autoplan calibrate`: "
-                       "replaces the catalog's compute efficiencies.")
+                       "replaces the catalog's compute efficiencies (or, from `calibrate "
+                       "--runs`, the parameters fitted to your runs).")
 JSON = typer.Option(False, "--json", help="Print one JSON document and nothing else.")
 
 
@@ -168,7 +169,7 @@ def solve(
         objective=terms, min_tokens_per_s=min_tokens_per_s, price_per_gpu_hour=price,
         options=options, profile=profile))
     if explain:
-        explanation = _run(lambda: api.explain(result, model, pins=pins))
+        explanation = _run(lambda: api.explain(result, model, pins=pins, profile=profile))
     # Written (or refused) before anything is printed: a refusal leaves stdout empty.
     written = _export(result, export, out, force) if export is not None else []
     if explain and as_json:
@@ -322,6 +323,7 @@ def sweep_cmd(
     time_limit: float = typer.Option(api.DEFAULT_TIME_LIMIT_S, "--time-limit", min=0.1),
     out: Optional[Path] = typer.Option(None, "--out", help="Folder for sweep.csv, sweep.json and plots."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing files in --out."),
+    profile: Optional[Path] = PROFILE,
     as_json: bool = JSON,
 ) -> None:
     """Solve a grid of inputs in parallel; print the best plan per point and the Pareto fronts."""
@@ -339,12 +341,13 @@ def sweep_cmd(
         progress = lambda done, total: bar.update(task, completed=done, total=total)  # noqa: E731
         if cluster is None:
             doc = _run(lambda: api.sweep_file(source, workers=workers, ray_address=ray,
-                                              progress=progress))
+                                              progress=progress, profile=profile))
         else:
             doc = _run(lambda: api.sweep(
                 source, cluster, over=_run(lambda: sweeps.parse_over(over)), base=base,
                 time_limit_s=time_limit, workers=workers, price_per_gpu_hour=price,
-                train_tokens=train_tokens, ray_address=ray, progress=progress))
+                train_tokens=train_tokens, ray_address=ray, progress=progress,
+                profile=profile))
     if out is not None:
         for path in _run(lambda: api.write_sweep(doc, out, force=force)):
             stderr.print(f"wrote {path}")
@@ -360,11 +363,12 @@ def explain_cmd(
     model: Path = typer.Option(..., "--model", help="The model.py the plan was made for."),
     plots: Optional[Path] = typer.Option(None, "--plots", help="Folder for memory and placement plots."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing plots in --plots."),
+    profile: Optional[Path] = PROFILE,
     as_json: bool = JSON,
 ) -> None:
     """Why this plan: binding constraint, runners-up per TP/PP shape, what-ifs and warnings."""
     result = _run(lambda: api.load_result(plan_json))
-    _emit_explanation(_run(lambda: api.explain(result, model)), as_json)
+    _emit_explanation(_run(lambda: api.explain(result, model, profile=profile)), as_json)
     if plots is not None:
         for path in _run(lambda: api.plot_plan(result, plots, force=force)):
             stderr.print(f"wrote {path}")
@@ -416,11 +420,29 @@ def calibrate_cmd(
     device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: cuda "
                                          "when a GPU is visible, else cpu)."),
     quick: bool = typer.Option(False, "--quick", help="Tiny shapes: seconds, not minutes."),
+    runs: list[Path] = typer.Option(
+        [], "--runs", help="Fit to measured runs instead of measuring here: a runs.csv, or a "
+        "Megatron-LM/torchtitan training log next to its configuration (repeat)."),
+    model: Optional[Path] = typer.Option(None, "--model", help="With a training log: its model.py."),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help="With a training log: its cluster.yaml."),
+    force: bool = typer.Option(False, "--force", help="With --runs: overwrite an existing --out."),
     as_json: bool = JSON,
 ) -> None:
     """Measure GEMM throughput, memory bandwidth and (several GPUs) all-reduce bandwidth here
-    and write a profile for `solve`/`estimate --profile`."""
+    and write a profile for `solve`/`estimate --profile`; with --runs, fit the cost model's
+    global parameters to your measured runs instead."""
     from autoplan.calibrate import bus_bandwidth_Bps
+    if runs:
+        profile = _run(lambda: api.calibrate_runs(runs, out, model=model, cluster=cluster,
+                                                  force=force))
+        if as_json:
+            sys.stdout.write(json.dumps(profile.model_dump(mode="json", by_alias=True),
+                                        indent=2) + "\n")
+            return
+        from autoplan.report import render_calibration
+        render_calibration(profile, stdout)
+        stdout.print(f"wrote {out}")
+        return
     measured, fitted = _run(lambda: api.calibrate(out, device=device, quick=quick))
     numbers = {"gemm_efficiency": fitted.gemm_efficiency, "gemm_half_flops": fitted.gemm_half_flops,
                "memory_efficiency": fitted.memory_efficiency}

@@ -283,6 +283,16 @@ class ZeroOption(BaseModel):
     plan: Plan
 
 
+class CalibrationNote(BaseModel):
+    """The ``--profile`` of ``calibrate --runs`` a result was costed with: the parameters it
+    set and why they may not hold here (another GPU or runtime, far outside its scale)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    profile: str
+    parameters: dict[str, float]
+    warnings: list[str] = []
+
+
 class Result(OmitsDefaults):
     """What ``autoplan.solve`` returns; ``model_dump()`` is the CLI's ``--json`` document.
 
@@ -306,9 +316,12 @@ class Result(OmitsDefaults):
     estimates_by_runtime: dict[str, Estimate] | None = None
     """The chosen plan priced on every other runtime that can run it: what each export target
     stamps on its files (``plugins``: DeepSpeed files carry DeepSpeed's step time)."""
+    calibration: CalibrationNote | None = None
+    """Set when costed with a ``calibrate --runs`` profile (left out of the JSON otherwise)."""
 
     _omitted_defaults: ClassVar[dict[str, object]] = {
-        "runtimes": None, "zero_options": None, "estimates_by_runtime": None}
+        "runtimes": None, "zero_options": None, "estimates_by_runtime": None,
+        "calibration": None}
 
     @property
     def status(self) -> str:

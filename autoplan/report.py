@@ -150,6 +150,7 @@ def render(result: Result, console: Console) -> None:
         *([runners_up_table(result)] if result.runners_up else []),
         *([frameworks_table(result), Text(recommendation(result), style="bold")]
           if result.runtimes and len(result.runtimes) > 1 else []),
+        *calibration_lines(result),
     ))
 
 
@@ -225,6 +226,45 @@ def recommendation(result: Result) -> str:
                  f"({_plan_words(simple[0].plan)}) is within "
                  f"{simple[0].step_time_s / base - 1:.1%} and needs no model changes")
     return line + "."
+
+
+def calibration_lines(result: Result) -> list[Text]:
+    """The ``--profile`` fitted to runs, and one warning line for each reason it may not hold."""
+    note = result.calibration
+    if note is None:
+        return []
+    fitted = ", ".join(f"{k} {v:.3g}" for k, v in note.parameters.items()) or "nothing fitted"
+    lines = [Text(f"calibrated with {note.profile}: {fitted}")]
+    return lines + [Text(f"warning: {w}", style="bold yellow") for w in note.warnings]
+
+
+def render_calibration(profile, console: Console) -> None:
+    """The fit of ``calibrate --runs``: per run measured / before / after / left out, the
+    fitted and fixed parameters, and the mean errors."""
+    table = Table(title=f"calibration on {profile.fitted_on.runs} run(s) "
+                        f"({profile.fitted_on.gpu}, {profile.fitted_on.runtime})",
+                  title_justify="left")
+    for column in ("run", "tok/s/GPU", "before", "after", "left out", "GiB", "before", "after"):
+        table.add_column(column, justify="left" if column == "run" else "right",
+                         no_wrap=column == "run")
+    for row in profile.runs:
+        measured, before, after, loro = row.tokens_per_s_per_gpu
+        memory = row.peak_memory_gib or (None, None, None, None)
+        table.add_row(row.run, f"{measured:,.0f}", f"{before:,.0f}", f"{after:,.0f}",
+                      "-" if loro is None else f"{loro:,.0f}",
+                      *("-" if m is None else f"{m:.1f}" for m in memory[:3]))
+    console.print(table)
+    for name, value in profile.parameters.items():
+        console.print(f"fitted {name}: {profile.catalog.get(name, float('nan')):.4g} -> {value:.4g}")
+    for name, reason in profile.fixed.items():
+        console.print(f"fixed {name}: {reason}", highlight=False)
+    fit = profile.fit
+    loro = "-" if fit.loro_mean_abs_error is None else f"{fit.loro_mean_abs_error:.1%}"
+    console.print(f"tokens/s/GPU mean error: {fit.mean_abs_error_before:.1%} before, "
+                  f"{fit.mean_abs_error_after:.1%} after; leave-one-run-out {loro}")
+    if fit.memory_mean_abs_error_before is not None:
+        console.print(f"peak memory mean error: {fit.memory_mean_abs_error_before:.1%} before, "
+                      f"{fit.memory_mean_abs_error_after:.1%} after")
 
 
 def runners_up_table(result: Result, count: int = 6) -> Table:

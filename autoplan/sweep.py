@@ -215,6 +215,8 @@ class _Task:
     inputs: PointInputs
     cluster: dict
     time_limit_s: float
+    profile: object = None
+    """A loaded --profile (picklable), or None."""
 
 
 def _solve_point(model, task: _Task) -> dict:
@@ -228,14 +230,17 @@ def _solve_point(model, task: _Task) -> dict:
             model, task.cluster, seq_len=inputs.seq_len, global_batch=inputs.global_batch,
             pins=pins, mem_limit=inputs.mem_limit, time_limit_s=task.time_limit_s,
             precision=inputs.precision or "bf16", runtime=inputs.runtime,
-            runners_up=False)  # a sweep reports one plan per point (unset runtime: auto)
+            profile=task.profile, runners_up=False)  # one plan per point (unset runtime: auto)
     except AutoplanError as err:
         return {"index": task.index, "plan": None, "estimate": None, "solver": None,
                 "error": str(err), "exit_code": err.exit_code}
     doc = result.model_dump(mode="json")
-    return {"index": task.index, "plan": doc["plan"], "estimate": doc["estimate"],
-            "solver": doc["solver"], "gpu": _gpu_name(task.cluster),
-            "runtime": doc["training"]["runtime"]}
+    row = {"index": task.index, "plan": doc["plan"], "estimate": doc["estimate"],
+           "solver": doc["solver"], "gpu": _gpu_name(task.cluster),
+           "runtime": doc["training"]["runtime"]}
+    if "calibration" in doc:
+        row["calibration"] = doc["calibration"]
+    return row
 
 
 def _gpu_name(cluster: dict) -> str:
@@ -270,7 +275,8 @@ def _solve_in_worker(task: _Task) -> dict:
 
 def run_points(model, cluster, inputs: list[PointInputs], *, time_limit_s: float = 60.0,
                workers: int | None = None, ray_address: str | None = None,
-               progress: Callable[[int, int], None] | None = None) -> list[dict]:
+               progress: Callable[[int, int], None] | None = None,
+               profile=None) -> list[dict]:
     """Solve every point (in forked worker processes when ``workers`` > 1, or as Ray tasks when
     ``ray_address`` is given); results in point order.
 
@@ -289,7 +295,7 @@ def run_points(model, cluster, inputs: list[PointInputs], *, time_limit_s: float
         mapping = point_cluster(cluster.spec, point)
         api.load_cluster(mapping)  # a bad derived cluster is the user's error: fail before solving
         model.trace(point.seq_len, point.precision or "bf16")
-        tasks.append(_Task(index, point, mapping, time_limit_s))
+        tasks.append(_Task(index, point, mapping, time_limit_s, profile))
     if ray_address is not None:
         return _run_on_ray(model, tasks, ray_address, num_cpus=workers, progress=progress)
     workers = max(1, min(workers or os.cpu_count() or 1, len(tasks)))
@@ -405,6 +411,8 @@ def document(inputs: list[PointInputs], rows: list[dict], *,
                  "solver": row["solver"], "runtime": row.get("runtime")}
         if row["plan"] is None:
             entry["error"] = row["error"]
+        if "calibration" in row:
+            entry["calibration"] = row["calibration"]
         entry["metrics"] = metrics(row, price_per_gpu_hour=price_per_gpu_hour,
                                    train_tokens=train_tokens)
         out.append(entry)
@@ -489,3 +497,7 @@ def render(doc: dict, console) -> None:
     console.print(table)
     console.print("front: * step time vs GPUs, $ cost per token vs time to train, "
                   "m memory headroom vs speed")
+    warned = dict.fromkeys(w for point in doc["points"]
+                           for w in point.get("calibration", {}).get("warnings", ()))
+    for warning in warned:
+        console.print(f"[bold yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)

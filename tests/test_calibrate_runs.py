@@ -1,0 +1,220 @@
+"""autoplan calibrate --runs: reading runs and logs, the fit, --profile and its warnings."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from autoplan import api
+from autoplan.cli import app
+from autoplan.fit import mean_abs_error, predict
+from autoplan.plugins.training_logs import read_training_log
+from autoplan.run_profile import FitFigures, FittedOn, RunsProfile
+from autoplan.runs import HEADER, RunsError, read_runs
+
+DATA = Path(__file__).parent / "data" / "calibration"
+LLMF = DATA / "llmf_h100"
+LOGS = DATA / "logs"
+runner = CliRunner()
+
+
+def _runs_csv(folder: Path, rows: list[str], header: str = ",".join(HEADER)) -> Path:
+    """A runs.csv in ``folder`` beside copies of the MPT-760M model and the H100 clusters."""
+    for name in ("mpt_760m.py", "mpt_1b.py", "h100-x1.yaml", "h100-x2.yaml"):
+        shutil.copy(LLMF / name, folder / name)
+    path = folder / "runs.csv"
+    path.write_text("\n".join([header, *rows]) + "\n")
+    return path
+
+
+def _profile(parameters: dict, **fitted_on) -> RunsProfile:
+    where = {"gpu": "h100-sxm5-80gb", "runtime": "fsdp", "gpus": (8, 16),
+             "params": (7e8, 1.5e9), "runs": 3, **fitted_on}
+    return RunsProfile(parameters=parameters, fitted_on=FittedOn(**where),
+                       fit=FitFigures(loss="soft_l1", f_scale=0.05, mean_abs_error_before=0.2,
+                                      mean_abs_error_after=0.01), source="test-profile.yaml")
+
+
+# --- training logs ------------------------------------------------------------------------
+
+
+def test_megatron_log_median_step_after_the_first_interval_and_max_reserved_over_ranks():
+    run = read_training_log(LOGS / "megatron.log")
+    # intervals 2400 (start-up, dropped), 1000, 1100, 1050 ms -> median 1050 ms
+    assert run.step_time_s == pytest.approx(1.050)
+    # max reserved of ranks 0 and 1: 16334 and 17408 MB -> 17408 / 1024 = 17.0 GiB
+    assert run.peak_memory_gib == pytest.approx(17.0)
+    assert run.global_batch == 64 and run.tflops_per_gpu == pytest.approx(118.5)
+
+
+def test_torchtitan_log_tps_and_memory_through_ansi_colours():
+    run = read_training_log(LOGS / "torchtitan.log")
+    assert run.tokens_per_s_per_gpu == 6321  # median of 6,321 6,400 6,300 (step 1 dropped)
+    assert run.peak_memory_gib == pytest.approx(35.5)
+
+
+def test_a_log_becomes_a_run_with_its_configuration_beside_it():
+    [run] = read_runs(LOGS / "megatron.log", model=LLMF / "mpt_760m.py",
+                      cluster=LLMF / "h100-x1.yaml")
+    assert (run.seq_len, run.global_batch, run.runtime) == (1024, 64, "megatron")
+    assert run.pins["tp"] == 4 and run.pins["mbs"] == 2 and run.pins["zero"] == 1
+    assert run.step_time_s == pytest.approx(1.05) and run.tokens_per_s_per_gpu is None
+
+
+def test_a_log_without_its_configuration_is_refused(tmp_path):
+    shutil.copy(LOGS / "torchtitan.log", tmp_path / "alone.log")
+    with pytest.raises(RunsError, match="configuration next to it"):
+        read_runs(tmp_path / "alone.log", model=LLMF / "mpt_760m.py",
+                  cluster=LLMF / "h100-x1.yaml")
+
+
+# --- bad runs.csv: exit 2, the row and the column named ----------------------------------
+
+GOOD = "mpt_760m.py,h100-x1.yaml,2048,384,1,1,8,1,24,3,none,false,fsdp,63147,"
+
+
+@pytest.mark.parametrize("header, row, expected", [
+    (",".join(HEADER[:-1]), GOOD[:-1], "missing column(s) peak_memory_gib"),
+    (",".join(HEADER) + ",notes", GOOD + ",x", "unknown column(s) notes"),
+    (None, GOOD.replace(",63147,", ",0,"), "row 2, column tokens_per_s_per_gpu"),
+    (None, GOOD.replace(",none,", ",partial,"), "row 2, column recompute"),
+    (None, GOOD.replace(",false,", ",maybe,"), "row 2, column sp"),
+    (None, GOOD.replace("mpt_760m.py", "absent.py"), "row 2, column model: no such file"),
+    (None, GOOD.replace(",1,1,8,1,", ",1,1,16,1,"), "row 2, columns tp,pp,dp,cp"),
+    (None, "mpt_760m.py,h100-x1.yaml,2048", "row 2: 3 cells, but the header has 15 columns"),
+])
+def test_bad_rows_exit_2_naming_row_and_column(tmp_path, header, row, expected):
+    path = _runs_csv(tmp_path, [row], header or ",".join(HEADER))
+    result = runner.invoke(app, ["calibrate", "--runs", str(path), "--out",
+                                 str(tmp_path / "p.yaml")])
+    assert result.exit_code == 2, result.output
+    assert expected in " ".join(result.output.split())
+    assert "Traceback" not in result.output and not (tmp_path / "p.yaml").exists()
+
+
+def test_a_model_that_fails_to_trace_names_its_row(tmp_path):
+    path = _runs_csv(tmp_path, [GOOD.replace("mpt_760m.py", "broken.py"), GOOD])
+    (tmp_path / "broken.py").write_text("def build_model():\n    raise RuntimeError('boom')\n")
+    result = runner.invoke(app, ["calibrate", "--runs", str(path), "--out",
+                                 str(tmp_path / "p.yaml")])
+    assert result.exit_code == 2, result.output
+    assert "row 2, column model" in " ".join(result.output.split())
+    assert "boom" in result.output
+
+
+def test_an_existing_profile_is_not_overwritten_without_force(tmp_path):
+    path = _runs_csv(tmp_path, [GOOD])
+    (tmp_path / "p.yaml").write_text("mine\n")
+    result = runner.invoke(app, ["calibrate", "--runs", str(path), "--out",
+                                 str(tmp_path / "p.yaml")])
+    assert result.exit_code == 2 and (tmp_path / "p.yaml").read_text() == "mine\n"
+
+
+# --- the fit ------------------------------------------------------------------------------
+
+TRUTH = {"gemm_efficiency": 0.55, "attention_efficiency": 0.30}
+"""A known parameter set, away from the catalog's H100 values (0.70, 0.50)."""
+
+SHAPES = [  # seq_len, global batch, dp, mbs, recompute, cluster: runs that move the two apart
+    (1024, 64, 8, 8, "none", "h100-x1.yaml"), (4096, 32, 8, 4, "none", "h100-x1.yaml"),
+    (4096, 16, 8, 2, "full", "h100-x1.yaml"), (1024, 128, 16, 8, "full", "h100-x2.yaml"),
+]
+
+
+def test_round_trip_recovers_the_parameters_that_generated_the_runs(tmp_path):
+    """Runs whose throughput estimate() predicts under TRUTH; the fit must find TRUTH."""
+    _runs_csv(tmp_path, [])
+    rows = []
+    for seq, batch, dp, mbs, recompute, cluster in SHAPES:
+        made = api.estimate(tmp_path / "mpt_760m.py", tmp_path / cluster,
+                            {"dp": dp, "mbs": mbs, "zero": 3, "recompute": recompute},
+                            seq_len=seq, global_batch=batch, runtime="fsdp",
+                            profile=_profile(TRUTH))
+        tokens = made.estimate.tokens_per_s / made.plan.world_size
+        rows.append(f"mpt_760m.py,{cluster},{seq},{batch},1,1,{dp},1,{mbs},3,{recompute},"
+                    f"false,fsdp,{tokens},")
+    path = _runs_csv(tmp_path, rows)
+    profile = api.calibrate_runs([path], tmp_path / "p.yaml", leave_one_out=False)
+    assert set(TRUTH) <= set(profile.parameters), profile.fixed
+    for name, value in TRUTH.items():
+        assert profile.parameters[name] == pytest.approx(value, rel=0.02)
+    assert profile.fit.mean_abs_error_after < 0.005 < profile.fit.mean_abs_error_before
+    assert len(profile.parameters) < len(rows)  # never one knob per run
+
+
+def test_calibrating_on_published_rows_lowers_the_error_on_held_out_rows(tmp_path):
+    """llm-foundry H100 rows (tests/data/calibration/llmf_h100): MPT-760M and MPT-1B, three
+    rows each to calibrate (seq 512-4096), six others of theirs held out."""
+    lines = (LLMF / "runs.csv").read_text().splitlines()
+    row = {f"LLMF-H100-{k:02d}": lines[k] for k in range(1, len(lines))}
+    train = ["LLMF-H100-47", "LLMF-H100-48", "LLMF-H100-52",
+             "LLMF-H100-37", "LLMF-H100-40", "LLMF-H100-43"]
+    held = ["LLMF-H100-49", "LLMF-H100-50", "LLMF-H100-51",
+            "LLMF-H100-39", "LLMF-H100-41", "LLMF-H100-42"]
+    for source in [LLMF / "mpt_760m.py", LLMF / "mpt_1b.py", *LLMF.glob("h100-x*.yaml")]:
+        shutil.copy(source, tmp_path / source.name)
+    calibration = tmp_path / "train.csv"
+    calibration.write_text("\n".join([lines[0], *(row[r] for r in train)]) + "\n")
+    held_out = tmp_path / "held.csv"
+    held_out.write_text("\n".join([lines[0], *(row[r] for r in held)]) + "\n")
+    profile = api.calibrate_runs([calibration], tmp_path / "p.yaml")
+    runs = api.fit_runs(read_runs(held_out))
+    measured = [r.tokens_per_s_per_gpu for r in runs]
+    before = mean_abs_error([predict(r, {}).tokens_per_s_per_gpu for r in runs], measured)
+    after = mean_abs_error([predict(r, profile.parameters).tokens_per_s_per_gpu for r in runs],
+                           measured)
+    assert after < before
+    assert profile.fit.loro_mean_abs_error is not None
+    written = (tmp_path / "p.yaml").read_text()
+    assert "fitted_on" in written and "h100-sxm5-80gb" in written and "loro_mean_abs_error" in written
+
+
+# --- --profile: applied, and warned about where it may not hold ---------------------------
+
+
+def test_profile_applies_its_parameters_and_stays_quiet_inside_its_range(tmp_path):
+    _runs_csv(tmp_path, [])
+    args = dict(seq_len=2048, global_batch=64, runtime="fsdp")
+    pins = {"dp": 8, "mbs": 8, "zero": 3}
+    plain = api.estimate(tmp_path / "mpt_760m.py", tmp_path / "h100-x1.yaml", pins, **args)
+    slower = api.estimate(tmp_path / "mpt_760m.py", tmp_path / "h100-x1.yaml", pins,
+                          profile=_profile({"gemm_efficiency": 0.35}), **args)
+    assert slower.estimate.step_time_s > plain.estimate.step_time_s
+    assert "calibration" not in plain.model_dump(mode="json")
+    assert slower.calibration.warnings == []
+
+
+def test_profile_on_another_gpu_runtime_or_scale_warns_in_json_and_report(tmp_path):
+    _runs_csv(tmp_path, [])
+    (tmp_path / "a100.yaml").write_text(
+        "gpu: a100-sxm4-80gb\nnodes: 8\ngpus_per_node: 8\n"
+        "intra_node: {link: nvswitch, bandwidth: 300GB/s}\n"
+        "inter_node: {link: infiniband, nics_per_node: 8, bandwidth: 200Gbps}\n")
+    profile = tmp_path / "profile.yaml"
+    from autoplan.run_profile import write_runs_profile
+    write_runs_profile(_profile({"gemm_efficiency": 0.6}), profile)
+    base = ["estimate", str(tmp_path / "mpt_760m.py"), str(tmp_path / "a100.yaml"),
+            "--seq-len", "2048", "--global-batch", "64", "--runtime", "megatron",
+            "--profile", str(profile)]
+    result = runner.invoke(app, base + ["--json"])
+    assert result.exit_code == 0, result.output
+    warnings = json.loads(result.output)["calibration"]["warnings"]
+    text = " ".join(warnings)
+    assert "fitted on h100-sxm5-80gb but this cluster has a100-sxm4-80gb" in text
+    assert "runtime fsdp" in text and "8-16 GPUs; this plan uses 64" in text
+    report = runner.invoke(app, base)
+    assert report.exit_code == 0 and "warning:" in report.output
+
+
+def test_logs_of_two_runtimes_are_not_fitted_together(tmp_path):
+    """The Megatron-LM log (runtime megatron) and the torchtitan one (fsdp) on one cluster."""
+    result = runner.invoke(app, [
+        "calibrate", "--runs", str(LOGS / "megatron.log"), "--runs", str(LOGS / "torchtitan.log"),
+        "--model", str(LLMF / "mpt_760m.py"), "--cluster", str(LLMF / "h100-x1.yaml"),
+        "--out", str(tmp_path / "p.yaml")])
+    assert result.exit_code == 2, result.output
+    assert "column runtime: fsdp, but" in " ".join(result.output.split())
