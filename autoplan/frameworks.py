@@ -121,7 +121,20 @@ def compare(solve_for: Callable[..., Result], runtimes: list[Runtime],
     for result in [] if zero_pinned else solved:  # after every runtime had its share of time
         zeros += zero_options(solve_for, Runtime(result.training.runtime), result)
     best = min(solved, key=lambda r: order_key(r, objective, per_token))
-    return best.model_copy(update={"runtimes": options, "zero_options": zeros or None})
+    return best.model_copy(update={"runtimes": options, "zero_options": zeros or None,
+                                   "solver": _overall_bound(best, solved, errors)})
+
+
+def _overall_bound(best: Result, solved: list[Result], errors: list[AutoplanError]):
+    """The chosen plan's solver report with a bound that holds over every runtime: the least
+    bound of any runtime searched (0 for one that found nothing in time)."""
+    info = best.solver
+    bound = min([r.solver.bound for r in solved]
+                + [0.0 for e in errors if isinstance(e, NoPlanInTimeError)])
+    if bound >= info.bound:
+        return info
+    gap = (info.objective - bound) / info.objective if info.objective else 0.0
+    return info.model_copy(update={"status": "FEASIBLE", "bound": bound, "gap": gap})
 
 
 def _no_runtime(options: list[RuntimeOption], errors: list[AutoplanError],
