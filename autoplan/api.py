@@ -25,7 +25,7 @@ from autoplan.costmodels.parameters import with_parameters
 from autoplan.costmodels.step import Problem
 from autoplan.costmodels.step import estimate as estimate_plan
 from autoplan.errors import (AutoplanError, ClusterSpecError, ConstraintError, ExportError,
-                             ModelFileError, OutputExistsError, PlanFileError)
+                             ModelFileError, NoPlanInTimeError, OutputExistsError, PlanFileError)
 from autoplan.files import check_writable_folder, refuse_existing, write_errors_as
 from autoplan.graph.layer_graph import LayerGraph
 from autoplan.graph.loader import ModelSource, load_model_source
@@ -34,23 +34,27 @@ from autoplan.graph.sandbox import run_guarded
 from autoplan.graph.trace import trace_model
 from autoplan.inference import InferencePlacement
 from autoplan.inference import place_for_inference as inference_placement
+from autoplan.capabilities import RUNTIMES, can_run, missing, pinned_features
+from autoplan.frameworks import AUTO, compare, runtimes_to_search
 from autoplan.plan import CalibrationNote, ModelInfo, Plan, Result, SolverInfo, TrainingInfo
 from autoplan.plugins.importers import ImportedRun, read_run  # noqa: F401 (API)
 from autoplan.search.hetero import solve_on_groups
 from autoplan.search.solver import solve_search
 from autoplan.search.space import (
-    SP_WITH_TP_RUNTIMES, balanced_stages, check_ep, check_pins, check_tp, dp_options,
+    balanced_stages, check_ep, check_pins, check_tp, dp_options,
     pipeline_schedule,
 )
 from autoplan.run_profile import RunsProfile
 from autoplan.options import (as_options, global_batches, mem_limit_bytes, merge_options,
                               options_mem_limit, solve_headroom, validated)
 from autoplan.training import (
-    DEFAULT_PLACEMENT, AttentionKernel, FrozenDtype, Optimizer, Pins, Precision,
+    DEFAULT_PLACEMENT, AttentionKernel, Constraints, FrozenDtype, Optimizer, Pins, Precision,
     Runtime, TrainingSpec,
 )
 
 DEFAULT_TIME_LIMIT_S = 60.0
+MIN_SHARE_S = 0.05
+"""The least time one runtime's search gets (it then returns its hint or runs out of time)."""
 
 
 @functools.cache
@@ -320,7 +324,7 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
     cluster, profile = load_cluster(cluster), _loaded_profile(profile)
     batches = global_batches(global_batch if global_batch is not None else opts.global_batch)
     seq_len, _, precision, runtime = _settings(None, seq_len, (batches or [0])[0], precision,
-                                               runtime)
+                                               runtime, default_runtime=AUTO)
     constraints = merge_options(opts, cluster.cluster, pins=_pins(pins), bounds=bounds,
                                max_gpus=max_gpus, objective=objective,
                                min_tokens_per_s=min_tokens_per_s,
@@ -328,19 +332,79 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
                                tp_within_node=tp_within_node, forbid_offload=forbid_offload,
                                time_limit_s=time_limit_s or DEFAULT_TIME_LIMIT_S)
     mem_limit = mem_limit if mem_limit is not None else options_mem_limit(opts, cluster.cluster)
-    problems = _batch_problems(model, cluster, batches, constraints.pins, seq_len=seq_len,
-                               precision=precision, runtime=runtime, attention=attention,
-                               mem_limit=mem_limit, profile=profile,
-                               optimizer=optimizer or opts.optimizer,
-                               frozen_dtype=frozen_dtype or opts.frozen_dtype,
-                               headroom=solve_headroom(headroom, opts))
+
+    def solve_for(one: Runtime, zero: int | None = None) -> Result:
+        """The best plan on runtime ``one`` (at ZeRO stage ``zero``: no runners-up), in an
+        equal share of the time left among the runtimes still to solve (ZeRO variants, solved
+        last, in what is left)."""
+        left = start + constraints.time_limit_s - time.perf_counter()
+        if zero is not None and left <= 0:
+            raise NoPlanInTimeError("no time left for the ZeRO-2/ZeRO-3 comparison")
+        share = left if zero is not None else left / (len(runnable) - runnable.index(one))
+        pinned = constraints if zero is None else constraints.model_copy(update={
+            "pins": constraints.pins.model_copy(update={"zero": zero})})
+        problems = _batch_problems(model, cluster, batches, pinned.pins, seq_len=seq_len,
+                                   precision=precision, runtime=one.value, attention=attention,
+                                   mem_limit=mem_limit, profile=profile,
+                                   optimizer=optimizer or opts.optimizer,
+                                   frozen_dtype=frozen_dtype or opts.frozen_dtype,
+                                   headroom=solve_headroom(headroom, opts))
+        return _solve_problems(problems, model, cluster, pinned, num_workers=num_workers,
+                               time_limit_s=max(share, MIN_SHARE_S), profile=profile,
+                               runners_up=runners_up and zero is None)
+
+    start = time.perf_counter()
+    _choice(Precision, precision, "--precision")  # before the runtimes are asked for it
+    searched = runtimes_to_search(runtime)
+    features = pinned_features(constraints.pins, precision,
+                               node_groups=not cluster.cluster.is_homogeneous)
+    runnable = [r for r in searched if not missing(r, features)]  # they share the time limit
+    best = compare(solve_for, searched, features, objective=constraints.objective,
+                   per_token=len(batches or []) > 1, time_limit_s=constraints.time_limit_s,
+                   zero_pinned=constraints.pins.zero is not None or not runners_up)
+    priced = _priced_elsewhere(best, model, cluster, mem_limit=mem_limit, profile=profile,
+                               attention=attention)
+    solver = best.solver.model_copy(update={"wall_time_s": time.perf_counter() - start})
+    return best.model_copy(update={"solver": solver, "estimates_by_runtime": priced or None})
+
+
+def _priced_elsewhere(result: Result, model: Model, cluster: LoadedCluster, *, mem_limit,
+                      profile, attention: str) -> dict[str, Any]:
+    """The chosen plan's estimate on each other runtime whose capability table runs it (by
+    runtime name), so that each export is priced for the runtime it targets."""
+    t, out = result.training, {}
+    for other in Runtime:
+        if other.value == t.runtime or not can_run(RUNTIMES[other], result.plan, t.precision,
+                                                   uneven=_uneven_chunks(result.plan, model, t)):
+            continue
+        training = _training(t.seq_len, t.global_batch, t.precision, other.value, attention,
+                             t.optimizer, t.frozen_dtype)
+        problem = make_problem(model, cluster, training, mem_limit, profile=profile)
+        out[other.value] = estimate_plan(problem, result.plan)
+    return out
+
+
+def _uneven_chunks(plan: Plan, model: Model, training: TrainingInfo) -> bool:
+    """Whether an interleaved plan's model chunks hold different numbers of blocks."""
+    if plan.vpp == 1:
+        return False
+    blocks = set(model.trace(training.seq_len, training.precision).block_indices())
+    counts = {sum(i in blocks for i in range(s.first_layer, s.first_layer + s.num_layers))
+              for s in plan.stages}
+    return len(counts) > 1
+
+
+def _solve_problems(problems: list[Problem], model: Model, cluster: LoadedCluster,
+                    constraints: Constraints, *, num_workers: int, time_limit_s: float,
+                    runners_up: bool, profile=None) -> Result:
+    """The best plan of one runtime's problems (one per allowed global batch)."""
     if not cluster.cluster.is_homogeneous:  # stages on node groups; no runners-up
-        found = solve_on_groups(problems, constraints.pins, time_limit_s=constraints.time_limit_s,
+        found = solve_on_groups(problems, constraints.pins, time_limit_s=time_limit_s,
                                 objective=constraints.objective, bounds=constraints.bounds,
                                 max_gpus=constraints.max_gpus)
         return _result(found.problem, model, cluster, found.plan, found.estimate, found.info,
                        profile)
-    solution = solve_search(problems, constraints.pins, time_limit_s=constraints.time_limit_s,
+    solution = solve_search(problems, constraints.pins, time_limit_s=time_limit_s,
                             objective=constraints.objective, bounds=constraints.bounds,
                             max_gpus=constraints.max_gpus, num_workers=num_workers)
     result = _result(solution.problem, model, cluster, solution.plan, solution.estimate,
@@ -396,10 +460,9 @@ def plan_from_pins(problem: Problem, pins: Pins, *, first: int | None = None,
         raise ConstraintError(
             f"--ep {ep} does not divide dp*cp = {dp * cp} (dp={dp} cp={cp}): expert-parallel "
             "ranks are carved out of the data-parallel replicas. Pin a --dp that --ep divides.")
-    runtime = problem.training.runtime
-    sp = pins.sp if pins.sp is not None else tp > 1 and (
-        ep > 1 and runtime is Runtime.MEGATRON  # Megatron needs it
-        or runtime in SP_WITH_TP_RUNTIMES)
+    caps = RUNTIMES[problem.training.runtime]
+    sp = pins.sp if pins.sp is not None else tp > 1 and (  # Megatron needs SP with EP and TP
+        ep > 1 and caps.ep_with_tp_needs_sp or caps.tp_implies_sp)
     return Plan(
         tp=tp, pp=pp, dp=dp, cp=cp, zero_stage=pins.zero or 0, micro_batch_size=mbs,
         global_batch_size=batch, num_microbatches=batch // (dp * mbs),
@@ -444,7 +507,7 @@ def check_plan_matches(problem: Problem, plan: Plan, model: Model,
 
 def _with_implied_sp(problem: Problem, plan: Plan) -> Plan:
     """The plan as its runtime runs it: torchtitan shards the sequence whenever TP > 1."""
-    if plan.tp > 1 and not plan.sequence_parallel and problem.training.runtime in SP_WITH_TP_RUNTIMES:
+    if plan.tp > 1 and not plan.sequence_parallel and RUNTIMES[problem.training.runtime].tp_implies_sp:
         return plan.model_copy(update={"sequence_parallel": True})
     return plan
 
@@ -478,8 +541,10 @@ def _plan_for(problem: Problem, cluster: LoadedCluster, model: Model, plan_or_pi
     return plan if cluster.cluster.is_homogeneous else on_groups_in_order(problem, plan)
 
 
-def _settings(run: ImportedRun | None, seq_len, global_batch, precision, runtime):
-    """Training settings: the caller's, else the imported configuration's, else defaults."""
+def _settings(run: ImportedRun | None, seq_len, global_batch, precision, runtime, *,
+              default_runtime: str = "megatron"):
+    """Training settings: the caller's, else the imported configuration's, else defaults
+    (``auto`` for solve: every runtime compared; megatron for estimate)."""
     seq_len = seq_len or (run.seq_len if run else None)
     global_batch = global_batch or (run.global_batch if run else None)
     if not seq_len or not global_batch:
@@ -487,7 +552,7 @@ def _settings(run: ImportedRun | None, seq_len, global_batch, precision, runtime
             "give --seq-len and --global-batch (the imported configuration does not state "
             "them).")
     return (seq_len, global_batch, precision or (run.precision if run else None) or "bf16",
-            runtime or (run.runtime if run else "megatron"))
+            runtime or (run.runtime if run else default_runtime))
 
 
 def estimate(model, cluster, plan_or_pins, *, seq_len: int | None = None,

@@ -112,7 +112,9 @@ PLACEMENT = typer.Option(None, "--placement", help="Rank order, innermost axis f
 EP = typer.Option(None, "--ep", min=1, help="Expert-parallel degree of MoE layers: experts split "
                   "over ep ranks carved out of dp*cp (Megatron's --expert-model-parallel-size).")
 MEM_LIMIT = typer.Option(None, "--mem-limit", help="Per-GPU memory cap, e.g. 72GiB (default: the GPU's).")
-RUNTIME = typer.Option(None, "--runtime", help="megatron (default), deepspeed or fsdp.")
+RUNTIME = typer.Option(None, "--runtime", help="solve: auto (default: compare Megatron-LM, "
+                       "DeepSpeed and FSDP and keep the best), megatron, deepspeed or fsdp; "
+                       "estimate: megatron (default), deepspeed or fsdp.")
 PRECISION = typer.Option(None, "--precision", help="bf16 (default) or fp16.")
 OPTIMIZER = typer.Option(None, "--optimizer", help="adamw (default), adamw8bit (bitsandbytes "
                          "8-bit states) or sgd (with momentum).")
@@ -217,7 +219,7 @@ def solve(
         if explain:
             _emit_explanation(explanation, False)
     if not as_json:
-        _print_written(written)
+        _print_written(written, _refused(result, export))
 
 
 @app.command()
@@ -281,9 +283,19 @@ def _export(result: Result, target: ExportTarget, out: Optional[Path], force: bo
     return _run(lambda: export_plan(result, target.value, out, force=force))
 
 
-def _print_written(paths: list[Path]) -> None:
+def _print_written(paths: list[Path], refused: list[str] = ()) -> None:
     for path in paths:
         stdout.print(f"wrote {path}")
+    for line in refused:
+        stdout.print(f"not exported: {line}", highlight=False, soft_wrap=True)
+
+
+def _refused(result: Result, target: Optional[ExportTarget]) -> list[str]:
+    """For --export all: the targets that cannot run the plan, and why."""
+    if target is not ExportTarget.all:
+        return []
+    from autoplan.plugins import refused_targets
+    return refused_targets(result)
 
 
 @app.command("export")
@@ -296,7 +308,7 @@ def export_cmd(
     """Write launch files for a plan saved from `solve --json`."""
     result = _run(lambda: api.load_result(plan_json))
     _run(lambda: api.check_export_out(out))
-    _print_written(_export(result, to, out, force))
+    _print_written(_export(result, to, out, force), _refused(result, to))
 
 
 @app.command()

@@ -15,6 +15,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
+from autoplan.capabilities import RUNTIMES
 from autoplan.cluster.topology import GroupLinks
 from autoplan.costmodels.comm import SLOW_NETWORK_BPS
 from autoplan.costmodels.step import (
@@ -25,7 +26,7 @@ from autoplan.plan import Offload, OmitsDefaults, Plan, Result, one_line
 from autoplan.plugins.colossalai_tp import compare_tp_modes
 from autoplan.search.runners_up import best_by_shape
 from autoplan.search.solver import Table
-from autoplan.training import Optimizer, Pins
+from autoplan.training import Optimizer, Pins, Runtime
 from autoplan.units import format_seconds
 
 POOR_SCALING = 0.7
@@ -88,6 +89,8 @@ class Explanation(OmitsDefaults):
     fine_tuning: str | None = None
     """What fine-tuning saved against training every parameter with AdamW (None, and left out
     of the JSON, for a full training with AdamW)."""
+
+    frameworks: list[str] = []  # how far behind the chosen plan each other runtime's best is
 
     _omitted_defaults: ClassVar[dict[str, object]] = {"fine_tuning": None}
 
@@ -344,6 +347,24 @@ def fine_tuning_savings(problem: Problem, result: Result) -> str | None:
             f"{1 - mine.step_time_s / theirs.step_time_s:.0%} of the step")
 
 
+def frameworks(result: Result) -> list[str]:
+    """One sentence per other runtime the solve compared: how much slower its best plan is,
+    or why it has none (from the plan JSON's ``runtimes``)."""
+    chosen = result.training.runtime if result.training else None
+    base, out = result.estimate.step_time_s, []
+    for option in result.runtimes or ():
+        if option.runtime == chosen:
+            continue
+        name = RUNTIMES[Runtime(option.runtime)].name
+        if option.plan is None:
+            out.append(f"{name}: no plan ({option.reason})")
+            continue
+        out.append(f"{name}: {option.step_time_s / base - 1:+.1%} per step "
+                   f"({option.step_time_s:.3f} s, {one_line(option.plan)}, "
+                   f"{option.peak_memory_gib:.1f} GiB)")
+    return out
+
+
 def explain_plan(problem: Problem, result: Result, pins: Pins = Pins()) -> Explanation:
     """The explanation of ``result``, a plan for ``problem`` (found under ``pins``)."""
     table = Table.build(problem, pins)
@@ -359,7 +380,8 @@ def explain_plan(problem: Problem, result: Result, pins: Pins = Pins()) -> Expla
         runners_up=runners_up(table, chosen),
         what_ifs=what_ifs(problem, result.plan, result.estimate.step_time_s, pins),
         warnings=notes + warnings(problem, result, pins), tp_modes=tp_modes(result),
-        fine_tuning=fine_tuning_savings(problem, result))
+        fine_tuning=fine_tuning_savings(problem, result),
+        frameworks=frameworks(result))
 
 
 def render(explanation: Explanation, console) -> None:
@@ -385,6 +407,8 @@ def render(explanation: Explanation, console) -> None:
         console.print(f"[bold]what if[/] {w.change}: {outcome}", soft_wrap=True)
     if e.fine_tuning:
         console.print(f"[bold]fine-tuning:[/] {e.fine_tuning}", soft_wrap=True)
+    for line in e.frameworks:
+        console.print(f"[bold]other framework[/] {line}", soft_wrap=True)
     for warning in e.warnings:
         console.print(f"[bold yellow]warning:[/] {warning}", soft_wrap=True)
     _render_tp_modes(e.tp_modes, console)

@@ -308,6 +308,31 @@ class TrainingInfo(BaseModel):
     """How frozen Linear weights are stored (bf16, fp16, int8, nf4); None in older files."""
 
 
+class RuntimeOption(BaseModel):
+    """The best plan one runtime (framework) offers for the same question, or why it has none
+    (``status`` UNSUPPORTED: it lacks what the pins ask; INFEASIBLE: nothing fits;
+    NO_PLAN_IN_TIME; else the solver's status of its search)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    runtime: str
+    status: str
+    step_time_s: float | None
+    peak_memory_gib: float | None
+    plan: Plan | None
+    reason: str | None
+
+
+class ZeroOption(BaseModel):
+    """The best plan of one runtime at one ZeRO stage (its ZeRO-2 and ZeRO-3 side by side)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    runtime: str
+    zero_stage: int
+    step_time_s: float
+    peak_memory_gib: float
+    plan: Plan
+
+
 class CalibrationNote(BaseModel):
     """The ``--profile`` of ``calibrate --runs`` a result was costed with: the parameters it
     set and why they may not hold here (another GPU or runtime, far outside its scale)."""
@@ -322,7 +347,10 @@ class Result(OmitsDefaults):
     """What ``autoplan.solve`` returns; ``model_dump()`` is the CLI's ``--json`` document.
 
     ``model``, ``cluster`` (the cluster.yaml mapping as validated) and ``training`` make the
-    document self-contained for ``autoplan export`` and ``autoplan explain``.
+    document self-contained for ``autoplan export`` and ``autoplan explain``. ``runtimes``: each
+    runtime considered by ``solve``, best plan or reason (left out of estimates); ``zero_options``
+    the best ZeRO-2 and ZeRO-3 plans of runtimes where both fit; ``estimates_by_runtime`` the
+    chosen plan priced on the other runtimes that can run it.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -333,9 +361,17 @@ class Result(OmitsDefaults):
     cluster: dict | None = None
     training: TrainingInfo | None = None
     runners_up: list[ShapeRunnerUp] | None = None
+    runtimes: list[RuntimeOption] | None = None
+    zero_options: list[ZeroOption] | None = None
+    estimates_by_runtime: dict[str, Estimate] | None = None
+    """The chosen plan priced on every other runtime that can run it: what each export target
+    stamps on its files (``plugins``: DeepSpeed files carry DeepSpeed's step time)."""
     calibration: CalibrationNote | None = None
     """Set when costed with a ``calibrate --runs`` profile (left out of the JSON otherwise)."""
-    _omitted_defaults: ClassVar[dict[str, object]] = {"calibration": None}
+
+    _omitted_defaults: ClassVar[dict[str, object]] = {
+        "runtimes": None, "zero_options": None, "estimates_by_runtime": None,
+        "calibration": None}
 
     @property
     def status(self) -> str:

@@ -6,10 +6,12 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from autoplan.capabilities import RUNTIMES
 from autoplan.cluster.spec import load_cluster_spec, resolve
 from autoplan.costmodels.comm import network_note, slow_link_note
-from autoplan.plan import Result, degrees
+from autoplan.plan import Plan, Result, degrees
 from autoplan.plugins.summary import fine_tuning_line
+from autoplan.training import Runtime
 from autoplan.units import format_count, format_seconds
 
 
@@ -162,8 +164,84 @@ def render(result: Result, console: Console) -> None:
         *([Text(note, style="yellow")] if (note := _slow_link(result)) else []),
         solver_text(result),
         *([runners_up_table(result)] if result.runners_up else []),
+        *([frameworks_table(result), Text(recommendation(result), style="bold")]
+          if result.runtimes and len(result.runtimes) > 1 else []),
         *calibration_lines(result),
     ))
+
+
+def model_code(runtime: str, plan: Plan) -> str:
+    """What the model code needs for this plan on this runtime: TP and PP need Megatron-style
+    modules (or a TP plan and a stage split), ZeRO and FSDP wrap the model as it is."""
+    split = plan.tp > 1 or plan.pp > 1 or plan.cp > 1 or plan.ep > 1
+    if runtime == Runtime.MEGATRON.value:
+        return "Megatron-LM modules"
+    if runtime == Runtime.DEEPSPEED.value and plan.pp > 1:
+        return "Megatron-DeepSpeed modules"
+    if runtime == Runtime.DEEPSPEED.value:
+        return "none (AutoTP)" if split else "none"
+    return "torchtitan TP/PP plan" if split else "none"
+
+
+def _plan_words(plan: Plan) -> str:
+    words = f"TP{plan.tp} PP{plan.pp} DP{plan.dp} ZeRO-{plan.zero_stage}"
+    words += f" CP{plan.cp}" if plan.cp > 1 else ""
+    words += f" VPP{plan.vpp}" if plan.vpp > 1 else ""
+    words += f" {plan.recompute.value} recompute" if plan.recompute.value != "none" else ""
+    return words + (f" offload {plan.offload.value}" if plan.offload.value != "none" else "")
+
+
+def frameworks_table(result: Result) -> Table:
+    """The best plan of each runtime (and its ZeRO-2 and ZeRO-3 plans where both fit)."""
+    table = Table(title="Best plan per framework", title_justify="left")
+    for column in ("framework", "step s", "vs chosen", "peak GiB", "GPUs", "plan",
+                   "model code"):
+        table.add_column(column, justify="left" if column in ("framework", "plan", "model code")
+                         else "right")
+    base = result.estimate.step_time_s
+    rows = [(o.runtime, "", o.plan, o.step_time_s, o.peak_memory_gib, o.reason)
+            for o in result.runtimes]
+    rows += [(z.runtime, f" ZeRO-{z.zero_stage}", z.plan, z.step_time_s, z.peak_memory_gib, None)
+             for z in result.zero_options or () if z.plan != _best_plan(result, z.runtime)]
+    for runtime, variant, plan, step, peak, reason in rows:
+        name = RUNTIMES[Runtime(runtime)].name + variant
+        if plan is None:
+            table.add_row(name, "-", "-", "-", "-", f"no plan: {reason}", "-")
+            continue
+        table.add_row(name, f"{step:.3f}", f"{step / base - 1:+.1%}", f"{peak:.1f}",
+                      str(plan.world_size), _plan_words(plan), model_code(runtime, plan))
+    return table
+
+
+def _best_plan(result: Result, runtime: str) -> Plan | None:
+    return next((o.plan for o in result.runtimes if o.runtime == runtime), None)
+
+
+SIMPLER_WITHIN = 0.05
+"""A plan that needs no model changes is worth naming when it is this close to the fastest."""
+
+
+def recommendation(result: Result) -> str:
+    """One line: which framework to use and why (fastest, by how much; a plan without model
+    changes when one is within SIMPLER_WITHIN)."""
+    chosen = result.training.runtime
+    base = result.estimate.step_time_s
+    others = sorted((o for o in result.runtimes if o.plan is not None and o.runtime != chosen),
+                    key=lambda o: o.step_time_s)
+    name = RUNTIMES[Runtime(chosen)].name
+    if not others:
+        return f"Use {name}: it is the only framework with a plan here."
+    line = (f"Use {name}: {others[0].step_time_s / base - 1:.1%} faster per step than "
+            f"{RUNTIMES[Runtime(others[0].runtime)].name}, the next best")
+    if model_code(chosen, result.plan).startswith("none"):
+        return line + ", and it needs no model changes."
+    simple = [o for o in others if model_code(o.runtime, o.plan).startswith("none")
+              and o.step_time_s <= base * (1 + SIMPLER_WITHIN)]
+    if simple:
+        line += (f"; {RUNTIMES[Runtime(simple[0].runtime)].name} "
+                 f"({_plan_words(simple[0].plan)}) is within "
+                 f"{simple[0].step_time_s / base - 1:.1%} and needs no model changes")
+    return line + "."
 
 
 def calibration_lines(result: Result) -> list[Text]:

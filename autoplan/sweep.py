@@ -230,14 +230,15 @@ def _solve_point(model, task: _Task) -> dict:
         result = api.solve(
             model, task.cluster, seq_len=inputs.seq_len, global_batch=inputs.global_batch,
             pins=pins, mem_limit=inputs.mem_limit, time_limit_s=task.time_limit_s,
-            precision=inputs.precision or "bf16", runtime=inputs.runtime or "megatron",
-            profile=task.profile, runners_up=False)  # a sweep reports one plan per point
+            precision=inputs.precision or "bf16", runtime=inputs.runtime,
+            profile=task.profile, runners_up=False)  # one plan per point (unset runtime: auto)
     except AutoplanError as err:
         return {"index": task.index, "plan": None, "estimate": None, "solver": None,
                 "error": str(err), "exit_code": err.exit_code}
     doc = result.model_dump(mode="json")
     row = {"index": task.index, "plan": doc["plan"], "estimate": doc["estimate"],
-           "solver": doc["solver"], "gpu": _gpu_name(task.cluster)}
+           "solver": doc["solver"], "gpu": _gpu_name(task.cluster),
+           "runtime": doc["training"]["runtime"]}
     if "calibration" in doc:
         row["calibration"] = doc["calibration"]
     return row
@@ -408,7 +409,7 @@ def document(inputs: list[PointInputs], rows: list[dict], *,
     out = []
     for point, row in zip(inputs, rows):
         entry = {"inputs": point.set_values(), "plan": row["plan"], "estimate": row["estimate"],
-                 "solver": row["solver"]}
+                 "solver": row["solver"], "runtime": row.get("runtime")}
         if row["plan"] is None:
             entry["error"] = row["error"]
         if "calibration" in row:
@@ -442,6 +443,7 @@ def flat_rows(doc: dict) -> list[dict]:
         est, m = point["estimate"] or {}, point["metrics"] or {}
         row["status"] = point["solver"]["status"] if point["solver"] else "INFEASIBLE"
         row["plan"] = one_line(plan) if plan else ""
+        row["runtime"] = point.get("runtime") or ""
         row.update({f"plan_{c}": getattr(getattr(plan, c, ""), "value", getattr(plan, c, ""))
                     for c in _PLAN_COLUMNS})
         row.update({c: est.get(c, "") for c in _ESTIMATE_COLUMNS})
@@ -490,7 +492,8 @@ def render(doc: dict, console) -> None:
         p, e, m = point["plan"], point["estimate"], point["metrics"]
         fronts = "".join(sym for f, sym in zip(FRONTS, "*$m") if point["fronts"][f])
         table.add_row(
-            *cells, one_line(Plan.model_validate(p)), f"{e['step_time_s']:.3g}",
+            *cells, f"{one_line(Plan.model_validate(p))} {point.get('runtime') or ''}".rstrip(),
+            f"{e['step_time_s']:.3g}",
             f"{e['tokens_per_s']:,.0f}", f"{e['mfu']:.0%}",
             f"{e['peak_memory_gib']:.0f}/{e['memory_limit_gib']:.0f}",
             f"{m['cost_per_million_tokens']:.3g}", f"{m['time_to_train_days']:.3g}", fronts)

@@ -24,15 +24,10 @@ class Runtime(str, Enum):
 
 DEFAULT_PLACEMENT = "tp-cp-dp-pp"
 PIPELINE_INSIDE_PLACEMENT = "tp-cp-pp-dp"
-RUNTIME_PLACEMENTS = {
-    Runtime.MEGATRON: (DEFAULT_PLACEMENT, PIPELINE_INSIDE_PLACEMENT),
-    Runtime.DEEPSPEED: (DEFAULT_PLACEMENT,),
-    Runtime.FSDP: (DEFAULT_PLACEMENT,),
-}
-"""Rank orders (innermost axis first) each runtime can build: Megatron-LM's default
-``tp-cp-ep-dp-pp`` and, with ``--use-tp-pp-dp-mapping``, ``tp-cp-ep-pp-dp``
-(megatron/core/parallel_state.py ``order``); DeepSpeed's PipeModelDataParallelTopology
-(pipe, data, model) and torchtitan's mesh (pp, dp, cp, tp) are the default only."""
+KNOWN_PLACEMENTS = (DEFAULT_PLACEMENT, PIPELINE_INSIDE_PLACEMENT)
+"""Rank orders (innermost axis first) autoplan plans: Megatron-LM's default ``tp-cp-ep-dp-pp``
+and, with ``--use-tp-pp-dp-mapping``, ``tp-cp-ep-pp-dp`` (megatron/core/parallel_state.py
+``order``); which runtime builds which is in ``autoplan.capabilities``."""
 
 
 class FrozenDtype(str, Enum):
@@ -101,14 +96,14 @@ class Pins(BaseModel):
     vpp: int | None = Field(default=None, ge=1)
     offload: Offload | None = None
     placement: str | None = None
-    """Rank order, innermost axis first (see RUNTIME_PLACEMENTS)."""
+    """Rank order, innermost axis first (see KNOWN_PLACEMENTS)."""
     ep: int | None = Field(default=None, ge=1)
     """Expert parallelism of MoE layers (carved out of dp*cp; see Plan.ep)."""
 
     @field_validator("placement")
     @classmethod
     def _known_placement(cls, value: str | None) -> str | None:
-        known = sorted({p for ps in RUNTIME_PLACEMENTS.values() for p in ps})
+        known = sorted(KNOWN_PLACEMENTS)
         if value is not None and value not in known:
             raise ValueError(f"placement {value!r} is not one of {', '.join(known)}")
         return value

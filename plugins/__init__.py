@@ -17,6 +17,7 @@ import logging
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from autoplan.capabilities import TARGET_RUNTIME
 from autoplan.errors import ExportError
 from autoplan.plan import Result
 from autoplan.plugins.accelerate import accelerate_config
@@ -54,11 +55,26 @@ def _targets(target: str) -> list[Exporter]:
     return [EXPORTERS[target]]
 
 
-def render_all(result: Result, target: str) -> dict[str, str]:
-    """``{file name: text}`` for ``target`` (a name or ``"all"``), nothing written.
+def priced_for(result: Result, target: str) -> Result:
+    """The result as ``target``'s files state it: the plan priced on the runtime that target
+    runs (``Result.estimates_by_runtime``), e.g. a Megatron-LM plan exported for DeepSpeed
+    carries DeepSpeed's step time. Targets without a runtime of their own (accelerate,
+    Colossal-AI), and plans not priced there, keep the plan's own runtime, which the files'
+    header names."""
+    runtime = TARGET_RUNTIME.get(target)
+    if runtime is None or result.training is None or result.training.runtime == runtime.value:
+        return result
+    estimate = (result.estimates_by_runtime or {}).get(runtime.value)
+    if estimate is None:
+        return result
+    return result.model_copy(update={
+        "estimate": estimate,
+        "training": result.training.model_copy(update={"runtime": runtime.value})})
 
-    With ``"all"``, a target that cannot run the plan is left out with a warning naming the
-    reason; a single named target that cannot run it raises.
+
+def render_targets(result: Result, target: str) -> tuple[dict[str, str], list[str]]:
+    """``{file name: text}`` for ``target`` (a name or ``"all"``), nothing written, and for
+    ``"all"`` the targets that cannot run the plan, each ``"name: reason"``.
 
     Raises:
         ExportError: unknown target, the named target refuses the plan, or every target does.
@@ -67,15 +83,29 @@ def render_all(result: Result, target: str) -> dict[str, str]:
     refusals = []
     for exporter in _targets(target):
         try:
-            files.update(exporter.render(result))
+            files.update(exporter.render(priced_for(result, exporter.name)))
         except ExportError as err:
             if target != "all":
                 raise
             refusals.append(f"{exporter.name}: {err}")
-            logger.warning("not exporting %s: %s", exporter.name, err)
+            logger.info("not exporting %s: %s", exporter.name, err)
     if not files:
         raise ExportError("no target can run this plan. " + " ".join(refusals))
-    return files
+    return files, refusals
+
+
+def render_all(result: Result, target: str) -> dict[str, str]:
+    """The files of :func:`render_targets`.
+
+    Raises:
+        ExportError: see :func:`render_targets`.
+    """
+    return render_targets(result, target)[0]
+
+
+def refused_targets(result: Result) -> list[str]:
+    """The targets of ``export --to all`` that cannot run the plan, each ``"name: reason"``."""
+    return render_targets(result, "all")[1]
 
 
 def export_plan(result: Result, target: str, out_dir: Path, *, force: bool = False) -> list[Path]:
@@ -95,6 +125,7 @@ def export_plan(result: Result, target: str, out_dir: Path, *, force: bool = Fal
         return write_files(files, out_dir)
 
 
-__all__ = ["EXPORTERS", "Exporter", "discover", "export_plan", "render_all", "megatron_args",
+__all__ = ["EXPORTERS", "Exporter", "discover", "export_plan", "render_all", "render_targets",
+           "refused_targets", "priced_for", "megatron_args",
            "deepspeed_config", "torchtitan_overrides", "accelerate_config",
            "colossalai_plugin_kwargs"]

@@ -19,9 +19,8 @@ import yaml
 from autoplan.errors import ExportError
 from autoplan.plan import Offload, Recompute, Result
 from autoplan.plugins.exporter import Exporter
-from autoplan.plugins.launch import (DEFAULT_MASTER_PORT, nodes_of, require_default_schedule,
-                                     require_no_expert_parallel,
-                                     require_target_placement)
+from autoplan.plugins.capable import capability_problems
+from autoplan.plugins.launch import DEFAULT_MASTER_PORT, nodes_of
 from autoplan.plugins.megatron import check as check_megatron
 from autoplan.plugins.stages import blocks_per_stage
 from autoplan.plugins.summary import comment_header, precision
@@ -154,9 +153,7 @@ def accelerate_config(result: Result) -> dict:
     Raises:
         ExportError: no accelerate backend can run the plan.
     """
-    require_target_placement(result, "accelerate")
-    require_default_schedule(result, "accelerate")
-    require_no_expert_parallel(result, "accelerate")
+    _refuse("any backend", capability_problems(result, "accelerate"))
     distributed_type, section = choose_backend(result)
     nodes = nodes_of(result)
     return {

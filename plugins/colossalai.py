@@ -17,8 +17,7 @@ import json
 from autoplan.errors import ExportError
 from autoplan.plan import Offload, Recompute, Result
 from autoplan.plugins.exporter import Exporter
-from autoplan.plugins.launch import (require_default_schedule, require_no_expert_parallel,
-                                     require_target_placement)
+from autoplan.plugins.capable import capability_problems
 from autoplan.plugins.stages import blocks_per_stage
 from autoplan.plugins.summary import comment_header, precision
 
@@ -32,25 +31,11 @@ def check(result: Result) -> None:
     Raises:
         ExportError: saying which rule fails and what to change.
     """
-    require_target_placement(result, "Colossal-AI")
-    require_default_schedule(result, "Colossal-AI")
-    require_no_expert_parallel(result, "Colossal-AI")
     plan = result.plan
-    counts = blocks_per_stage(result) if plan.pp > 1 else []
-    problems = [problem for problem, bad in (
-        ("ZeRO-3 is the GeminiPlugin, not HybridParallelPlugin", plan.zero_stage == 3),
-        ("a pipeline runs with ZeRO stage 0 or 1 only", plan.pp > 1 and plan.zero_stage > 1),
-        ("parameter offload needs the GeminiPlugin", plan.offload == Offload.PARAMS),
-        ("optimizer offload needs ZeRO stage 1 or 2",
-         plan.offload == Offload.OPTIMIZER and plan.zero_stage == 0),
+    problems = capability_problems(result, "colossalai") + [problem for problem, bad in (
         ("sequence parallelism with TP and context parallelism are separate modes; pick one",
          plan.sequence_parallel and plan.cp > 1),
         ("sequence parallelism (split_gather) needs tp > 1", plan.sequence_parallel and plan.tp == 1),
-        ("recomputing only the first N blocks of each stage (recompute_num_layers) is not "
-         "expressed by this exporter; re-plan without --recompute-num-layers",
-         plan.recompute_num_layers is not None),
-        ("uneven interleaved stages cannot be given (num_layers_per_stage is per rank)",
-         plan.vpp > 1 and len(set(counts)) > 1),
     ) if bad]
     if problems:
         raise ExportError("Colossal-AI's HybridParallelPlugin cannot run this plan: "

@@ -11,6 +11,12 @@ What users get burnt by, and what this module does about it:
   workers (DESIGN.md, operations lore).
 - The launcher splits every ``.deepspeed_env`` line on ``=`` and crashes on blank or comment
   lines, so that file holds ``KEY=VALUE`` lines only; its explanation lives in the launch script.
+- A pipeline is Megatron-DeepSpeed's (as MT-NLG and BLOOM ran): Megatron TP modules inside
+  DeepSpeed's PipelineModule and pipeline engine, ZeRO-1 at most. Its ``pretrain_gpt.py``
+  arguments (``megatron/arguments.py``: ``--tensor-model-parallel-size``,
+  ``--pipeline-model-parallel-size``, ``--zero-stage``, ``--deepspeed-activation-checkpointing``
+  ...) go to ``megatron_deepspeed_args.txt``, read by the launch script. Without a pipeline, TP
+  is AutoTP (``tensor_parallel.autotp_size`` in ds_config), which runs with every ZeRO stage.
 """
 
 from __future__ import annotations
@@ -21,15 +27,16 @@ import shlex
 from autoplan.errors import ExportError
 from autoplan.plan import Offload, Recompute, Result
 from autoplan.plugins.exporter import Exporter
-from autoplan.plugins.launch import (Nodes, nccl_environment, nodes_of,
-                                     require_default_schedule, require_no_expert_parallel,
-                                     require_target_placement)
-from autoplan.plugins.summary import comment_header, precision
+from autoplan.plugins.capable import capability_problems
+from autoplan.plugins.launch import (Nodes, args_file_text, nccl_environment, nodes_of,
+                                     read_args_lines)
+from autoplan.plugins.summary import comment_header, precision, require_model, seq_len
 
 CONFIG_FILE = "ds_config.json"
 HOSTFILE = "hostfile"
 ENV_FILE = ".deepspeed_env"
 SCRIPT_FILE = "launch_deepspeed.sh"
+MDS_ARGS_FILE = "megatron_deepspeed_args.txt"
 
 
 def check(result: Result) -> None:
@@ -38,29 +45,7 @@ def check(result: Result) -> None:
     Raises:
         ExportError: saying which rule fails and what to change.
     """
-    require_target_placement(result, "DeepSpeed")
-    require_default_schedule(result, "DeepSpeed")
-    require_no_expert_parallel(result, "DeepSpeed")
-    plan = result.plan
-    problems = []
-    if plan.recompute_num_layers is not None:
-        problems.append("its activation checkpointing covers every layer (or every k-th in a "
-                        "pipeline), not the first N of each stage: re-plan without "
-                        "--recompute-num-layers (recompute_num_layers)")
-    if plan.pp > 1 and plan.zero_stage >= 2:
-        problems.append(f"its pipeline engine does not run ZeRO-{plan.zero_stage} (pp={plan.pp}); "
-                        "re-plan with --zero 1 or --pp 1")
-    if plan.tp > 1 and (plan.pp > 1 or plan.zero_stage == 3):
-        problems.append("AutoTP tensor parallelism runs without pipeline parallelism and with "
-                        "ZeRO stage 0-2 only")
-    if plan.cp > 1:
-        problems.append("context parallelism (Ulysses) is set up in model code, not in ds_config")
-    if plan.vpp > 1:
-        problems.append("its pipeline engine has no interleaved schedule (vpp must be 1)")
-    if plan.offload == Offload.OPTIMIZER and plan.zero_stage == 0:
-        problems.append("optimizer offload needs ZeRO stage 1 or more")
-    if plan.offload == Offload.PARAMS and plan.zero_stage != 3:
-        problems.append("parameter offload needs ZeRO stage 3")
+    problems = capability_problems(result, "deepspeed")
     if problems:
         raise ExportError("DeepSpeed cannot run this plan: " + "; ".join(problems) + ".")
 
@@ -104,7 +89,7 @@ def deepspeed_config(result: Result) -> dict:
         config["pipeline"] = {
             "stages": plan.pp,
             "activation_checkpoint_interval": 1 if plan.recompute == Recompute.FULL else 0}
-    if plan.tp > 1:
+    if plan.tp > 1 and plan.pp == 1:
         config["tensor_parallel"] = {"autotp_size": plan.tp}
     if plan.zero_stage >= 1 and _client_optimizer(result):
         config["zero_allow_untested_optimizer"] = True
@@ -117,6 +102,38 @@ def _client_optimizer(result: Result) -> str | None:
     asserts unless ``zero_allow_untested_optimizer`` is set."""
     optimizer = result.training.optimizer if result.training is not None else "adamw"
     return {"adamw8bit": "bitsandbytes.optim.AdamW8bit", "sgd": "torch.optim.SGD"}.get(optimizer)
+
+
+def megatron_deepspeed_args(result: Result) -> list[str]:
+    """Megatron-DeepSpeed ``pretrain_gpt.py`` arguments of a pipelined plan: Megatron TP,
+    DeepSpeed's pipeline engine, the ZeRO stage (matching ds_config), activation checkpointing
+    through DeepSpeed, batch and model shape; data, tokenizer and optimizer are the user's.
+
+    Raises:
+        ExportError: DeepSpeed cannot run the plan, or the plan JSON lacks the model's shape.
+    """
+    check(result)
+    plan, model = result.plan, require_model(result)
+    missing = [name for name in ("hidden_size", "num_layers", "num_heads", "ffn_hidden_size")
+               if getattr(model, name) is None]
+    if missing:
+        raise ExportError(f"the plan's model section lacks {', '.join(missing)}; "
+                          "Megatron-DeepSpeed needs them. Re-run 'autoplan solve' on a model "
+                          "whose shape is known.")
+    length = str(seq_len(result))
+    args = ["--tensor-model-parallel-size", str(plan.tp),
+            "--pipeline-model-parallel-size", str(plan.pp),
+            "--micro-batch-size", str(plan.micro_batch_size),
+            "--global-batch-size", str(plan.global_batch_size),
+            "--zero-stage", str(plan.zero_stage),
+            "--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size),
+            "--ffn-hidden-size", str(model.ffn_hidden_size),
+            "--num-attention-heads", str(model.num_heads),
+            "--seq-length", length, "--max-position-embeddings", length,
+            f"--{precision(result)}"]
+    if plan.recompute is not Recompute.NONE:
+        args += ["--checkpoint-activations", "--deepspeed-activation-checkpointing"]
+    return args
 
 
 def hostfile_text(nodes: Nodes) -> str:
@@ -141,10 +158,14 @@ def _fine_tuned(result: Result) -> bool:
 
 def _script(result: Result, nodes: Nodes, env: dict[str, str]) -> str:
     client = _client_optimizer(result)
+    pipelined = result.plan.pp > 1
+    engine = ("TRAIN_SCRIPT is Megatron-DeepSpeed's pretrain_gpt.py; it reads "
+              f"{MDS_ARGS_FILE} (Megatron TP, DeepSpeed pipeline engine with "
+              f"{result.plan.pp} stages)" if pipelined else
+              "The model code builds the engine: deepspeed.initialize(..., "
+              "config=ds_config.json)")
     notes = (
-        "The model code builds the engine: deepspeed.initialize(..., config=ds_config.json)"
-        + (f", with PipelineModule(num_stages={result.plan.pp}) and a partition matching the "
-           "planned stages" if result.plan.pp > 1 else "") + ".",
+        engine + ".",
         *((f"Pass optimizer={client}(trainable parameters) to deepspeed.initialize.",)
           if client else ()),
         *(("Pass model_parameters=[p for p in model.parameters() if p.requires_grad]: only "
@@ -154,6 +175,8 @@ def _script(result: Result, nodes: Nodes, env: dict[str, str]) -> str:
         "Run once, on the first host; extra arguments go to TRAIN_SCRIPT.",
     )
     master = nodes.master_ip or "${MASTER_ADDR:?set MASTER_ADDR}"
+    args = read_args_lines(MDS_ARGS_FILE) if pipelined else []
+    pass_args = '"${ARGS[@]}" ' if pipelined else ""
     return "\n".join([
         "#!/usr/bin/env bash",
         comment_header(result, title="DeepSpeed launch script.", notes=notes).rstrip("\n"),
@@ -161,19 +184,26 @@ def _script(result: Result, nodes: Nodes, env: dict[str, str]) -> str:
         'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
         ': "${TRAIN_SCRIPT:?set TRAIN_SCRIPT to your training script (it calls deepspeed.initialize)}"',
         f'export DS_ENV_FILE="$HERE"/{shlex.quote(ENV_FILE)}',
+        *args,
         f'exec deepspeed --hostfile "$HERE"/{shlex.quote(HOSTFILE)} --num_nodes {nodes.num_nodes} '
         f'--num_gpus {nodes.gpus_per_node} \\',
         f'  --master_addr "${{MASTER_ADDR:-{master}}}" --master_port "${{MASTER_PORT:-29500}}" \\',
-        f'  "$TRAIN_SCRIPT" --deepspeed --deepspeed_config "$HERE"/{shlex.quote(CONFIG_FILE)} "$@"',
+        f'  "$TRAIN_SCRIPT" {pass_args}--deepspeed --deepspeed_config '
+        f'"$HERE"/{shlex.quote(CONFIG_FILE)} "$@"',
     ]) + "\n"
 
 
 def render(result: Result) -> dict[str, str]:
-    """``ds_config.json``, ``hostfile``, ``.deepspeed_env`` and ``launch_deepspeed.sh``."""
+    """``ds_config.json``, ``hostfile``, ``.deepspeed_env`` and ``launch_deepspeed.sh``, and
+    for a pipeline ``megatron_deepspeed_args.txt``."""
     config = deepspeed_config(result)
     nodes = nodes_of(result)
     env = nccl_environment(nodes)
+    pipeline = {} if result.plan.pp == 1 else {MDS_ARGS_FILE: args_file_text(
+        comment_header(result, title="Megatron-DeepSpeed pretrain_gpt.py arguments."),
+        megatron_deepspeed_args(result))}
     return {
+        **pipeline,
         CONFIG_FILE: json.dumps(config, indent=2) + "\n",
         HOSTFILE: comment_header(result, title="DeepSpeed hostfile: IP addresses in node-rank "
                                  "order.") + hostfile_text(nodes),

@@ -167,33 +167,6 @@ def require_target_placement(result: Result, target: str,
             f"--placement {orders[0]}.")
 
 
-def require_default_schedule(result: Result, target: str) -> None:
-    """Refuse a plan made for a pipeline schedule ``target`` does not have (zero-bubble is
-    torchtitan's).
-
-    Raises:
-        ExportError: the plan has a ``pipeline_schedule``.
-    """
-    schedule = result.plan.pipeline_schedule
-    if schedule is not None:
-        raise ExportError(
-            f"the plan uses the {schedule.value} pipeline schedule, which {target} does not "
-            "run; export it for torchtitan, or re-plan for this target's runtime.")
-
-
-def require_no_expert_parallel(result: Result, target: str) -> None:
-    """Refuse a plan that splits experts over EP ranks: ``target``'s files cannot say it.
-
-    Raises:
-        ExportError: the plan has ep > 1.
-    """
-    if result.plan.ep > 1:
-        raise ExportError(
-            f"the plan splits each MoE layer's experts over ep={result.plan.ep} ranks, which "
-            f"{target} cannot be told here; export it for Megatron-LM or torchtitan, or re-plan "
-            "with --ep 1.")
-
-
 def _rendezvous_lines(nodes: Nodes) -> list[str]:
     """Shell lines that set MASTER_ADDR, MASTER_PORT and NODE_RANK (overridable from the
     environment); node ranks follow the host order of cluster.yaml."""

@@ -14,11 +14,11 @@ from __future__ import annotations
 from autoplan.errors import ExportError
 from autoplan.plan import Offload, Recompute, Result
 from autoplan.plugins.exporter import Exporter
-from autoplan.plugins.launch import (args_file_text, require_default_schedule,
-                                     require_target_placement, torchrun_script)
+from autoplan.plugins.capable import capability_problems
+from autoplan.plugins.launch import args_file_text, torchrun_script
 from autoplan.plugins.stages import blocks_per_stage, require_ends, stage_kinds
 from autoplan.plugins.summary import comment_header, precision, require_model, seq_len
-from autoplan.training import PIPELINE_INSIDE_PLACEMENT, RUNTIME_PLACEMENTS, Runtime
+from autoplan.training import PIPELINE_INSIDE_PLACEMENT
 
 ARGS_FILE = "megatron_args.txt"
 SCRIPT_FILE = "launch_megatron.sh"
@@ -30,11 +30,8 @@ def check(result: Result) -> None:
     Raises:
         ExportError: saying which rule fails and what to change.
     """
-    require_target_placement(result, "Megatron-LM", RUNTIME_PLACEMENTS[Runtime.MEGATRON],
-                             places_groups=True)
-    require_default_schedule(result, "Megatron-LM")
+    problems = capability_problems(result, "megatron")
     plan, model = result.plan, require_model(result)
-    problems = []
     if plan.vpp > 1 and plan.pp == 1:
         problems.append(f"vpp={plan.vpp} needs pipeline parallelism (pp > 1)")
     if plan.vpp > 1 and (plan.num_microbatches < plan.pp or plan.num_microbatches % plan.pp):
@@ -47,12 +44,8 @@ def check(result: Result) -> None:
         problems.append(f"{model.num_heads} attention heads do not divide by tp={plan.tp}")
     if plan.cp > 1 and seq_len(result) % (2 * plan.cp):
         problems.append(f"seq_len {seq_len(result)} must be a multiple of 2*cp = {2 * plan.cp}")
-    if plan.offload == Offload.PARAMS:
-        problems.append("Megatron-LM cannot offload parameters to CPU (only optimizer state)")
     if plan.ep > 1 and model.num_experts is None:
         problems.append(f"ep={plan.ep} needs the model's expert count (model.num_experts)")
-    if plan.ep > 1 and plan.tp > 1 and not plan.sequence_parallel:
-        problems.append(f"ep={plan.ep} with tp={plan.tp} needs sequence parallelism")
     if problems:
         raise ExportError("Megatron-LM cannot run this plan: " + "; ".join(problems) +
                           ". Re-plan with pins that avoid it, or export to another target.")

@@ -8,6 +8,7 @@ or the exporter does.
 
 from __future__ import annotations
 
+from autoplan.capabilities import RUNTIMES
 from autoplan.errors import ExportError
 from autoplan.plan import ModelInfo, Result, one_line
 
@@ -69,13 +70,20 @@ def summary_lines(result: Result) -> list[str]:
         f"Batch: micro-batch {plan.micro_batch_size} x {plan.num_microbatches} micro-batches x "
         f"DP {plan.dp} = global batch {plan.global_batch_size} sequences{tokens}, "
         f"{precision(result)}.",
-        f"Predicted: {est.step_time_s:.3f} s/step, {est.tokens_per_s:,.0f} tokens/s, "
+        f"Predicted{_priced_on(result)}: {est.step_time_s:.3f} s/step, {est.tokens_per_s:,.0f} tokens/s, "
         f"MFU {est.mfu:.1%}, peak memory {est.peak_memory_gib:.1f} GiB of "
         f"{est.memory_limit_gib:.1f} GiB per GPU.",
         f"Solver: {result.solver.status}, objective {result.solver.objective:.3f} s, "
         f"gap {result.solver.gap:.1%}.",
         *([line] if (line := fine_tuning_line(result)) else []),
     ]
+
+
+def _priced_on(result: Result) -> str:
+    """`` for DeepSpeed``: the runtime whose cost model priced the figures."""
+    names = {runtime.value: caps.name for runtime, caps in RUNTIMES.items()}
+    runtime = result.training.runtime if result.training is not None else None
+    return f" for {names[runtime]}" if runtime in names else ""
 
 
 def comment_header(result: Result, *, title: str, notes: tuple[str, ...] = (),

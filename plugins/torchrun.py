@@ -15,11 +15,10 @@ import json
 import shlex
 
 from autoplan.errors import ExportError
-from autoplan.plan import Offload, Result
+from autoplan.plan import Result
 from autoplan.plugins.exporter import Exporter
-from autoplan.plugins.launch import (args_file_text, nodes_of, require_default_schedule,
-                                     require_no_expert_parallel,
-                                     require_target_placement, torchrun_script)
+from autoplan.plugins.capable import capability_problems
+from autoplan.plugins.launch import args_file_text, nodes_of, torchrun_script
 from autoplan.plugins.stages import stage_kinds
 from autoplan.plugins.summary import comment_header, seq_len
 
@@ -89,15 +88,8 @@ def check(result: Result) -> None:
     Raises:
         ExportError: naming the rule and what to change.
     """
-    require_target_placement(result, "the torchrun script", places_groups=True)
-    require_default_schedule(result, "the torchrun script")
-    require_no_expert_parallel(result, "the torchrun script")
+    problems = capability_problems(result, "torchrun")
     plan = result.plan
-    problems = []
-    if plan.cp > 1:
-        problems.append("context parallelism (cp > 1) is not built by train.py")
-    if plan.offload is not Offload.NONE:
-        problems.append("CPU offload is not built by train.py")
     if plan.vpp > 1 and plan.pp == 1:
         problems.append(f"vpp={plan.vpp} needs pipeline parallelism (pp > 1)")
     if problems:

@@ -16,9 +16,10 @@ from __future__ import annotations
 from autoplan.errors import ExportError
 from autoplan.plan import Offload, PipelineSchedule, Result
 from autoplan.plugins.exporter import Exporter
-from autoplan.plugins.launch import args_file_text, require_target_placement, torchrun_script
+from autoplan.plugins.capable import capability_problems
+from autoplan.plugins.launch import args_file_text, torchrun_script
 from autoplan.plugins.stages import require_ends, stage_kinds
-from autoplan.plugins.summary import comment_header, precision, seq_len
+from autoplan.plugins.summary import comment_header, seq_len
 
 ARGS_FILE = "torchtitan_args.txt"
 SCRIPT_FILE = "launch_torchtitan.sh"
@@ -33,38 +34,12 @@ def check(result: Result) -> None:
     Raises:
         ExportError: saying which rule fails and what to change.
     """
-    require_target_placement(result, "torchtitan")
+    problems = capability_problems(result, "torchtitan")
     plan = result.plan
-    problems = []
-    if plan.recompute_num_layers is not None:
-        problems.append("activation_checkpoint full covers every block (selective_ac_option "
-                        "picks every k-th, not the first N of a stage): re-plan without "
-                        "--recompute-num-layers (recompute_num_layers)")
-    if precision(result) != "bf16":
-        problems.append("its mixed precision is bf16 only (training.mixed_precision_param)")
     if plan.vpp > 1 and plan.pp == 1:
         problems.append(f"vpp={plan.vpp} needs pp > 1")
-    if plan.pp > 1 and plan.num_microbatches < plan.pp:
-        problems.append(f"{plan.num_microbatches} micro-batches cannot fill {plan.pp} stages")
-    problems += _expert_parallel_problems(plan)
     if problems:
         raise ExportError("torchtitan cannot run this plan: " + "; ".join(problems) + ".")
-
-
-def _expert_parallel_problems(plan) -> list[str]:
-    """torchtitan's EP borrows ranks from the FSDP shards, CP and TP (efsdp = dp_shard*cp*tp/ep)
-    and does not TP-split experts; the plan's EP (experts TP-split, ranks from dp*cp) matches it
-    only with tp = 1 and the data-parallel ranks sharded (ZeRO >= 1)."""
-    if plan.ep == 1:
-        return []
-    problems = []
-    if plan.tp > 1:
-        problems.append(f"ep={plan.ep} with tp={plan.tp}: torchtitan's experts are not split by "
-                        "TP as planned; re-plan with --tp 1")
-    if plan.zero_stage == 0:
-        problems.append(f"ep={plan.ep} borrows FSDP-sharded ranks, which ZeRO-0 (replicated "
-                        "data parallelism) has none of; re-plan with --zero 2 or 3")
-    return problems
 
 
 def _data_parallel_args(result: Result) -> list[str]:

@@ -80,7 +80,7 @@ from autoplan.search.space import (
     Shape, family_of, leanest, leanest_members, make_plan, max_chunk_blocks, pipeline_schedule,
     shapes, stage_variants, switches,
 )
-from autoplan.training import RUNTIME_PLACEMENTS, Bounds, Objective, ObjectiveTerm, Pins
+from autoplan.training import KNOWN_PLACEMENTS, Bounds, Objective, ObjectiveTerm, Pins
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +89,7 @@ DIMENSIONS = ("tp", "pp", "dp", "cp", "mbs", "zero", "recompute", "sp", "vpp", "
               "placement", "ep")
 _RECOMPUTE = {r: i for i, r in enumerate(Recompute)}
 _OFFLOAD = {o: i for i, o in enumerate(Offload)}
-_PLACEMENT = {p: i for i, p in enumerate(sorted({p for ps in RUNTIME_PLACEMENTS.values()
-                                                 for p in ps}))}
+_PLACEMENT = {p: i for i, p in enumerate(sorted(KNOWN_PLACEMENTS))}
 RANDOM_SEED = 0
 RUNNERS_UP = 6
 """Other (TP, PP) shapes a solve reports, best first."""

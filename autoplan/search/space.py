@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Iterable
 
+from autoplan.capabilities import RUNTIMES, lack_reason, missing, pinned_features
 from autoplan.costmodels.experts import common_expert_count
-from autoplan.errors import ConstraintError
+from autoplan.errors import ConstraintError, InfeasibleError
 from autoplan.graph.layer_graph import LayerGraph, LayerKind, TpSplit
 from autoplan.plan import Offload, PipelineSchedule, Plan, Recompute, Stage
 from autoplan.training import (
-    DEFAULT_PLACEMENT, RUNTIME_PLACEMENTS, AttentionKernel, Bounds, Pins, Runtime,
-    TrainingSpec,
+    DEFAULT_PLACEMENT, AttentionKernel, Bounds, Pins, Runtime, TrainingSpec,
 )
 
 MAX_MICRO_BATCH = 64
@@ -31,18 +31,9 @@ CP_MIN_TOKENS = 4096
 sequence: shorter blocks leave too little attention per ring step to hide the next KV block's
 transfer (NeMo's Llama 3 405B recipe runs cp=2 at 8192 tokens, Llama 3 cp=16 at 128K)."""
 
-CP_RUNTIMES = (Runtime.MEGATRON, Runtime.FSDP)
-"""Runtimes with ring-attention context parallelism: Megatron-LM ``--context-parallel-size``,
-torchtitan ``context_parallel_degree`` (DeepSpeed's Ulysses is a different scheme)."""
-
 MAX_UNEVEN_CHUNKS = 16
 """Uneven interleaving is searched up to this many chunks per rank: the bubble is then already
 1/16 of 1F1B's, and deep models (1,000 blocks) would otherwise add dozens of options per pp."""
-
-ZERO_STAGES = {Runtime.MEGATRON: (0, 1), Runtime.DEEPSPEED: (0, 1, 2, 3), Runtime.FSDP: (0, 2, 3)}
-"""What each runtime implements: Megatron's distributed optimizer is ZeRO-1; FSDP's
-SHARD_GRAD_OP and FULL_SHARD are ZeRO-2 and ZeRO-3."""
-
 
 @dataclass(frozen=True, slots=True)
 class Shape:
@@ -249,7 +240,7 @@ def dp_options(global_batch: int, gpus: int, pinned: int | None, *,
 
 
 def vpp_options(graph: LayerGraph, pp: int, num_microbatches: int, pinned: int | None, *,
-                uneven: bool = False) -> list[int]:
+                interleaving: bool = True, uneven: bool = False) -> list[int]:
     """Interleaving needs pp > 2 (Megatron), at least one block per chunk and m a multiple of
     pp. Chunks hold equal blocks, except where pp does not divide the blocks and the runtime
     takes an ``uneven`` layout (Megatron's ``--pipeline-model-parallel-layout``): then any
@@ -257,7 +248,7 @@ def vpp_options(graph: LayerGraph, pp: int, num_microbatches: int, pinned: int |
     also hold embedding and head; Llama 3's 126 layers on 16 stages, Dubey et al. 2024)."""
     blocks = len(graph.block_indices())
     options = [1]
-    if pp > 2 and blocks and num_microbatches % pp == 0:
+    if interleaving and pp > 2 and blocks and num_microbatches % pp == 0:
         options += [v for v in range(2, blocks // pp + 1) if blocks % (pp * v) == 0
                     or uneven and blocks % pp and v <= MAX_UNEVEN_CHUNKS]
     return [v for v in options if pinned is None or v == pinned]
@@ -266,25 +257,20 @@ def vpp_options(graph: LayerGraph, pp: int, num_microbatches: int, pinned: int |
 def placement_options(runtime: Runtime, pp: int, dp: int, pinned: str | None) -> list[str]:
     """Rank orders the runtime can build; with pp or dp of 1 they place every group alike,
     so only the default is kept."""
+    placements = RUNTIMES[runtime].placements
     if pinned is not None:
-        return [pinned] if pinned in RUNTIME_PLACEMENTS[runtime] else []
-    return list(RUNTIME_PLACEMENTS[runtime]) if pp > 1 and dp > 1 else [DEFAULT_PLACEMENT]
+        return [pinned] if pinned in placements else []
+    return list(placements) if pp > 1 and dp > 1 else [DEFAULT_PLACEMENT]
 
 
-EP_RUNTIMES = (Runtime.MEGATRON, Runtime.FSDP)
-SP_WITH_TP_RUNTIMES = (Runtime.FSDP,)
-"""Runtimes that always shard the sequence between TP regions when TP > 1: torchtitan's
-parallelize plan (``apply_tp``: norms ``SequenceParallel``, attention/MLP inputs
-``Shard(1)`` -> ``Replicate``, outputs back to ``Shard(1)``) has no TP without SP."""
-"""Runtimes whose exports say expert parallelism: Megatron-LM ``--expert-model-parallel-size``,
-torchtitan ``parallelism.expert_parallel_degree``."""
-
-
-def ep_options(graph: LayerGraph, runtime: Runtime, replicas: int, pinned: int | None) -> list[int]:
+def ep_options(graph: LayerGraph, runtime: Runtime, replicas: int, pinned: int | None,
+               tp: int = 1) -> list[int]:
     """Expert-parallel degrees: divisors of the experts every MoE layer has that divide the
-    dp*cp ``replicas`` they are carved from; 1 for dense models and other runtimes."""
+    dp*cp ``replicas`` they are carved from; 1 for dense models and runtimes without EP (or
+    without EP next to TP, when ``tp`` > 1)."""
     experts = common_expert_count(graph.layers)
-    if experts is None or runtime not in EP_RUNTIMES:
+    caps = RUNTIMES[runtime]
+    if experts is None or not caps.expert_parallel or tp > 1 and not caps.expert_parallel_with_tp:
         options = [1]
     else:
         options = [e for e in divisors(experts) if replicas % e == 0]
@@ -297,7 +283,7 @@ def cp_options(training: TrainingSpec, pinned: int | None) -> list[int]:
     causal attention) of at least CP_MIN_TOKENS tokens per GPU."""
     if pinned is not None:
         return [pinned]
-    if training.runtime not in CP_RUNTIMES or training.attention is not AttentionKernel.FLASH:
+    if not RUNTIMES[training.runtime].context_parallel or training.attention is not AttentionKernel.FLASH:
         return [1]
     options, cp = [1], 2
     while training.seq_len % (2 * cp) == 0 and training.seq_len // cp >= CP_MIN_TOKENS:
@@ -310,7 +296,7 @@ def shapes(graph: LayerGraph, *, world: int, gpus_per_node: int, training: Train
            pins: Pins, bounds: Bounds | None = None, every_dp: bool = False) -> list[Shape]:
     """All legal (tp, pp, dp, cp, mbs, vpp) on at most ``world`` GPUs for the global batch,
     within the user's ``bounds``; ``every_dp`` lifts the DP dominance (see dp_options)."""
-    shapes_ = []
+    shapes_, caps = [], RUNTIMES[training.runtime]
     for cp, tp in product(cp_options(training, pins.cp), tp_options(graph, gpus_per_node, pins.tp)):
         if tp * cp > world:
             continue
@@ -319,12 +305,15 @@ def shapes(graph: LayerGraph, *, world: int, gpus_per_node: int, training: Train
                                  every=every_dp):
                 per_rank = training.global_batch // dp
                 for mbs in [b for b in divisors(per_rank) if b <= MAX_MICRO_BATCH]:
-                    if pins.mbs is not None and mbs != pins.mbs:
+                    if pins.mbs is not None and mbs != pins.mbs or (
+                            pp > 1 and caps.pipeline_needs_microbatches and per_rank // mbs < pp):
                         continue
                     for vpp in vpp_options(graph, pp, per_rank // mbs, pins.vpp,
-                                           uneven=training.runtime is Runtime.MEGATRON):
+                                           interleaving=caps.interleaving,
+                                           uneven=caps.uneven_interleaving):
                         shapes_ += [Shape(tp, pp, dp, cp, mbs, vpp, placement, ep)
-                                    for ep in ep_options(graph, training.runtime, dp * cp, pins.ep)
+                                    for ep in ep_options(graph, training.runtime, dp * cp, pins.ep,
+                                                         tp)
                                     for placement
                                     in placement_options(training.runtime, pp, dp, pins.placement)]
     if bounds is not None:
@@ -353,10 +342,10 @@ def max_chunk_blocks(graph: LayerGraph, stages: tuple[Stage, ...]) -> int:
 
 def recompute_layer_options(runtime: Runtime, blocks_per_chunk: int, pins: Pins) -> list[int | None]:
     """Full recompute of every block (None) or of the first N blocks of each chunk, N in
-    1..blocks-1 (Megatron's ``--recompute-method block``; the other runtimes cannot say it)."""
+    1..blocks-1 (Megatron's ``--recompute-method block``), where the runtime has it."""
     if pins.recompute_num_layers is not None:
         return [pins.recompute_num_layers]
-    if runtime is not Runtime.MEGATRON:
+    if not RUNTIMES[runtime].partial_recompute:
         return [None]
     return [None] + list(range(1, blocks_per_chunk))
 
@@ -372,16 +361,19 @@ def switches(shape: Shape, *, runtime: Runtime, pins: Pins,
 def _switches(tensor_parallel: bool, pipelined: bool, runtime: Runtime, pins: Pins,
               blocks_per_chunk: int, expert_parallel: bool = False) -> list[Switches]:
     """switches(), which depends on the shape only through these (cached: called per stage
-    layout of every shape). Megatron needs SP with both TP and EP (its arguments check)."""
-    zeros = ZERO_STAGES[runtime]
-    if pipelined and runtime is Runtime.DEEPSPEED:
-        zeros = tuple(z for z in zeros if z <= 1)  # the pipeline engine refuses ZeRO-2/3
+    layout of every shape): what the runtime's capability table allows (Megatron needs SP
+    with both TP and EP, torchtitan's EP sharded data parallelism)."""
+    caps = RUNTIMES[runtime]
+    zeros = caps.pipeline_zero_stages if pipelined else caps.zero_stages
+    zeros = tuple(z for z in zeros if z in caps.zero_stages and (
+        z < 3 or caps.zero3_with_tp or not tensor_parallel) and (
+        z > 0 or not expert_parallel or not caps.expert_parallel_needs_sharding))
     options = []
-    sps = (False, True) if tensor_parallel and runtime is Runtime.MEGATRON else (False,)
-    if tensor_parallel and (expert_parallel and runtime is Runtime.MEGATRON
-                            or runtime in SP_WITH_TP_RUNTIMES):
+    sps = (False, True) if tensor_parallel and caps.sequence_parallel else (False,)
+    if tensor_parallel and (expert_parallel and caps.ep_with_tp_needs_sp or caps.tp_implies_sp):
         sps = (True,)
-    for zero, rc, sp, off in product(zeros, Recompute, sps, Offload):
+    offloads = (Offload.NONE, *caps.offloads)
+    for zero, rc, sp, off in product(zeros, Recompute, sps, offloads):
         if off is Offload.OPTIMIZER and zero == 0 or off is Offload.PARAMS and zero < 3:
             continue
         layers = recompute_layer_options(runtime, blocks_per_chunk, pins) if rc is Recompute.FULL else [None]
@@ -411,16 +403,11 @@ def _pinned_out(pins: Pins, **values) -> bool:
     return any(getattr(pins, k) is not None and getattr(pins, k) != v for k, v in values.items())
 
 
-ZERO_BUBBLE_RUNTIMES = (Runtime.FSDP,)
-"""Runtimes with a zero-bubble schedule: torchtitan's InterleavedZeroBubble (torch.distributed.
-pipelining), for two or more model chunks per rank."""
-
-
 def pipeline_schedule(runtime: Runtime, vpp: int) -> PipelineSchedule | None:
     """The schedule a plan runs: zero-bubble where the runtime has it for interleaved plans
     (it holds the interleaved schedule's memory and only shortens the bubble, Qi et al. 2023),
     else the default 1F1B / interleaved 1F1B (None)."""
-    if runtime in ZERO_BUBBLE_RUNTIMES and vpp >= 2:
+    if RUNTIMES[runtime].zero_bubble and vpp >= 2:
         return PipelineSchedule.ZERO_BUBBLE
     return None
 
@@ -449,11 +436,7 @@ def candidate_plans(graph: LayerGraph, *, world: int, gpus_per_node: int, traini
 
 
 def _check_cp(training: TrainingSpec, cp: int) -> None:
-    """Reject a context-parallel degree the runtime or the sequence cannot take."""
-    if training.runtime not in CP_RUNTIMES:
-        raise ConstraintError(
-            f"--cp {cp}: the {training.runtime.value} runtime has no ring-attention context "
-            f"parallelism; use --runtime megatron or fsdp, or leave --cp unset.")
+    """Reject a context-parallel degree the attention kernel or the sequence cannot take."""
     if training.attention is not AttentionKernel.FLASH:
         raise ConstraintError(
             f"--cp {cp} needs flash attention kernels (ring attention passes softmax statistics "
@@ -464,8 +447,24 @@ def _check_cp(training: TrainingSpec, cp: int) -> None:
             "parallelism splits each sequence into 2*cp equal chunks. Change --cp or --seq-len.")
 
 
+def check_runtime(training: TrainingSpec, pins: Pins, *, node_groups: bool = False) -> None:
+    """Reject pins (precision, a cluster of node groups) the runtime's capability table lacks,
+    naming the runtimes that have them.
+
+    Raises:
+        InfeasibleError: e.g. "--zero 3 --runtime megatron: Megatron-LM has no ZeRO-3;
+            DeepSpeed and FSDP do".
+    """
+    lacking = missing(training.runtime, pinned_features(pins, training.precision.value,
+                                                        node_groups=node_groups))
+    if lacking:
+        raise InfeasibleError(lack_reason(training.runtime, lacking)
+                              + ". Change --runtime or leave those options unset.")
+
+
 def check_pins(graph: LayerGraph, *, world: int, training: TrainingSpec, pins: Pins) -> None:
     """Reject pins that no plan can satisfy, saying why, before any search."""
+    check_runtime(training, pins)
     degrees = [d for d in (pins.tp, pins.pp, pins.dp, pins.cp) if d is not None]
     product_ = 1
     for d in degrees:
@@ -484,17 +483,12 @@ def check_pins(graph: LayerGraph, *, world: int, training: TrainingSpec, pins: P
             "data-parallel rank needs a whole number of sequences.")
     if pins.sp and pins.tp == 1:
         raise ConstraintError("--sp needs --tp > 1: sequence parallelism splits along TP.")
-    if pins.sp is False and (pins.tp or 1) > 1 and training.runtime in SP_WITH_TP_RUNTIMES:
+    if pins.sp is False and (pins.tp or 1) > 1 and RUNTIMES[training.runtime].tp_implies_sp:
         raise ConstraintError(
             f"--no-sp with --tp {pins.tp}: the {training.runtime.value} runtime (torchtitan) "
             "always applies sequence parallelism with TP; drop --no-sp.")
     if pins.ep not in (None, 1):
         check_ep(graph, training, pins)
-    runnable = RUNTIME_PLACEMENTS[training.runtime]
-    if pins.placement is not None and pins.placement not in runnable:
-        raise ConstraintError(
-            f"--placement {pins.placement}: the {training.runtime.value} runtime orders ranks "
-            f"{' or '.join(runnable)} (innermost first); use one of those or --runtime megatron.")
     if pins.mbs is not None and training.global_batch % pins.mbs:
         raise ConstraintError(
             f"--global-batch {training.global_batch} is not divisible by --mbs {pins.mbs}; "
@@ -526,18 +520,13 @@ def _check_chunks(graph: LayerGraph, pp: int, vpp: int) -> None:
 
 
 def check_ep(graph: LayerGraph, training: TrainingSpec, pins: Pins) -> None:
-    """Reject an expert-parallel degree the model, the runtime or the pinned degrees cannot
-    take (``pins.ep`` > 1)."""
+    """Reject an expert-parallel degree the model or the pinned degrees cannot take
+    (``pins.ep`` > 1; what the runtime lacks is :func:`check_runtime`'s)."""
     ep = pins.ep
     experts = common_expert_count(graph.layers)
     if experts is None:
         raise ConstraintError(f"--ep {ep}: the model has no mixture-of-experts layers to split; "
                               "leave --ep unset.")
-    if training.runtime not in EP_RUNTIMES:
-        raise ConstraintError(
-            f"--ep {ep}: autoplan exports expert parallelism only for Megatron-LM and torchtitan; "
-            f"the {training.runtime.value} export cannot say it. Use --runtime megatron or fsdp, "
-            "or leave --ep unset.")
     if experts % ep:
         raise ConstraintError(f"--ep {ep} does not divide the {experts} experts of each MoE "
                               "layer; pick a divisor of the expert count.")
@@ -545,6 +534,6 @@ def check_ep(graph: LayerGraph, training: TrainingSpec, pins: Pins) -> None:
         raise ConstraintError(
             f"--ep {ep} does not divide dp*cp = {pins.dp * (pins.cp or 1)}: expert-parallel "
             "ranks are carved out of the data-parallel replicas. Change --ep or --dp.")
-    if training.runtime is Runtime.MEGATRON and pins.sp is False and (pins.tp or 1) > 1:
+    if RUNTIMES[training.runtime].ep_with_tp_needs_sp and pins.sp is False and (pins.tp or 1) > 1:
         raise ConstraintError(f"--ep {ep} with --tp {pins.tp} needs sequence parallelism in "
-                              "Megatron-LM; drop --no-sp (or pin --tp 1).")
+                              f"{RUNTIMES[training.runtime].name}; drop --no-sp (or pin --tp 1).")

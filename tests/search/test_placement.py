@@ -67,6 +67,8 @@ def test_solver_picks_the_faster_order_and_megatron_gets_the_flag(batch, winner)
 
 
 def test_runtimes_without_the_order_refuse_it():
-    with pytest.raises(autoplan.errors.ConstraintError, match="--placement tp-cp-pp-dp"):
+    with pytest.raises(autoplan.errors.InfeasibleError,
+                       match="--placement tp-cp-pp-dp --runtime deepspeed: DeepSpeed has no "
+                             "rank order tp-cp-pp-dp; Megatron-LM does"):
         autoplan.estimate(TINY, SLOW_INTER, {"tp": 2, "pp": 2, "placement": "tp-cp-pp-dp"},
                           seq_len=256, global_batch=32, runtime="deepspeed")

@@ -33,8 +33,10 @@ def test_runners_up_match_pinned_solves(explained, solved, tiny):
     for runner in explained.runners_up:
         assert (runner.tp, runner.pp) != (solved.plan.tp, solved.plan.pp)
         assert runner.fits
+        # Runners-up are other shapes on the chosen plan's runtime.
         alone = api.solve(tiny, FOUR_GPU_NODES, seq_len=256, global_batch=16,
-                          pins={"tp": runner.tp, "pp": runner.pp})
+                          pins={"tp": runner.tp, "pp": runner.pp},
+                          runtime=solved.training.runtime)
         assert runner.step_time_s == pytest.approx(alone.estimate.step_time_s, rel=1e-9)
         assert runner.plan == one_line(alone.plan)
         assert runner.slower_by >= 0  # the chosen plan is the optimum
@@ -95,7 +97,7 @@ def test_cli_explain_and_plots(solved, tmp_path):
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert set(doc) == {"plan", "step_time_s", "binding", "bottleneck", "runners_up", "what_ifs",
-                        "warnings", "tp_modes"}
+                        "warnings", "tp_modes", "frameworks"}
     for name in ("memory_per_stage.png", "plan_on_cluster.png"):
         assert (tmp_path / "plots" / name).read_bytes()[:4] == b"\x89PNG"
 
@@ -158,3 +160,14 @@ def test_explaining_a_plan_with_another_model_says_they_do_not_match(solved, tmp
                                       str(_other_model(tmp_path, layers))])
     assert result.exit_code == 2, result.output
     assert "the plan does not match the model" in " ".join(result.output.split())
+
+
+def test_explain_says_how_far_behind_each_other_framework_is(explained, solved):
+    others = [o for o in solved.runtimes if o.runtime != solved.training.runtime]
+    assert len(explained.frameworks) == len(others) == 2
+    for line, option in zip(explained.frameworks, others):
+        if option.plan is None:
+            assert "no plan" in line
+        else:  # its step time against the chosen plan's, worked from the runtimes list
+            behind = option.step_time_s / solved.estimate.step_time_s - 1
+            assert f"{behind:+.1%} per step" in line and behind >= 0

@@ -4,7 +4,7 @@
 # Planned by autoplan for gpt-13b on 2 nodes on 10GbE.
 # Plan: TP1 x PP2 x DP8, mbs 1, ZeRO-1, full recompute on 16 GPUs (rank order tp-cp-dp-pp, innermost first).
 # Batch: micro-batch 1 x 16 micro-batches x DP 8 = global batch 128 sequences of 2048 tokens, bf16.
-# Predicted: 41.000 s/step, 6,394 tokens/s, MFU 18.0%, peak memory 62.0 GiB of 80.0 GiB per GPU.
+# Predicted for DeepSpeed: 41.000 s/step, 6,394 tokens/s, MFU 18.0%, peak memory 62.0 GiB of 80.0 GiB per GPU.
 # Solver: FEASIBLE, objective 1.000 s, gap 10.0%.
 #
 # Set TORCHTITAN_MODULE and TORCHTITAN_CONFIG to the model and config registry entry (e.g. llama3 llama3_8b); extra arguments go before the plan's, which win.

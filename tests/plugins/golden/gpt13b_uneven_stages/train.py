@@ -3,7 +3,7 @@
 # Planned by autoplan for gpt-13b on one DGX A100.
 # Plan: TP2 x PP4 x DP1, mbs 2, ZeRO-0, full recompute, SP on 8 GPUs (rank order tp-cp-dp-pp, innermost first).
 # Batch: micro-batch 2 x 16 micro-batches x DP 1 = global batch 32 sequences of 2048 tokens, fp16.
-# Predicted: 7.500 s/step, 8,738 tokens/s, MFU 45.0%, peak memory 70.2 GiB of 80.0 GiB per GPU.
+# Predicted for Megatron-LM: 7.500 s/step, 8,738 tokens/s, MFU 45.0%, peak memory 70.2 GiB of 80.0 GiB per GPU.
 # Solver: OPTIMAL, objective 1.000 s, gap 0.0%.
 #
 # Run launch_torchrun.sh on every node with MODEL_PY set to your model.py; autoplan must be installed there.

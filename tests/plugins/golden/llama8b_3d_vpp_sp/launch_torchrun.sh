@@ -4,7 +4,7 @@
 # Planned by autoplan for llama3-8b on 4x DGX H100.
 # Plan: TP4 x PP4 x DP2, VPP2, mbs 1, ZeRO-1, selective recompute, SP on 32 GPUs (rank order tp-cp-dp-pp, innermost first).
 # Batch: micro-batch 1 x 32 micro-batches x DP 2 = global batch 64 sequences of 4096 tokens, bf16.
-# Predicted: 3.200 s/step, 81,920 tokens/s, MFU 52.0%, peak memory 61.5 GiB of 80.0 GiB per GPU.
+# Predicted for Megatron-LM: 3.200 s/step, 81,920 tokens/s, MFU 52.0%, peak memory 61.5 GiB of 80.0 GiB per GPU.
 # Solver: OPTIMAL, objective 1.000 s, gap 0.0%.
 #
 # Run launch_torchrun.sh on every node with MODEL_PY set to your model.py; autoplan must be installed there.

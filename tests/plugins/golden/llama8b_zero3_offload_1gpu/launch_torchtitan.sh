@@ -4,7 +4,7 @@
 # Planned by autoplan for llama3-8b on one A100.
 # Plan: TP1 x PP1 x DP1, mbs 1, ZeRO-3, full recompute, offload params on 1 GPUs (rank order tp-cp-dp-pp, innermost first).
 # Batch: micro-batch 1 x 16 micro-batches x DP 1 = global batch 16 sequences of 4096 tokens, bf16.
-# Predicted: 95.000 s/step, 690 tokens/s, MFU 21.0%, peak memory 71.0 GiB of 80.0 GiB per GPU.
+# Predicted for DeepSpeed: 95.000 s/step, 690 tokens/s, MFU 21.0%, peak memory 71.0 GiB of 80.0 GiB per GPU.
 # Solver: OPTIMAL, objective 1.000 s, gap 0.0%.
 #
 # Set TORCHTITAN_MODULE and TORCHTITAN_CONFIG to the model and config registry entry (e.g. llama3 llama3_8b); extra arguments go before the plan's, which win.

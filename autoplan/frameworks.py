@@ -1,0 +1,156 @@
+"""Which framework: solve the same question on every runtime (Megatron-LM, DeepSpeed, FSDP) and
+keep the best, with each runtime's own best plan or the reason it has none.
+
+One exact solve per runtime (each with its own capability table, ``autoplan.capabilities``)
+rather than one table over all of them: each runtime's best plan is then exact, as the
+``runtimes`` list promises, at the cost of the sum of three solves. Pins a runtime lacks
+(``--zero 3`` on Megatron-LM) skip it with the reason; when no runtime is left the error
+names, for each, what it lacks and who has it.
+
+Ties between runtimes are broken as the solver breaks ties between plans (objective key,
+then fewer GPUs, then smaller tp*pp, then less memory) and last by the order of
+``SEARCH_ORDER``: Megatron-LM, DeepSpeed, FSDP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from autoplan.capabilities import RUNTIMES, Feature, lack_reason, missing
+from autoplan.errors import (AutoplanError, ConstraintError, InfeasibleError,
+                             NoPlanInTimeError)
+from autoplan.plan import Result, RuntimeOption, ZeroOption
+from autoplan.search.objective import key as objective_key
+from autoplan.training import Objective, Runtime
+
+AUTO = "auto"
+SEARCH_ORDER = tuple(Runtime)
+
+
+def runtimes_to_search(runtime: str | None) -> list[Runtime]:
+    """Every runtime for ``auto`` (or None), else the one named.
+
+    Raises:
+        ConstraintError: an unknown name.
+    """
+    if runtime in (None, AUTO):
+        return list(SEARCH_ORDER)
+    try:
+        return [Runtime(runtime)]
+    except ValueError:
+        raise ConstraintError(f"--runtime {runtime!r} is not known; choose one of auto, "
+                              f"{', '.join(r.value for r in Runtime)}.") from None
+
+
+def order_key(result: Result, objective: Objective, per_token: bool) -> tuple:
+    """The solver's order across runtimes (see the module docstring)."""
+    plan, est = result.plan, result.estimate
+    tokens = plan.global_batch_size * result.training.seq_len
+    return objective_key(objective, est.step_time_s, plan.world_size, tokens,
+                         per_token=per_token) + (
+        plan.world_size, plan.tp * plan.pp, est.peak_memory_gib,
+        SEARCH_ORDER.index(Runtime(result.training.runtime)))
+
+
+def _option(runtime: Runtime, result: Result | None, status: str, reason: str | None
+            ) -> RuntimeOption:
+    return RuntimeOption(
+        runtime=runtime.value, status=status,
+        step_time_s=result.estimate.step_time_s if result else None,
+        peak_memory_gib=result.estimate.peak_memory_gib if result else None,
+        plan=result.plan if result else None, reason=reason)
+
+
+_STATUS = {InfeasibleError: "INFEASIBLE", NoPlanInTimeError: "NO_PLAN_IN_TIME"}
+
+
+SHARDED_STAGES = (2, 3)
+"""Shown side by side where a runtime has both and both fit: ZeRO-3 saves memory for more
+communication, and practice keeps stage 2 when memory allows."""
+
+
+def zero_options(solve_for: Callable[..., Result], runtime: Runtime, best: Result
+                 ) -> list[ZeroOption]:
+    """The runtime's best ZeRO-2 and ZeRO-3 plans when it has both stages and both fit (one of
+    them may be ``best`` itself); empty otherwise."""
+    if not set(SHARDED_STAGES) <= set(RUNTIMES[runtime].zero_stages):
+        return []
+    found = []
+    for zero in SHARDED_STAGES:
+        try:
+            result = best if best.plan.zero_stage == zero else solve_for(runtime, zero)
+        except AutoplanError:
+            return []
+        found.append(ZeroOption(runtime=runtime.value, zero_stage=zero,
+                                step_time_s=result.estimate.step_time_s,
+                                peak_memory_gib=result.estimate.peak_memory_gib,
+                                plan=result.plan))
+    return found
+
+
+def compare(solve_for: Callable[..., Result], runtimes: list[Runtime],
+            features: list[Feature], *, objective: Objective, per_token: bool,
+            time_limit_s: float, zero_pinned: bool = False) -> Result:
+    """The best of ``solve_for(runtime)`` over the ``runtimes`` that have every pinned
+    feature, with the ``runtimes`` list filled in and, unless the ZeRO stage is pinned, the
+    ZeRO-2 and ZeRO-3 plans of runtimes where both fit (``solve_for(runtime, zero)``).
+
+    Raises:
+        InfeasibleError: no runtime has what the pins ask, or none has a plan that fits.
+        NoPlanInTimeError: every runtime searched ran out of time.
+        ConstraintError: the input is wrong for every runtime (one runtime: its error as is).
+    """
+    options, solved, errors, zeros = [], [], [], []
+    for runtime in runtimes:
+        lacking = missing(runtime, features)
+        if lacking:
+            options.append(_option(runtime, None, "UNSUPPORTED", lack_reason(runtime, lacking)))
+            continue
+        try:
+            result = solve_for(runtime)
+        except AutoplanError as err:
+            if len(runtimes) == 1:
+                raise
+            errors.append(err)
+            options.append(_option(runtime, None, _STATUS.get(type(err), "INVALID"), str(err)))
+            continue
+        solved.append(result)
+        options.append(_option(runtime, result, result.solver.status, None))
+    if not solved:
+        raise _no_runtime(options, errors, time_limit_s)
+    for result in [] if zero_pinned else solved:  # after every runtime had its share of time
+        zeros += zero_options(solve_for, Runtime(result.training.runtime), result)
+    best = min(solved, key=lambda r: order_key(r, objective, per_token))
+    return best.model_copy(update={"runtimes": options, "zero_options": zeros or None,
+                                   "solver": _overall_bound(best, solved, errors)})
+
+
+def _overall_bound(best: Result, solved: list[Result], errors: list[AutoplanError]):
+    """The chosen plan's solver report with a bound that holds over every runtime: the least
+    bound of any runtime searched (0 for one that found nothing in time)."""
+    info = best.solver
+    bound = min([r.solver.bound for r in solved]
+                + [0.0 for e in errors if isinstance(e, NoPlanInTimeError)])
+    if bound >= info.bound:
+        return info
+    gap = (info.objective - bound) / info.objective if info.objective else 0.0
+    return info.model_copy(update={"status": "FEASIBLE", "bound": bound, "gap": gap})
+
+
+def _no_runtime(options: list[RuntimeOption], errors: list[AutoplanError],
+                time_limit_s: float) -> AutoplanError:
+    """The error when no runtime has a plan: every runtime's reason, with the exit code of the
+    most telling failure (infeasible over out of time over bad input)."""
+    if len(options) == 1 and options[0].status == "UNSUPPORTED":
+        return InfeasibleError(f"{options[0].reason}. Change --runtime (or use auto) or leave "
+                               "those options unset.")
+    text = "; ".join(o.reason if o.status == "UNSUPPORTED" else
+                     f"--runtime {o.runtime}: {o.reason}" for o in options)
+    if any(o.status in ("UNSUPPORTED", "INFEASIBLE") for o in options):
+        return InfeasibleError(f"no runtime has a plan: {text}.")
+    if errors and all(isinstance(e, NoPlanInTimeError) for e in errors):
+        return NoPlanInTimeError(
+            f"no plan that fits was found within --time-limit {time_limit_s:g}s, shared by the "
+            f"{len(errors)} runtimes searched; raise the limit, pin more dimensions or pin "
+            "--runtime.")
+    return ConstraintError(f"no runtime can take these inputs: {text}.")
