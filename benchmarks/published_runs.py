@@ -1,7 +1,7 @@
-"""The published training runs of data/published_runs.csv as autoplan questions:
-for each row, the model (a GPT built from the row's shape), the cluster (DGX A100 nodes as on
-Selene), the training settings and the plan the authors ran. Shared by the accuracy benchmark
-and the tests that cite rows."""
+"""The published training runs of data/published_runs.csv (the repository's copy of the
+project's shared reference data) as autoplan questions: for each row, the model (a GPT built
+from the row's shape), the cluster (DGX A100 nodes as on Selene), the training settings and the
+plan the authors ran. Shared by the accuracy benchmark and the tests that cite rows."""
 
 from __future__ import annotations
 
@@ -30,6 +30,9 @@ class PublishedRun:
     precision: str
     step_time_s: float
     runtime_settings: dict
+    source: str = "N21/K22"
+    gpu: str = "a100-sxm4-80gb"
+    attention: str = "explicit"
 
 
 def _vpp(text: str) -> int:
@@ -74,10 +77,11 @@ def _recompute(text: str) -> str:
 
 
 @cache
-def _gpt_module(layers: int, hidden: int, heads: int, vocab: int, seq: int) -> types.ModuleType:
+def _gpt_module(layers: int, hidden: int, heads: int, vocab: int, seq: int,
+                ffn: int | None = None, dropout: float = 0.1) -> types.ModuleType:
     module = types.ModuleType(f"gpt_{layers}x{hidden}")
     config = GPTConfig(num_layers=layers, hidden_size=hidden, num_heads=heads, vocab_size=vocab,
-                       max_seq_len=seq)
+                       max_seq_len=seq, ffn_hidden_size=ffn, dropout=dropout)
     module.build_model = lambda: GPT(config)
     module.loss = next_token_loss
     return module
@@ -107,6 +111,7 @@ def _run(row: dict, rows: list[dict]) -> PublishedRun:
         runtime="deepspeed" if zero3 else "megatron",
         precision="fp16" if "fp16" in row["precision"] else "bf16",
         step_time_s=float(row["step_time_s"]), runtime_settings=_runtime_settings(row, zero3),
+        source=row["row_id"].split("-")[0],
     )
 
 

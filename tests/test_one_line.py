@@ -60,7 +60,8 @@ def test_the_infeasibility_message_says_cp():
     low, high = tp2.estimate.peak_memory_gib, pinned.estimate.peak_memory_gib
     assert low < high
     result = CliRunner().invoke(app, ["solve", TINY, DGX1, "--seq-len", "256", "--global-batch",
-                                      "16", "--cp", "2", "--dp", "4", "--mem-limit",
+                                      "16", "--cp", "2", "--dp", "4", "--runtime", "megatron",
+                                      "--headroom", "0", "--mem-limit",
                                       f"{(low + high) / 2:.6f}GiB"])
     assert result.exit_code == 3, result.output
     assert "(TP1 x PP1 x DP4 x CP2, mbs 1, ZeRO-1" in " ".join(result.output.split())

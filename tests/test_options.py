@@ -94,7 +94,7 @@ def test_mem_limit_above_the_gpu_is_refused_on_the_command_line_too(command):
 
 
 def test_mem_limit_equal_to_the_gpu_is_accepted():
-    assert _solve(mem_limit="80GiB").estimate.memory_limit_gib == pytest.approx(80)
+    assert _solve(mem_limit="80GiB", headroom=0).estimate.memory_limit_gib == pytest.approx(80)
 
 
 def test_mem_limit_from_the_file_lowers_the_limit(tmp_path):
