@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from autoplan.errors import ConstraintError
 from autoplan.plan import Offload, Plan, PipelineSchedule
 from autoplan.training import DEFAULT_PLACEMENT, KNOWN_PLACEMENTS, Pins, Runtime
 
@@ -67,6 +68,9 @@ class Capabilities:
     """TP always comes with sequence parallelism: torchtitan's parallelize plan (``apply_tp``:
     norms ``SequenceParallel``, attention/MLP inputs ``Shard(1)`` -> ``Replicate``, outputs back
     to ``Shard(1)``) has no TP without SP."""
+    optimizer_in_backward: bool = False
+    """Steps each parameter's optimizer from its post-accumulate-grad hook (torchtune's
+    ``optimizer_in_bwd``); a runtime that has it prices gradients as one layer's."""
 
 
 MEGATRON_TARGET = Capabilities(
@@ -174,18 +178,61 @@ RUNTIMES: dict[Runtime, Capabilities] = {
     Runtime.MEGATRON: replace(MEGATRON_TARGET, zero_stages=(0, 1), pipeline_zero_stages=(0, 1)),
     Runtime.DEEPSPEED: DEEPSPEED_TARGET,
     Runtime.FSDP: replace(TORCHTITAN_TARGET, name="FSDP", zero_stages=(0, 2, 3),
-                          offloads=(Offload.PARAMS,), uneven_interleaving=False),
+                          offloads=(Offload.PARAMS,), uneven_interleaving=False,
+                          optimizer_in_backward=True),
 }
 """What the search proposes per runtime: its target's table, narrowed to what the cost model
 prices. Megatron-LM's ZeRO is its distributed optimizer (ZeRO-1; Megatron-FSDP is not
 modelled); FSDP's ZeRO is SHARD_GRAD_OP (2) and FULL_SHARD (3), its offload CPUOffloadPolicy
 (parameters too, so ZeRO-3 with parameter offload); sequence parallelism comes with every TP
 plan of FSDP (``tp_implies_sp``) and is a searched choice on Megatron-LM only; uneven
-interleaving is searched for Megatron-LM only."""
+interleaving is searched for Megatron-LM only. The optimizer in backward is priced on FSDP only:
+torchtune's FSDP2 recipes have it (the ``torchtune`` target); torchtitan 0.3, DeepSpeed and
+Megatron-LM step after the whole backward."""
 
 
 def runtime_caps(runtime: Runtime) -> Capabilities:
     return RUNTIMES[runtime]
+
+
+def require_in_backward_runtime(runtime: Runtime) -> None:
+    """Refuse an optimizer in backward on a runtime that has none.
+
+    Raises:
+        ConstraintError: naming the runtimes that have it.
+    """
+    if not RUNTIMES[runtime].optimizer_in_backward:
+        have = [r for r in Runtime if RUNTIMES[r].optimizer_in_backward]
+        raise ConstraintError(
+            f"--optimizer-in-backward --runtime {runtime.value}: {RUNTIMES[runtime].name} steps "
+            f"the optimizer after the whole backward (it has no per-parameter step in backward); "
+            f"{names(have)} {'has' if len(have) == 1 else 'have'} it (torchtune's "
+            f"optimizer_in_bwd). Use --runtime {have[0].value} (or auto) or leave "
+            "--optimizer-in-backward unset.")
+
+
+def accumulation_gap(plan: Plan) -> str | None:
+    """Why the optimizer cannot step in backward with ``plan``, or None: torchtune raises
+    "Gradient accumulation is not supported with optimizer in bwd" when
+    gradient_accumulation_steps > 1 (each gradient is applied and freed as it is complete, so
+    there is nothing to accumulate into)."""
+    if plan.num_microbatches == 1:
+        return None
+    return (f"the optimizer in backward cannot accumulate gradients over "
+            f"{plan.num_microbatches} micro-batches per step; make micro-batch x DP equal the "
+            f"global batch ({plan.global_batch_size})")
+
+
+def require_no_accumulation(plan: Plan) -> None:
+    """Refuse a plan that accumulates gradients under an optimizer in backward.
+
+    Raises:
+        ConstraintError: saying what to change.
+    """
+    gap = accumulation_gap(plan)
+    if gap:
+        raise ConstraintError(f"--optimizer-in-backward: {gap}, or leave "
+                              "--optimizer-in-backward unset.")
 
 
 def _zero_gaps(caps: Capabilities, plan: Plan) -> list[tuple[str, str]]:

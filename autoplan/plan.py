@@ -295,7 +295,7 @@ class ModelInfo(OmitsDefaults):
         "rope_scaling_factor": None, "norm_eps": None}
 
 
-class TrainingInfo(BaseModel):
+class TrainingInfo(OmitsDefaults):
     """The training settings the plan was made for."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -306,6 +306,11 @@ class TrainingInfo(BaseModel):
     optimizer: str = "adamw"
     frozen_dtype: str | None = None
     """How frozen Linear weights are stored (bf16, fp16, int8, nf4); None in older files."""
+    optimizer_in_backward: bool = False
+    """The optimizer steps each parameter in backward (TrainingSpec.optimizer_in_backward);
+    left out of the JSON when false."""
+
+    _omitted_defaults: ClassVar[dict[str, object]] = {"optimizer_in_backward": False}
 
 
 class RuntimeOption(BaseModel):
