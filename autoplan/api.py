@@ -391,6 +391,8 @@ def _priced_elsewhere(result: Result, model: Model, cluster: LoadedCluster, *, m
         if other.value == t.runtime or not can_run(RUNTIMES[other], result.plan, t.precision,
                                                    uneven=_uneven_chunks(result.plan, model, t)):
             continue
+        if t.optimizer_in_backward and not RUNTIMES[other].optimizer_in_backward:
+            continue
         training = _training(t.seq_len, t.global_batch, t.precision, other.value, attention,
                              t.optimizer, t.frozen_dtype, t.optimizer_in_backward)
         problem = make_problem(model, cluster, training, mem_limit, profile=profile)
