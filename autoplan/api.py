@@ -39,7 +39,9 @@ from autoplan.capabilities import (
     require_no_accumulation,
 )
 from autoplan.frameworks import AUTO, compare, runtimes_to_search
-from autoplan.plan import CalibrationNote, ModelInfo, Plan, Result, SolverInfo, TrainingInfo
+from autoplan.plan import (
+    CalibrationNote, LoraInfo, ModelInfo, Plan, Result, SolverInfo, TrainingInfo,
+)
 from autoplan.plugins.importers import ImportedRun, read_run  # noqa: F401 (API)
 from autoplan.search.hetero import solve_on_groups
 from autoplan.search.solver import solve_search
@@ -264,6 +266,7 @@ def _result(problem: Problem, model: Model, cluster: LoadedCluster, plan: Plan, 
             "rope_theta", "rope_scaling_type", "rope_scaling_factor", "norm_eps")}
            if dims else {}),
         **_moe_info(graph),
+        **({"lora": LoraInfo(**dataclasses.asdict(graph.lora))} if graph.lora else {}),
     )
     training = TrainingInfo(seq_len=problem.training.seq_len,
                             global_batch=problem.training.global_batch,
