@@ -26,6 +26,14 @@ Facts, from the frameworks' own code (the versions installed as test dependencie
   (``--use-megatron-fsdp``, ZeRO-3), interleaving (``--num-virtual-stages-per-pipeline-rank``)
   and uneven layouts, both rank orders, CP, EP (needs SP with TP), partial recompute; no
   parameter offload (``--optimizer-cpu-offload`` moves optimizer state only).
+- torchtune 0.6.1 (``recipes/*.py``): FSDP2 ``fully_shard`` on every rank of its distributed
+  recipes ("DDP is currently not supported"), resharding after forward or not
+  (``fsdp_reshard_after_forward``), CPU offload as CPUOffloadPolicy (``fsdp_cpu_offload``);
+  TP (``tensor_parallel_dim``) in ``full_finetune_distributed`` only, Colwise/Rowwise without
+  sequence parallelism (``base_llama_tp_plan``); no pipeline, context or expert parallelism;
+  activation checkpointing of whole blocks; ``optimizer_in_bwd`` in its full fine-tune recipes,
+  which raise on gradient accumulation; LoRA and QLoRA recipes; bf16 only ("full fp16 training
+  is not supported with this recipe").
 """
 
 from __future__ import annotations
@@ -160,18 +168,43 @@ ACCELERATE_TARGET = Capabilities(
 """What some accelerate backend runs; which one runs a plan is ``plugins.accelerate``'s
 backend choice (each backend's own limits are checked there)."""
 
+TORCHTUNE_TARGET = Capabilities(
+    name="torchtune", zero_stages=(0, 2, 3), pipeline_zero_stages=(), zero3_with_tp=True,
+    offloads=(Offload.PARAMS,), interleaving=False, uneven_interleaving=False,
+    placements=(DEFAULT_PLACEMENT,), zero_bubble=False, context_parallel=False,
+    expert_parallel=False, expert_parallel_with_tp=False, expert_parallel_needs_sharding=False,
+    ep_with_tp_needs_sp=False, sequence_parallel=False, partial_recompute=False,
+    node_groups=False, precisions=("bf16",), pipeline_needs_microbatches=False,
+    optimizer_in_backward=True,
+    notes={"pipeline_zero": "torchtune's recipes have no pipeline parallelism; re-plan with "
+                            "--pp 1",
+           "zero1": "its data parallelism is FSDP2 sharding, which shards gradients too; "
+                    "re-plan with --zero 2 or 3",
+           "offload_optimizer": "its CPU offload (fsdp_cpu_offload, FSDP2's CPUOffloadPolicy) "
+                                "moves parameters, gradients and optimizer state together; "
+                                "re-plan with --offload params --zero 3",
+           "sequence_parallel": "its tensor-parallel plan (base_llama_tp_plan) has no sequence "
+                                "parallelism; re-plan with --no-sp (on a runtime that has TP "
+                                "without SP) or --tp 1",
+           "partial_recompute": "enable_activation_checkpointing wraps every block; re-plan "
+                                "without --recompute-num-layers (recompute_num_layers)",
+           "precision": "its recipes train in bf16 only (dtype=bf16)"})
+"""Which recipe, and what it cannot run beyond this table (DDP, TP in LoRA recipes, selective
+recompute, an int8 base), is ``plugins.torchtune``'s."""
+
 TARGETS: dict[str, Capabilities] = {
     "megatron": MEGATRON_TARGET, "deepspeed": DEEPSPEED_TARGET, "torchtitan": TORCHTITAN_TARGET,
-    "colossalai": COLOSSALAI_TARGET, "torchrun": TORCHRUN_TARGET, "accelerate": ACCELERATE_TARGET}
+    "colossalai": COLOSSALAI_TARGET, "torchrun": TORCHRUN_TARGET, "accelerate": ACCELERATE_TARGET,
+    "torchtune": TORCHTUNE_TARGET}
 
 RUNTIME_TARGET = {Runtime.MEGATRON: "megatron", Runtime.DEEPSPEED: "deepspeed",
                   Runtime.FSDP: "torchtitan"}
 """The export target that runs each runtime's plans."""
 
 TARGET_RUNTIME = {"megatron": Runtime.MEGATRON, "deepspeed": Runtime.DEEPSPEED,
-                  "torchtitan": Runtime.FSDP, "torchrun": Runtime.FSDP}
+                  "torchtitan": Runtime.FSDP, "torchrun": Runtime.FSDP, "torchtune": Runtime.FSDP}
 """The runtime whose cost model prices a target's files (torchrun's train.py is FSDP2 and
-torch.distributed.pipelining, like torchtitan). accelerate is priced as its chosen backend;
+torch.distributed.pipelining, like torchtitan; torchtune's recipes are FSDP2). accelerate is priced as its chosen backend;
 Colossal-AI has no cost model of its own."""
 
 RUNTIMES: dict[Runtime, Capabilities] = {

@@ -41,6 +41,7 @@ class ExportTarget(str, Enum):
     accelerate = "accelerate"
     colossalai = "colossalai"
     torchrun = "torchrun"
+    torchtune = "torchtune"
     all = "all"
 
 
