@@ -169,16 +169,14 @@ ACCELERATE_TARGET = Capabilities(
 backend choice (each backend's own limits are checked there)."""
 
 TORCHTUNE_TARGET = Capabilities(
-    name="torchtune", zero_stages=(0, 2, 3), pipeline_zero_stages=(), zero3_with_tp=True,
+    name="torchtune", zero_stages=(0, 2, 3), pipeline_zero_stages=(0, 2, 3), zero3_with_tp=True,
     offloads=(Offload.PARAMS,), interleaving=False, uneven_interleaving=False,
     placements=(DEFAULT_PLACEMENT,), zero_bubble=False, context_parallel=False,
     expert_parallel=False, expert_parallel_with_tp=False, expert_parallel_needs_sharding=False,
     ep_with_tp_needs_sp=False, sequence_parallel=False, partial_recompute=False,
     node_groups=False, precisions=("bf16",), pipeline_needs_microbatches=False,
     optimizer_in_backward=True,
-    notes={"pipeline_zero": "torchtune's recipes have no pipeline parallelism; re-plan with "
-                            "--pp 1",
-           "zero1": "its data parallelism is FSDP2 sharding, which shards gradients too; "
+    notes={"zero1": "its data parallelism is FSDP2 sharding, which shards gradients too; "
                     "re-plan with --zero 2 or 3",
            "offload_optimizer": "its CPU offload (fsdp_cpu_offload, FSDP2's CPUOffloadPolicy) "
                                 "moves parameters, gradients and optimizer state together; "
@@ -189,8 +187,8 @@ TORCHTUNE_TARGET = Capabilities(
            "partial_recompute": "enable_activation_checkpointing wraps every block; re-plan "
                                 "without --recompute-num-layers (recompute_num_layers)",
            "precision": "its recipes train in bf16 only (dtype=bf16)"})
-"""Which recipe, and what it cannot run beyond this table (DDP, TP in LoRA recipes, selective
-recompute, an int8 base), is ``plugins.torchtune``'s."""
+"""Which recipe, and what it cannot run beyond this table (pipelines, DDP, TP in LoRA recipes,
+selective recompute, an int8 base), is ``plugins.torchtune``'s."""
 
 TARGETS: dict[str, Capabilities] = {
     "megatron": MEGATRON_TARGET, "deepspeed": DEEPSPEED_TARGET, "torchtitan": TORCHTITAN_TARGET,

@@ -122,6 +122,8 @@ def check(result: Result) -> None:
     """
     plan = result.plan
     problems = capability_problems(result, "torchtune")
+    if plan.pp > 1:
+        problems.append("its recipes have no pipeline parallelism; re-plan with --pp 1")
     if plan.dp > 1 and plan.zero_stage == 0:
         problems.append("its data parallelism is FSDP2 sharding (\"DDP is currently not "
                         "supported\"); re-plan with --zero 2 or 3")
