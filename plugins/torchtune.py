@@ -97,7 +97,8 @@ def _fine_tuning_problems(result: Result) -> list[str]:
     if _frozen(result) and not is_lora(result):
         problems.append(f"its recipes train every parameter (full_finetune_*) or LoRA adapters "
                         f"(lora_finetune_*), but this model freezes {_frozen(result):,} "
-                        "parameters without PEFT LoRA adapters")
+                        "parameters without PEFT LoRA adapters (a plan JSON written before "
+                        "model.lora was recorded: solve again)")
     if is_lora(result):
         problems += _lora_problems(result.model.lora)
         if plan.tp > 1:
