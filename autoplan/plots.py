@@ -252,9 +252,9 @@ def _nodes_to_show(stage_of_node: list[set[int]], max_nodes: int) -> tuple[tuple
         return tuple(range(max_nodes)), f"first {max_nodes} of {nodes} nodes"
     first_of_stage = sorted({min(n for n, held in enumerate(stage_of_node) if s in held)
                              for s in stages})
-    return (tuple(first_of_stage),
-            f"{len(first_of_stage)} of {nodes} nodes: the first node of each of the "
+    note = (f"{len(first_of_stage)} of {nodes} nodes: the first node of each of the "
             f"{len(stages)} pipeline stages")
+    return tuple(first_of_stage), note
 
 
 def plan_layout(result: Result, *, gpus_per_node: int | None = None,
@@ -285,11 +285,20 @@ def _stage_colours(pp: int) -> list:
     return [cmap(0.1 + 0.8 * s / (pp - 1)) for s in range(pp)]
 
 
+def _stage_layers(result: Result, stage: int) -> str:
+    """The layers (LayerGraph indices) pipeline rank ``stage`` runs: one range, or with VPP its
+    chunks ``c * pp + stage`` (Megatron's interleaving), the first three listed."""
+    p = result.plan
+    chunks = [p.stages[c * p.pp + stage] for c in range(p.vpp)]
+    ranges = [f"{st.first_layer}-{st.first_layer + st.num_layers - 1}" for st in chunks]
+    return ", ".join(ranges[:3]) + (f" ... ({len(ranges)} chunks)" if len(ranges) > 3 else "")
+
+
 def _stage_legend(result: Result, colours: list) -> list:
-    """One patch per stage naming its layers (LayerGraph indices), and the TP-group outline."""
+    """One patch per pipeline stage naming its layers, and the TP-group outline."""
     handles = [Rectangle((0, 0), 1, 1, color=colours[s],
-                         label=f"stage {s}: layers {st.first_layer}-{st.first_layer + st.num_layers - 1}")
-               for s, st in enumerate(result.plan.stages)]
+                         label=f"stage {s}: layers {_stage_layers(result, s)}")
+               for s in range(result.plan.pp)]
     if result.plan.tp > 1:
         handles.append(Rectangle((0, 0), 1, 1, fill=False, edgecolor="black", linewidth=1.5,
                                  label=f"one TP group ({result.plan.tp} GPUs)"))
@@ -299,7 +308,8 @@ def _stage_legend(result: Result, colours: list) -> list:
 def _key_line(result: Result) -> str:
     """What the letters in a box mean, for the degrees this plan has."""
     names = ", ".join(f"{AXIS_LETTERS[a]} = {AXIS_NAMES[a]} rank" for a in _degrees(result))
-    return "S = pipeline stage (colour)" + (f", {names}" if names else "")
+    chunks = f" of {result.plan.vpp} interleaved chunks" if result.plan.vpp > 1 else ""
+    return f"S = pipeline stage{chunks} (colour)" + (f", {names}" if names else "")
 
 
 def plan_on_cluster(result: Result, path: str | Path, *, gpus_per_node: int | None = None,
@@ -328,7 +338,7 @@ def plan_on_cluster(result: Result, path: str | Path, *, gpus_per_node: int | No
     note = f"\n{layout.note}" if layout.note else ""
     ax.set_title(f"{_plan_title(result)}\n{_key_line(result)}{note}", fontsize=8)
     ax.legend(handles=_stage_legend(result, colours), fontsize=6, loc="upper left",
-              bbox_to_anchor=(1.0, 1.0), ncol=-(-len(p.stages) // 24))
+              bbox_to_anchor=(1.0, 1.0), ncol=-(-p.pp // 24))
     for spine in ax.spines.values():
         spine.set_visible(False)
     return _save(fig, path)

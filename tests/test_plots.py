@@ -76,3 +76,15 @@ def test_expert_parallel_ranks_follow_megatron_core():
     labels = [box.label for box in plots.plan_layout(result).boxes]
     # EP rank = DP rank mod 2 (ep innermost over each stage's dp replicas, cp = 1).
     assert labels == [f"rank {r}\nS{r // 4} D{r % 4} E{r % 2}" for r in range(8)]
+
+
+def test_with_interleaving_a_stage_lists_the_chunks_it_runs(monkeypatch, tmp_path):
+    result = api.estimate(GPT32, DGX1, {"tp": 2, "pp": 2, "dp": 2, "vpp": 2}, seq_len=256,
+                          global_batch=16)
+    ax = _figure(monkeypatch, plots.plan_on_cluster, result, tmp_path).axes[0]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    # Megatron's interleaving: pipeline rank r runs chunks r and r + pp of the pp*vpp stages.
+    ranges = [f"{st.first_layer}-{st.first_layer + st.num_layers - 1}" for st in result.plan.stages]
+    assert legend[:2] == [f"stage 0: layers {ranges[0]}, {ranges[2]}",
+                          f"stage 1: layers {ranges[1]}, {ranges[3]}"]
+    assert "2 interleaved chunks" in ax.get_title()

@@ -15,7 +15,8 @@ Any other argument forward requires is the user's to build: that is a ``ModelFil
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
