@@ -243,18 +243,20 @@ def _gpu_label(rank: int, coords: dict[str, int], degrees: dict[str, int]) -> st
 
 def _nodes_to_show(stage_of_node: list[set[int]], max_nodes: int) -> tuple[tuple[int, ...], str]:
     """All nodes when they are few; else the first ``max_nodes`` if they hold every stage, else
-    the first node of each stage (a pipeline usually spans the cluster, stage by stage)."""
+    the first nodes of each stage, as many per stage as ``max_nodes`` allows (at least one: a
+    pipeline usually spans the cluster stage by stage, and every stage must appear)."""
     nodes = len(stage_of_node)
     if nodes <= max_nodes:
         return tuple(range(nodes)), ""
-    stages = set().union(*stage_of_node)
-    if set().union(*stage_of_node[:max_nodes]) == stages:
+    stages = sorted(set().union(*stage_of_node))
+    if set().union(*stage_of_node[:max_nodes]) == set(stages):
         return tuple(range(max_nodes)), f"first {max_nodes} of {nodes} nodes"
-    first_of_stage = sorted({min(n for n, held in enumerate(stage_of_node) if s in held)
-                             for s in stages})
-    note = (f"{len(first_of_stage)} of {nodes} nodes: the first node of each of the "
-            f"{len(stages)} pipeline stages")
-    return tuple(first_of_stage), note
+    per_stage = max(1, max_nodes // len(stages))
+    shown = sorted({n for s in stages
+                    for n in [n for n, held in enumerate(stage_of_node) if s in held][:per_stage]})
+    first = "the first node" if per_stage == 1 else f"the first {per_stage} nodes"
+    note = f"{len(shown)} of {nodes} nodes: {first} of each of the {len(stages)} pipeline stages"
+    return tuple(shown), note
 
 
 def plan_layout(result: Result, *, gpus_per_node: int | None = None,

@@ -88,3 +88,12 @@ def test_with_interleaving_a_stage_lists_the_chunks_it_runs(monkeypatch, tmp_pat
     assert legend[:2] == [f"stage 0: layers {ranges[0]}, {ranges[2]}",
                           f"stage 1: layers {ranges[1]}, {ranges[3]}"]
     assert "2 interleaved chunks" in ax.get_title()
+
+
+def test_a_short_pipeline_on_many_nodes_shows_several_nodes_of_each_stage():
+    result = api.estimate(GPT32, DGX128, {"tp": 8, "pp": 2, "dp": 64}, seq_len=256,
+                          global_batch=128)
+    layout = plots.plan_layout(result)
+    # Stage 0 is nodes 0-63, stage 1 nodes 64-127; 16 rows give each stage its first 8 nodes.
+    assert layout.shown == (*range(8), *range(64, 72))
+    assert "the first 8 nodes of each of the 2 pipeline stages" in layout.note
