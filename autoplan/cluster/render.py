@@ -31,13 +31,12 @@ _KIND_NAME = {"gpu": "GPU", "nvswitch": "NVSwitch of a node", "nvlink": "NVLink 
               "pcie": "PCIe switch of a node", "cpu": "host (CPU memory)", "nic": "NIC",
               "single-switch": "network switch", "leaf": "leaf switch", "spine": "spine switch",
               "node": "node (its GPUs, switch and NICs)", "block": "block of nodes"}
-_SWITCHES = {"nvswitch", "nvlink", "pcie"}
-_NETWORK = {"leaf", "single-switch", "spine"}
+_SWITCH_NAME = {"nvswitch": "NVSwitch", "nvlink": "NVLink", "pcie": "PCIe sw"}
 _ROLE_COLOUR = {"intra-node": "#76b900", "host link": "#f79646", "NIC to node switch": "#999999",
                 "network": "#4f81bd", "leaf to spine": "#8064a2"}
 EDGE_LABELS_ALL_UP_TO = 12
 """Label every edge of a drawing with at most this many; past it, one edge of each kind of link
-(same link, same bandwidth), so the numbers stay readable."""
+(same role, same bandwidth), so the numbers stay readable."""
 
 
 def _gbs(bps: float | None) -> str:
@@ -171,7 +170,7 @@ class TopologyDrawing:
     vertex_labels: dict[str, str]
     edge_labels: dict[tuple[str, str], str]
     legend: tuple[tuple[str, str, str], ...]
-    """(marker 'vertex' or 'link', colour, text)."""
+    """(marker 'vertex', 'link' or 'note', colour, text)."""
     title: str
 
 
@@ -189,8 +188,8 @@ def _vertex_label(cluster: Cluster, vertex: str, data: dict) -> str:
     kind, parts = data["kind"], vertex.split(":")[1:]
     if kind == "gpu":
         return f"GPU {parts[1]}" if cluster.num_nodes == 1 else f"GPU {parts[0]}:{parts[1]}"
-    if kind in ("nvswitch", "nvlink", "pcie"):
-        return f"node {parts[0]}\n{ {'nvswitch': 'NVSwitch', 'nvlink': 'NVLink', 'pcie': 'PCIe sw'}[kind]}"
+    if kind in _SWITCH_NAME:
+        return f"node {parts[0]}\n{_SWITCH_NAME[kind]}"
     if kind == "cpu":
         return f"host {parts[0]}"
     if kind == "nic":
@@ -213,7 +212,7 @@ def _link_role(graph: nx.Graph, u: str, v: str) -> str:
         return "intra-node"
     if "cpu" in kinds:
         return "host link"
-    if "nic" in kinds and kinds & _SWITCHES:
+    if "nic" in kinds and kinds & _SWITCH_NAME.keys():
         return "NIC to node switch"
     return "leaf to spine" if kinds == {"leaf", "spine"} else "network"
 
