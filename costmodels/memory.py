@@ -216,6 +216,22 @@ def allocator_slack_bytes(activations: float, fragmentation: float, workspace: f
     return workspace + fragmentation * activations
 
 
+def grad_norm_copy_bytes(largest_params: float, partition_params: float, *,
+                         bytes_per_element: float) -> float:
+    """The transient of the gradient norm at the optimizer step: DeepSpeed's ZeRO-1/2
+    (``stage_1_and_2.get_grad_norm_direct``) converts each gradient of its partition to fp64
+    (``zero.utils.get_norm_dtype``: ``torch.double``, 8 bytes per element) one tensor at a time,
+    so the largest gradient piece a rank owns, at most its partition, is copied whole."""
+    return bytes_per_element * min(largest_params, partition_params)
+
+
+def step_moment_excess_bytes(transient: float, activations: float, fragmentation: float) -> float:
+    """What the optimizer-step moment adds over the backward moment. By the step every
+    micro-batch's activations (and the blocks the allocator held for them) are freed, the
+    model states and buffers stay: the peak is the larger of the two transients."""
+    return max(0.0, transient - activations * (1 + fragmentation))
+
+
 def in_flight_chunks(rank: int, *, pp: int, vpp: int, num_microbatches: int) -> int:
     """Model-chunk activations a pipeline rank holds at its peak.
 

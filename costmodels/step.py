@@ -24,6 +24,7 @@ from autoplan.costmodels.memory import (
     WEIGHT_BYTES, ModelStates, in_flight_chunks, layer_activation_bytes, layer_params_on_gpu,
     allocator_slack_bytes, layer_trained_on_gpu, layer_weight_bytes, loss_peak_bytes,
     model_state_bytes, backward_working_bytes, optimizer_step_bytes, zero3_buffer_bytes,
+    grad_norm_copy_bytes, step_moment_excess_bytes,
 )
 from autoplan.costmodels.pipeline import pipeline_time
 from autoplan.costmodels.profiles import ComputeProfile, RuntimeProfile, compute_profile
@@ -498,12 +499,13 @@ def _rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLi
     params = holds.count
     states = _model_states(problem, plan, holds.without(experts, experts), experts)
     held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp, num_microbatches=plan.num_microbatches)
-    activations = held * sums.acts_per_chunk + sums.working
+    acts_per_chunk = sums.acts_per_chunk + _held_output_bytes(problem, plan, _rank_stages(plan, rank))
+    activations = held * acts_per_chunk + sums.working
     other = _other_bytes(problem, plan, activations, sums.largest, params)
     return _RankCost(rank, sums.compute_s + sums.tp_comm_s + sums.cp_comm_s + pp_comm_s + ep_comm_s,
                      sums.compute_s, sums.backward_s, sums.tp_comm_s, sums.cp_comm_s, sums.wgrad_s,
                      pp_comm_s, states, activations, other, params,
-                     sums.acts_per_chunk, sums.largest, sums.gathers, ep_comm_s, experts,
+                     acts_per_chunk, sums.largest, sums.gathers, ep_comm_s, experts,
                      holds.trained)
 
 
@@ -555,11 +557,34 @@ def _other_bytes(problem: Problem, plan: Plan, activations: float,
                                                                 runtime.cublas_workspace_bytes)
     if plan.zero_stage >= 1:
         other += runtime.zero_bucket_bytes
+    other += step_moment_excess_bytes(_step_transient_bytes(problem, plan, largest_gathered, params),
+                                      activations, runtime.fragmentation)
     if plan.zero_stage >= 3:
         other += zero3_buffer_bytes(
             largest_gathered, params, bytes_per_param=runtime.zero3_gather_bytes,
             pipeline_resident=runtime.zero3_pp_resident and plan.pp > 1)
     return other
+
+
+def _step_transient_bytes(problem: Problem, plan: Plan, largest_module: float,
+                          params: float) -> float:
+    """The optimizer step's transient on a GPU: ZeRO-1/2's fp64 copy of the largest gradient
+    (``largest_module``: DeepSpeed's largest parameter-owning module) of its 1/dp partition."""
+    bytes_per_element = problem.runtime.grad_norm_bytes
+    if not bytes_per_element or plan.zero_stage not in (1, 2):
+        return 0.0
+    return grad_norm_copy_bytes(largest_module, params / (plan.dp * plan.cp),
+                                bytes_per_element=bytes_per_element)
+
+
+def _held_output_bytes(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], ...]) -> float:
+    """Bytes per in-flight micro-batch chunk of the stage output a pipeline engine keeps until
+    that micro-batch's backward (the chunk's last layer's output, replicated over TP)."""
+    if not problem.runtime.pp_holds_stage_outputs or plan.pp == 1:
+        return 0.0
+    layers = problem.graph.layers
+    total = sum(layers[first + num - 1].boundary_bytes for first, num in stages)
+    return total * plan.micro_batch_size / (plan.cp * len(stages))
 
 
 def _tied_copy_params(problem: Problem, stages: tuple[tuple[int, int], ...]) -> float:
