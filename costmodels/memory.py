@@ -183,6 +183,15 @@ def loss_peak_bytes(logits_bytes: float, split: Split, *, bytes_per_logit: int,
     return bytes_per_logit * elements * split.mbs / (split.tp * split.cp)
 
 
+def held_fp32_logits_bytes(logits_bytes: float, split: Split, *,
+                           logit_element_bytes: int = WEIGHT_BYTES) -> float:
+    """The fp32 logits of one micro-batch on one GPU (vocab split over TP), as a pipeline
+    engine holds them when they are the stage's output: Megatron-DeepSpeed's GPTModelPipe ends
+    in ``float16_to_fp32`` and DeepSpeed's PipelineEngine keeps that output until the
+    micro-batch's backward is done. Its fused cross-entropy works in place in that buffer."""
+    return FP32_BYTES * logits_bytes / logit_element_bytes * split.mbs / (split.tp * split.cp)
+
+
 def backward_working_bytes(layer: Layer, split: Split, *, gathered_inputs: bool = False) -> float:
     """Transient bytes while one layer runs its backward: the gradients it produces are about
     as large as what it saved, and a fully recomputed layer first rebuilds all of that."""

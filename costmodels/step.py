@@ -24,7 +24,7 @@ from autoplan.costmodels.memory import (
     WEIGHT_BYTES, ModelStates, in_flight_chunks, layer_activation_bytes, layer_params_on_gpu,
     allocator_slack_bytes, layer_trained_on_gpu, layer_weight_bytes, loss_peak_bytes,
     model_state_bytes, backward_working_bytes, optimizer_step_bytes, zero3_buffer_bytes,
-    grad_norm_copy_bytes, step_moment_excess_bytes,
+    grad_norm_copy_bytes, held_fp32_logits_bytes, step_moment_excess_bytes,
 )
 from autoplan.costmodels.pipeline import pipeline_time
 from autoplan.costmodels.profiles import ComputeProfile, RuntimeProfile, compute_profile
@@ -238,9 +238,12 @@ def _working_bytes(problem: Problem, layer: Layer, split: Split) -> float:
         return backward_working_bytes(layer, split,
                                       gathered_inputs=problem.runtime.sp_saves_gathered_input)
     element = 4 if problem.precision == "fp32" else WEIGHT_BYTES
-    return loss_peak_bytes(head.boundary_bytes, split,
+    peak = loss_peak_bytes(head.boundary_bytes, split,
                            bytes_per_logit=problem.runtime.loss_bytes_per_logit,
                            logit_element_bytes=element)
+    if problem.runtime.pp_holds_stage_outputs:  # counted with the held stage output
+        peak -= held_fp32_logits_bytes(head.boundary_bytes, split, logit_element_bytes=element)
+    return peak
 
 
 def _logits_layer(problem: Problem, layer: Layer) -> Layer | None:
@@ -499,7 +502,8 @@ def _rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLi
     params = holds.count
     states = _model_states(problem, plan, holds.without(experts, experts), experts)
     held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp, num_microbatches=plan.num_microbatches)
-    acts_per_chunk = sums.acts_per_chunk + _held_output_bytes(problem, plan, _rank_stages(plan, rank))
+    acts_per_chunk = sums.acts_per_chunk + _held_output_bytes(problem, plan,
+                                                              _rank_stages(plan, rank), split)
     activations = held * acts_per_chunk + sums.working
     other = _other_bytes(problem, plan, activations, sums.largest, params)
     return _RankCost(rank, sums.compute_s + sums.tp_comm_s + sums.cp_comm_s + pp_comm_s + ep_comm_s,
@@ -577,14 +581,25 @@ def _step_transient_bytes(problem: Problem, plan: Plan, largest_module: float,
                                 bytes_per_element=bytes_per_element)
 
 
-def _held_output_bytes(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], ...]) -> float:
+def _held_output_bytes(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], ...],
+                       split: Split) -> float:
     """Bytes per in-flight micro-batch chunk of the stage output a pipeline engine keeps until
-    that micro-batch's backward (the chunk's last layer's output, replicated over TP)."""
-    if not problem.runtime.pp_holds_stage_outputs or plan.pp == 1:
+    that micro-batch's backward is done: the chunk's last layer's output (replicated over TP),
+    or for the chunk that ends in the loss the fp32 logits (memory.held_fp32_logits_bytes; the
+    engine runs even a single stage, as Megatron-DeepSpeed does at PP 1)."""
+    if not problem.runtime.pp_holds_stage_outputs:
         return 0.0
     layers = problem.graph.layers
-    total = sum(layers[first + num - 1].boundary_bytes for first, num in stages)
-    return total * plan.micro_batch_size / (plan.cp * len(stages))
+    total = 0.0
+    for first, num in stages:
+        last = layers[first + num - 1]
+        head = _logits_layer(problem, last)
+        if head is not None:
+            element = 4 if problem.precision == "fp32" else WEIGHT_BYTES
+            total += held_fp32_logits_bytes(head.boundary_bytes, split, logit_element_bytes=element)
+        else:
+            total += last.boundary_bytes * split.mbs / split.cp
+    return total / len(stages)
 
 
 def _tied_copy_params(problem: Problem, stages: tuple[tuple[int, int], ...]) -> float:
