@@ -7,6 +7,9 @@ from __future__ import annotations
 import pytest
 
 import autoplan
+from autoplan.api import _training, load_cluster, load_model, make_problem, plan_from_pins
+from autoplan.costmodels.step import peak_moments
+from autoplan.training import Pins
 from autoplan.zoo import Llama, LlamaConfig, next_token_loss
 from tests.graph.models import model_file
 
@@ -59,3 +62,13 @@ def test_pipeline_engine_keeps_each_in_flight_stage_output(examples):
     extra = (kept.stage_memory_gib[0] - freed.stage_memory_gib[0]) * 2**30
     outputs = 2 * 1 * SEQ * 64 * 2  # in flight x mbs x s x h x bf16
     assert extra == pytest.approx(outputs * 1.10)  # with the allocator's slack on activations
+
+
+def test_explain_names_the_step_moment(examples):
+    """When the fp64 copy sets the peak (the first case above), explain says the optimizer step
+    is the moment, not a backward."""
+    cluster = load_cluster(examples / "clusters" / "a100-x1.yaml")
+    problem = make_problem(load_model(wide_vocab), cluster,
+                           _training(16, BATCH, "bf16", "deepspeed", "flash"))
+    plan = plan_from_pins(problem, Pins(dp=1, zero=1, mbs=1, recompute="full"))
+    assert peak_moments(problem, plan)[0].startswith("the optimizer step")
