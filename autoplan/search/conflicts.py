@@ -190,8 +190,9 @@ class Builds:
         if table.eligible():
             return (table, min(table.eligible(), key=table.order),
                     table.open_bound_s == float("inf"))
-        fitting = self.table(reqs).eligible()
-        return (self.table(reqs), fitting[0], False) if fitting else None
+        screened = self.table(reqs)
+        fitting = screened.eligible()
+        return (screened, min(fitting, key=screened.order), False) if fitting else None
 
     def admits(self, reqs: list[Requirement]) -> bool | None:
         """Whether some plan meets ``reqs``; None when the deadline cut the screen or build
@@ -242,7 +243,7 @@ def _explain(builds: Builds, reqs: list[Requirement]) -> str:
     """The message for ``reqs``, which admit no plan in the solver's space."""
     everything = builds.table(reqs)
     if everything.eligible():  # all hold, on a plan the time search's space leaves out
-        row = everything.eligible()[0]
+        row = min(everything.eligible(), key=everything.order)
         return (f"no plan in the searched space meets these requirements (for speed it keeps "
                 f"the two largest DP degrees that fit), but {one_line(everything.plans[row])} "
                 f"does; pin --dp {everything.plans[row].dp} to get it.")
