@@ -44,7 +44,8 @@ def test_column_gemms_are_long_enough_to_hide_the_gradient_all_reduces(megatron)
     # all-reduce, so with overlap none of the backward's is exposed.
     block = next(l for l in megatron.graph.layers if l.kind is LayerKind.BLOCK)
     peak = megatron.cluster.gpu.peak_flops("bf16")
-    window = column_gemm_time(block, Split(TP, 1, False, MBS), peak, megatron.compute)
+    window = column_gemm_time(block, Split(TP, 1, False, MBS), megatron.cluster.gpu, peak,
+                              megatron.compute)
     assert window > 2 * _all_reduce(megatron)
 
 
