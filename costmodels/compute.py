@@ -3,8 +3,9 @@
 Each Linear is a GEMM of ``m = tokens`` rows, its columns (column-parallel) or rows
 (row-parallel) divided by TP, costed from its shape (:func:`gemm_time`): the output is cut into
 GEMM_TILE tiles that run in waves of one per SM, so a last partial wave idles the rest of the
-GPU (wave quantization); on top, ``gemm_efficiency * f / (f + gemm_half_flops)`` for a GEMM of f
-FLOPs (launch and k-loop prologue of small GEMMs); and no GEMM runs faster than its operands
+GPU (wave quantization); each kernel adds a fixed start-up of ``gemm_half_flops`` at the plateau
+rate (launch, k-loop prologue: ``gemm_efficiency * f / (f + gemm_half_flops)`` for a GEMM of f
+FLOPs that fills its waves); and no GEMM runs faster than its operands
 stream through HBM (roofline: thin GEMMs under large TP, LoRA adapters of rank r, decode).
 Backward is two GEMMs of the same size (input and weight gradients), each run only where
 needed: a frozen Linear's weight gets no gradient, a Linear whose input needs none (below the
@@ -89,13 +90,17 @@ def wave_efficiency(m: float, n: float, sm_count: int | None) -> float:
 
 def gemm_time(m: float, n: float, k: float, gpu: GpuSpec, peak: float,
               profile: ComputeProfile) -> float:
-    """Seconds of one (m x k) @ (k x n) GEMM: tensor-core time at the wave-quantized, size-
-    dependent efficiency, or the time its 16-bit operands and output take through HBM,
-    whichever is longer."""
+    """Seconds of one (m x k) @ (k x n) GEMM: its waves of tiles at the plateau efficiency
+    plus a fixed start-up of ``gemm_half_flops`` worth of plateau time (launch, k-loop prologue
+    and epilogue: the same ``f / (f + half)`` curve as :func:`_flops_time` for a GEMM that fills
+    its waves), or the time its 16-bit operands and output take through HBM, whichever is
+    longer. The start-up is not divided by the wave share: it is paid once per kernel, however
+    few tiles it has."""
     flops = 2.0 * m * n * k
     if flops <= 0:
         return 0.0
-    compute = _flops_time(flops, peak, profile) / wave_efficiency(m, n, gpu.sm_count)
+    issued = flops / wave_efficiency(m, n, gpu.sm_count)  # the idle SMs of the last wave count
+    compute = (issued + profile.gemm_half_flops) / (peak * profile.gemm_efficiency)
     traffic = HALF_BYTES * (m * k + k * n + m * n)
     return max(compute, traffic / (gpu.memory_bandwidth_Bps * profile.memory_efficiency))
 

@@ -30,14 +30,25 @@ def test_one_tile_past_a_full_wave_costs_a_second_wave():
 
 
 def test_second_wave_nearly_doubles_the_time_on_a100():
-    # Compute-bound k = 8192: t = (f + half) / (peak * eff * wave) with the profile's
-    # gemm_half_flops; 10/9 more FLOPs, and the wave share falls from 1 to 5/9.
+    # Compute-bound k = 8192: t = (f / wave + half) / (peak * eff), the start-up (half) once per
+    # kernel. 1152 x 1536 fills one wave (f1 = 2*1152*1536*8192 = 29.0 GFLOP); 1280 x 1536 has
+    # 10/9 the FLOPs in two waves, 5/9 busy, so it issues f2 * 9/5 = 2 * f1 FLOPs of wave time.
     gpu, profile = get_gpu("a100-sxm4-80gb"), compute_profile("a100-sxm4-80gb")
     peak = gpu.peak_flops("bf16")
     small = gemm_time(1152, 1536, 8192, gpu, peak, profile)
     large = gemm_time(1280, 1536, 8192, gpu, peak, profile)
-    f1, f2, half = 2 * 1152 * 1536 * 8192, 2 * 1280 * 1536 * 8192, profile.gemm_half_flops
-    assert large / small == pytest.approx((f2 + half) / (f1 + half) * 9 / 5)
+    f1, half = 2 * 1152 * 1536 * 8192, profile.gemm_half_flops
+    assert large / small == pytest.approx((2 * f1 + half) / (f1 + half))
+
+
+def test_a_one_wave_gemm_takes_as_long_with_fewer_tiles():
+    # 256 x 512 (2 x 4 = 8 tiles) and 512 x 512 (16 tiles) are each one partial wave on
+    # A100's 108 SMs: every tile runs at once, so the smaller GEMM is not faster (half the
+    # rows buys nothing until a wave is full).
+    gpu, profile = get_gpu("a100-sxm4-80gb"), compute_profile("a100-sxm4-80gb")
+    peak = gpu.peak_flops("bf16")
+    assert gemm_time(256, 512, 4096, gpu, peak, profile) == pytest.approx(
+        gemm_time(512, 512, 4096, gpu, peak, profile))
 
 
 def test_thin_gemm_is_bound_by_hbm_bandwidth():
@@ -59,4 +70,4 @@ def test_a_large_square_gemm_is_compute_bound_near_the_plateau():
     f = 2 * 8192**3
     t = gemm_time(8192, 8192, 8192, gpu, 312e12, profile)
     busy = 4096 / (math.ceil(4096 / 108) * 108)
-    assert t == pytest.approx((f + profile.gemm_half_flops) / (312e12 * profile.gemm_efficiency * busy))
+    assert t == pytest.approx((f / busy + profile.gemm_half_flops) / (312e12 * profile.gemm_efficiency))
