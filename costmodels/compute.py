@@ -220,3 +220,12 @@ def layer_time(layer: Layer, split: Split, recompute: Recompute, *, gpu: GpuSpec
     return LayerTime(fwd_s=fwd, bwd_s=bwd, recompute_s=recomputed,
                      column_gemm_s=column_gemm_time(layer, split, gpu, peak, profile),
                      attention_fwd_s=att_fwd, attention_bwd_s=att_bwd, wgrad_s=wgrad)
+
+
+def unshard_copy_time(params: float, copy_bytes: float, gpu: GpuSpec,
+                      profile: ComputeProfile) -> float:
+    """Seconds the copy kernels of ZeRO-3's gathers and reductions take on the compute stream
+    for ``params`` gathered parameters, ``copy_bytes`` of HBM traffic each (FSDP2's
+    all-gather copy-out and reduce-scatter copy-in: the runtime's ``unshard_copy_bytes``).
+    They run between the layer's kernels, so no collective overlap hides them."""
+    return params * copy_bytes / (gpu.memory_bandwidth_Bps * profile.memory_efficiency)

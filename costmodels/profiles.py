@@ -51,6 +51,13 @@ class RuntimeProfile:
     zero3_gather_bytes: float = 4.0
     zero3_pp_resident: bool = False
     zero_bucket_bytes: float = 0.0
+    reduce_bytes: float = 0.0
+    """Bytes per gradient element the data-parallel reduction sends (0: ``grad_bytes``):
+    4 where gradients are reduced in fp32 though computed in bf16 (FSDP's reduce_dtype)."""
+    unshard_copy_bytes: float = 0.0
+    """HBM bytes per gathered parameter that ZeRO-3's copy kernels move on the compute
+    stream per micro-batch (costmodels.compute.unshard_copy_time); 0 where the collectives
+    write the parameters in place."""
     cublas_workspace_bytes: float = 32 * 2**20
     """cuBLAS workspace PyTorch allocates per handle and stream through its caching allocator:
     32 MiB, the size the cuBLAS docs recommend for Hopper (``cublasSetWorkspace``; 4 MiB

@@ -97,7 +97,8 @@ def test_deepspeed_zero3_pays_one_ring_per_module_and_pass():
     for runtime in ("deepspeed", "fsdp"):
         problem = make_problem(model, cluster, _training(256, 16, "bf16", runtime, "flash"),
                                runtime_settings={"zero3_collective_efficiency": 1.0,
-                                                 "zero3_overlap": 0.0})
+                                                 "zero3_overlap": 0.0, "reduce_bytes": 2,
+                                                 "unshard_copy_bytes": 0})
         plan = plan_from_pins(problem, Pins(tp=1, pp=1, dp=16, mbs=1, zero=3))
         times[runtime] = estimate(problem, plan).time_breakdown_s["dp_comm"]
     # FSDP gathers a layer at once: embedding, 2 blocks, ln_f (the head has no own weights).
