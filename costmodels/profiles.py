@@ -72,7 +72,7 @@ FITTED = ("compute.gemm_efficiency", "compute.attention_efficiency", "compute.bm
 field of every GPU's profile by one factor (1 = as profiles.yaml states it), ``<runtime>.<field>``
 sets one runtime's value. benchmarks/accuracy.py refits them leaving one source out."""
 
-SCALE_GRID = (0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3)
+SCALE_GRID = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.35, 1.5)
 OVERLAP_GRID = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 EFFICIENCY_GRID = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0)
 
