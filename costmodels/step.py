@@ -23,7 +23,8 @@ from autoplan.costmodels.compute import LayerTime, Split, layer_time, unshard_co
 from autoplan.costmodels.memory import (
     WEIGHT_BYTES, ModelStates, in_flight_chunks, layer_activation_bytes, layer_params_on_gpu,
     allocator_slack_bytes, layer_trained_on_gpu, layer_weight_bytes, loss_peak_bytes,
-    model_state_bytes, backward_working_bytes, optimizer_step_bytes, zero3_buffer_bytes,
+    model_state_bytes, in_backward_grads_held, backward_working_bytes, optimizer_step_bytes,
+    zero3_buffer_bytes, grad_norm_copy_bytes, held_fp32_logits_bytes, step_moment_excess_bytes,
 )
 from autoplan.costmodels.pipeline import pipeline_time
 from autoplan.costmodels.profiles import ComputeProfile, RuntimeProfile, compute_profile
@@ -237,9 +238,12 @@ def _working_bytes(problem: Problem, layer: Layer, split: Split) -> float:
         return backward_working_bytes(layer, split,
                                       gathered_inputs=problem.runtime.sp_saves_gathered_input)
     element = 4 if problem.precision == "fp32" else WEIGHT_BYTES
-    return loss_peak_bytes(head.boundary_bytes, split,
+    peak = loss_peak_bytes(head.boundary_bytes, split,
                            bytes_per_logit=problem.runtime.loss_bytes_per_logit,
                            logit_element_bytes=element)
+    if problem.runtime.pp_holds_stage_outputs:  # counted with the held stage output
+        peak -= held_fp32_logits_bytes(head.boundary_bytes, split, logit_element_bytes=element)
+    return peak
 
 
 def _logits_layer(problem: Problem, layer: Layer) -> Layer | None:
@@ -498,12 +502,14 @@ def _rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLi
     params = holds.count
     states = _model_states(problem, plan, holds.without(experts, experts), experts)
     held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp, num_microbatches=plan.num_microbatches)
-    activations = held * sums.acts_per_chunk + sums.working
+    acts_per_chunk = sums.acts_per_chunk + _held_output_bytes(problem, plan,
+                                                              _rank_stages(plan, rank), split)
+    activations = held * acts_per_chunk + sums.working
     other = _other_bytes(problem, plan, activations, sums.largest, params)
     return _RankCost(rank, sums.compute_s + sums.tp_comm_s + sums.cp_comm_s + pp_comm_s + ep_comm_s,
                      sums.compute_s, sums.backward_s, sums.tp_comm_s, sums.cp_comm_s, sums.wgrad_s,
                      pp_comm_s, states, activations, other, params,
-                     sums.acts_per_chunk, sums.largest, sums.gathers, ep_comm_s, experts,
+                     acts_per_chunk, sums.largest, sums.gathers, ep_comm_s, experts,
                      holds.trained)
 
 
@@ -512,10 +518,12 @@ def _model_states(problem: Problem, plan: Plan, dense: HeldParams, experts: floa
     EP split (``experts``, 0 when ep = 1; priced as trained) over the dp*cp/ep ranks that hold
     the same ones."""
     optimizer = problem.training.optimizer
+    held = (in_backward_grads_held(problem.graph.layers, plan.tp)
+            if problem.training.optimizer_in_backward else None)
     states = model_state_bytes(dense.count, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp,
                                offload=plan.offload, runtime=problem.runtime,
                                trained=dense.trained, weight_bytes=dense.weight_bytes,
-                               optimizer=optimizer)
+                               optimizer=optimizer, grads_held=held)
     if not experts:
         return states
     own = model_state_bytes(experts, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp // plan.ep,
@@ -555,11 +563,45 @@ def _other_bytes(problem: Problem, plan: Plan, activations: float,
                                                                 runtime.cublas_workspace_bytes)
     if plan.zero_stage >= 1:
         other += runtime.zero_bucket_bytes
+    other += step_moment_excess_bytes(_step_transient_bytes(problem, plan, largest_gathered, params),
+                                      activations, runtime.fragmentation)
     if plan.zero_stage >= 3:
         other += zero3_buffer_bytes(
             largest_gathered, params, bytes_per_param=runtime.zero3_gather_bytes,
             pipeline_resident=runtime.zero3_pp_resident and plan.pp > 1)
     return other
+
+
+def _step_transient_bytes(problem: Problem, plan: Plan, largest_module: float,
+                          params: float) -> float:
+    """The optimizer step's transient on a GPU: ZeRO-1/2's fp64 copy of the largest gradient
+    (``largest_module``: DeepSpeed's largest parameter-owning module) of its 1/dp partition."""
+    bytes_per_element = problem.runtime.grad_norm_bytes
+    if not bytes_per_element or plan.zero_stage not in (1, 2):
+        return 0.0
+    return grad_norm_copy_bytes(largest_module, params / (plan.dp * plan.cp),
+                                bytes_per_element=bytes_per_element)
+
+
+def _held_output_bytes(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], ...],
+                       split: Split) -> float:
+    """Bytes per in-flight micro-batch chunk of the stage output a pipeline engine keeps until
+    that micro-batch's backward is done: the chunk's last layer's output (replicated over TP),
+    or for the chunk that ends in the loss the fp32 logits (memory.held_fp32_logits_bytes; the
+    engine runs even a single stage, as Megatron-DeepSpeed does at PP 1)."""
+    if not problem.runtime.pp_holds_stage_outputs:
+        return 0.0
+    layers = problem.graph.layers
+    total = 0.0
+    for first, num in stages:
+        last = layers[first + num - 1]
+        head = _logits_layer(problem, last)
+        if head is not None:
+            element = 4 if problem.precision == "fp32" else WEIGHT_BYTES
+            total += held_fp32_logits_bytes(head.boundary_bytes, split, logit_element_bytes=element)
+        else:
+            total += last.boundary_bytes * split.mbs / split.cp
+    return total / len(stages)
 
 
 def _tied_copy_params(problem: Problem, stages: tuple[tuple[int, int], ...]) -> float:
@@ -815,16 +857,24 @@ def peak_moments(problem: Problem, plan: Plan) -> list[str]:
     """For each pipeline rank, the moment of the step that sets its memory peak: the
     micro-batches it holds in flight (its schedule's warm-up) when its largest transient runs,
     the cross-entropy of the logits or the backward of its heaviest layer (a full-recompute
-    block rebuilding its activations), with ZeRO-3's gathered copies held meanwhile."""
+    block rebuilding its activations), with ZeRO-3's gathered copies held meanwhile; or the
+    optimizer step, when its transient outweighs those (memory.step_moment_excess_bytes)."""
     moments = [""] * plan.pp
     links = _plan_links(problem, plan)
     for ranks in _rank_groups(problem, plan):
         for rank in ranks:
             split = Split(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel,
                           mbs=plan.micro_batch_size, flash=problem.flash_attention)
-            sums = _rank_base(problem, plan, rank, split, links)[0]
+            sums, _, holds = _rank_base(problem, plan, rank, split, links)
             held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp,
                                     num_microbatches=plan.num_microbatches)
+            activations = held * sums.acts_per_chunk + sums.working
+            if step_moment_excess_bytes(_step_transient_bytes(problem, plan, sums.largest,
+                                                              holds.count),
+                                        activations, problem.runtime.fragmentation):
+                moments[rank] = ("the optimizer step (the fp64 copy of the largest gradient "
+                                 "for the norm), after every micro-batch's activations are freed")
+                continue
             what = ("the loss (cross-entropy over the logits) of the newest micro-batch"
                     if sums.working_kind == "loss" else f"the backward of a {sums.working_kind}"
                     if sums.working_kind else "the backward")
