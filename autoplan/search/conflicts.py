@@ -26,7 +26,7 @@ from autoplan.costmodels.step import Problem
 from autoplan.plan import Plan, one_line
 from autoplan.search.solver import NO_LEGAL_PLAN, Table, explain_infeasible
 from autoplan.search.space import Shape, leanest_members, leanest_plans, shapes, stage_variants
-from autoplan.training import DEFAULT_PLACEMENT, Bounds, Objective, Pins, Range
+from autoplan.training import DEFAULT_PLACEMENT, Bounds, Objective, Pins, Range, TrainingSpec
 from autoplan.units import format_excess, format_seconds
 
 GIB = 2**30
@@ -88,12 +88,15 @@ def requirements(pins: Pins, bounds: Bounds | None, max_gpus: int | None,
     return out
 
 
-def _leanest_shape_pins(pins: Pins, bounds: Bounds | None) -> Pins:
+def _leanest_shape_pins(pins: Pins, bounds: Bounds | None, training: TrainingSpec) -> Pins:
     """The pins with micro-batch 1 and the default placement where neither is pinned (nor the
     micro-batch bounded): a family's memory-leanest shape has the smallest micro-batch, which
     every larger legal one implies is legal too, and placement changes no memory
-    (``space.leanest_members``), so the other shapes need not be enumerated."""
-    mbs_free = pins.mbs is None and (bounds is None or bounds.mbs is None)
+    (``space.leanest_members``), so the other shapes need not be enumerated. An optimizer that
+    steps in backward has one legal micro-batch per DP degree (the whole rank's batch), so
+    there the micro-batch stays free."""
+    mbs_free = (pins.mbs is None and (bounds is None or bounds.mbs is None)
+                and not training.optimizer_in_backward)
     return pins.model_copy(update={"mbs": 1 if mbs_free else pins.mbs,
                                    "placement": pins.placement or DEFAULT_PLACEMENT})
 
@@ -110,7 +113,7 @@ def _leanest_by_family(problem: Problem, pins: Pins, bounds: Bounds | None,
     plans (``space.leanest_plans``), the most split families first."""
     world = min(problem.cluster.num_gpus, max_gpus or problem.cluster.num_gpus)
     candidates = shapes(problem.graph, world=world, gpus_per_node=problem.cluster.gpus_per_node,
-                        training=problem.training, pins=_leanest_shape_pins(pins, bounds),
+                        training=problem.training, pins=_leanest_shape_pins(pins, bounds, problem.training),
                         bounds=bounds, every_dp=True)
     layouts: dict[tuple[int, int], list] = {}
     for members in sorted(leanest_members(candidates).values(), key=_most_split_first):
