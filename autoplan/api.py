@@ -22,7 +22,7 @@ from autoplan.costmodels.profiles import (ComputeProfile, RuntimeProfile, comput
                                           runtime_profile)
 from autoplan.costmodels.groups import check_groups, on_groups_in_order
 from autoplan.costmodels.parameters import with_parameters
-from autoplan.costmodels.step import Problem
+from autoplan.costmodels.problem import Problem
 from autoplan.costmodels.step import estimate as estimate_plan
 from autoplan.errors import (AutoplanError, ClusterSpecError, ConstraintError, ExportError,
                              ModelFileError, NoPlanInTimeError, OutputExistsError, PlanFileError)
@@ -672,7 +672,7 @@ def verify(model, plan_or_result: Plan | Result | str | Path, *, steps: int = 5,
     Raises:
         VerifyError: the plan cannot run here, or a rank failed.
     """
-    from autoplan.costmodels.step import Problem as _Problem
+    from autoplan.costmodels.problem import Problem as _Problem
     from autoplan.verify.memory import FP32_ADAM, predicted_rank_bytes
     from autoplan.verify.runner import verify_plan
     from autoplan.verify.tp_check import local_tp_problem

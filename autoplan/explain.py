@@ -18,9 +18,9 @@ from pydantic import BaseModel, ConfigDict
 from autoplan.capabilities import RUNTIMES
 from autoplan.cluster.topology import GroupLinks
 from autoplan.costmodels.comm import SLOW_NETWORK_BPS
-from autoplan.costmodels.step import (
-    Problem, axis_links, estimate, limit_mib, memory_mib, peak_moments,
-)
+from autoplan.costmodels.problem import Problem, limit_mib, memory_mib
+from autoplan.costmodels.placement import axis_links
+from autoplan.costmodels.step import estimate, peak_moments
 from autoplan.graph.layer_graph import LayerGraph
 from autoplan.plan import Offload, OmitsDefaults, Plan, Result, one_line
 from autoplan.plugins.colossalai_tp import compare_tp_modes
@@ -132,7 +132,7 @@ def binding(table: Table, problem: Problem, row: int, pins: Pins) -> str:
     """Memory binds when a faster candidate (in the solver's order) exists that does not fit;
     say which stage of it overflows."""
     est = table.estimate(row)
-    free = Table.build(replace(problem, mem_limit_bytes=UNLIMITED_BYTES, _cache={}), pins,
+    free = Table.build(replace(problem, mem_limit_bytes=UNLIMITED_BYTES), pins,
                        bound_key=table.key(row))
     fastest = min(range(len(free)), key=free.order)
     worst = max(range(len(est.stage_memory_gib)), key=lambda s: est.stage_memory_gib[s])
@@ -214,7 +214,7 @@ def runners_up(table: Table, chosen: int, *, count: int = 8) -> list[RunnerUp]:
 
 
 def _with_cluster(problem: Problem, **changes) -> Problem:
-    return replace(problem, cluster=replace(problem.cluster, **changes), _cache={})
+    return replace(problem, cluster=replace(problem.cluster, **changes))
 
 
 def _what_if(change: str, problem: Problem, pins: Pins, chosen: Plan, base_s: float) -> WhatIf:
@@ -230,7 +230,7 @@ def _what_if(change: str, problem: Problem, pins: Pins, chosen: Plan, base_s: fl
 
 def what_ifs(problem: Problem, chosen: Plan, base_s: float, pins: Pins) -> list[WhatIf]:
     """Re-solve with 1.5x memory, 2x intra-node and 2x inter-node bandwidth."""
-    more = replace(problem, mem_limit_bytes=problem.mem_limit_bytes * 1.5, _cache={})
+    more = replace(problem, mem_limit_bytes=problem.mem_limit_bytes * 1.5)
     out = [_what_if(f"1.5x GPU memory ({problem.mem_limit_bytes * 1.5 / 2**30:.0f} GiB)", more,
                     pins, chosen, base_s)]
     cluster = problem.cluster
@@ -332,7 +332,7 @@ def fine_tuning_savings(problem: Problem, result: Result) -> str | None:
             and training.optimizer is Optimizer.ADAMW
             and training.frozen_storage.value == training.precision.value):
         return None
-    full = replace(problem, graph=_fully_trained(problem.graph), _cache={},
+    full = replace(problem, graph=_fully_trained(problem.graph),
                    training=training.model_copy(update={"optimizer": Optimizer.ADAMW,
                                                         "frozen_dtype": None}))
     mine, theirs = result.estimate, estimate(full, result.plan)

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from autoplan.costmodels.step import Problem
+from autoplan.costmodels.problem import Problem
 from autoplan.plan import one_line
 from autoplan.search.solver import NO_LEGAL_PLAN, Table, explain_infeasible
 from autoplan.training import Bounds, Objective, Pins, Range
@@ -87,7 +87,7 @@ class Builds:
 
     def __init__(self, problems: list[Problem], objective: Objective, deadline: float) -> None:
         self.problems = problems
-        self.unlimited = [replace(p, mem_limit_bytes=UNLIMITED_BYTES, _cache={}) for p in problems]
+        self.unlimited = [replace(p, mem_limit_bytes=UNLIMITED_BYTES) for p in problems]
         self.objective = objective
         self.deadline = deadline
         self.tables: dict[tuple[str, ...], Table] = {}

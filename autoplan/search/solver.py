@@ -65,9 +65,9 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from autoplan.costmodels.step import (
-    Problem, estimate, limit_mib, lower_bound_s, memory_mib, shape_lower_bound_s, step_and_peak,
-)
+from autoplan.costmodels.problem import Problem, limit_mib, memory_mib
+from autoplan.costmodels.step import estimate, step_and_peak
+from autoplan.costmodels.bounds import lower_bound_s, shape_lower_bound_s
 from autoplan.errors import InfeasibleError, NoPlanInTimeError
 from autoplan.plan import (Estimate, Offload, Plan, Recompute, ShapeRunnerUp, SolverInfo,
                            one_line)
