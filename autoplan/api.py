@@ -145,7 +145,7 @@ def load_cluster(path_or_dict: str | Path | Mapping | LoadedCluster) -> LoadedCl
 Profile = ComputeProfile | RunsProfile
 
 
-def _loaded_profile(profile: str | Path | Profile | None) -> Profile | None:
+def loaded_profile(profile: str | Path | Profile | None) -> Profile | None:
     """A --profile: None, an already loaded one, or the path of its YAML."""
     if profile is None or isinstance(profile, (ComputeProfile, RunsProfile)):
         return profile
@@ -169,7 +169,7 @@ def make_problem(model: Model, cluster: LoadedCluster, training: TrainingSpec,
     heterogeneous cluster), or, fitted to runs, the parameters it names
     (costmodels.parameters); ``runtime_settings`` replaces fields of the runtime's profile
     (see :func:`runtime_with`); ``headroom`` the fraction of the limit plans must leave free."""
-    profile = _loaded_profile(profile)
+    profile = loaded_profile(profile)
     graph = model.trace(training.seq_len, training.precision.value)
     if not cluster.cluster.is_homogeneous and not graph.block_indices():
         raise ConstraintError(
@@ -321,7 +321,7 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
     """
     opts = as_options(options)
     model = load_model(model, trace_time_limit_s=opts.trace_timeout or DEFAULT_TRACE_TIME_LIMIT_S)
-    cluster, profile = load_cluster(cluster), _loaded_profile(profile)
+    cluster, profile = load_cluster(cluster), loaded_profile(profile)
     batches = global_batches(global_batch if global_batch is not None else opts.global_batch)
     seq_len, _, precision, runtime = _settings(None, seq_len, (batches or [0])[0], precision,
                                                runtime, default_runtime=AUTO)
@@ -567,7 +567,7 @@ def estimate(model, cluster, plan_or_pins, *, seq_len: int | None = None,
     of the runtime's profile (:func:`runtime_with`); ``optimizer`` and ``frozen_dtype`` as in
     :func:`solve`."""
     start = time.perf_counter()
-    model, cluster, profile = load_model(model), load_cluster(cluster), _loaded_profile(profile)
+    model, cluster, profile = load_model(model), load_cluster(cluster), loaded_profile(profile)
     run = plan_or_pins if isinstance(plan_or_pins, ImportedRun) else None
     seq_len, global_batch, precision, runtime = _settings(run, seq_len, global_batch, precision,
                                                          runtime)
@@ -710,63 +710,6 @@ def verify(model, plan_or_result: Plan | Result | str | Path, *, steps: int = 5,
                        predicted_bytes=predicted_rank_bytes(problem, plan), notes=notes)
 
 
-def sweep(model, cluster, *, over, base=None, time_limit_s: float | None = None,
-          workers: int | None = None, price_per_gpu_hour: float | dict | None = None,
-          train_tokens: float | None = None, ray_address: str | None = None,
-          progress=None, profile=None) -> dict:
-    """Solve every point of a grid of inputs and mark the Pareto fronts (see autoplan.sweep).
-
-    Args:
-        model: a path to model.py, an imported module, or a loaded :class:`Model`; traced once
-            per sequence length and precision here, the traces shipped to the workers.
-        cluster: the base cluster (path, mapping or loaded); points change nodes, gpu, links.
-        over: the swept inputs, ``{"nodes": [1, 2, 4], "seq_len": [2048, 4096]}`` or ``Axes``.
-        base: inputs held fixed (``{"seq_len": 4096, "global_batch": 512, "zero": 1}``).
-        workers: processes (default: the machine's cores).
-        price_per_gpu_hour: $ per GPU-hour, one price or ``{gpu name: price}``.
-        train_tokens: tokens of the run whose time-to-train and cost the fronts use.
-        ray_address: run the points as Ray tasks there (``local`` starts Ray here).
-        progress: ``callback(done, total)`` after each point.
-        profile: a calibration profile every point is solved with (as :func:`solve`).
-
-    Returns:
-        The ``sweep --json`` document: ``{"points": [{"inputs", "plan", "estimate", "solver",
-        "metrics", "fronts", "pareto"}, ...]}``; an infeasible point has ``plan: None`` and
-        ``error``.
-    """
-    from autoplan import sweep as sweeps
-
-    start = time.perf_counter()
-    model, cluster = load_model(model), load_cluster(cluster)
-    require_homogeneous(cluster.cluster, "sweep")
-    axes = over if isinstance(over, sweeps.Axes) else validated(sweeps.Axes, over, "over")
-    base = base if isinstance(base, sweeps.PointInputs) else validated(
-        sweeps.PointInputs, base or {}, "base")
-    inputs = sweeps.points(base, axes)
-    rows = sweeps.run_points(model, cluster, inputs,
-                             time_limit_s=time_limit_s or DEFAULT_TIME_LIMIT_S, workers=workers,
-                             ray_address=ray_address, progress=progress,
-                             profile=_loaded_profile(profile))
-    return sweeps.document(
-        inputs, rows, model_name=model.name, wall_time_s=time.perf_counter() - start,
-        price_per_gpu_hour=price_per_gpu_hour or sweeps.DEFAULT_PRICE_PER_GPU_HOUR,
-        train_tokens=train_tokens or sweeps.DEFAULT_TRAIN_TOKENS)
-
-
-def sweep_file(path: str | Path, *, workers: int | None = None, ray_address: str | None = None,
-               progress=None, profile=None, trace_time_limit_s: float | None = None) -> dict:
-    """Run a sweep YAML (examples/sweeps/*.yaml); ``trace_time_limit_s`` as in :func:`load_model`."""
-    from autoplan import sweep as sweeps
-
-    spec = sweeps.load_sweep_spec(path)
-    model = load_model(spec.model,
-                       trace_time_limit_s=trace_time_limit_s or DEFAULT_TRACE_TIME_LIMIT_S)
-    return sweep(model, spec.cluster, over=spec.over, base=spec.base,
-                 time_limit_s=spec.time_limit_s, workers=workers,
-                 price_per_gpu_hour=spec.price_per_gpu_hour, train_tokens=spec.train_tokens,
-                 ray_address=ray_address, progress=progress, profile=profile)
-
-
 def explain(result: Result | str | Path, model, *, pins=None, profile=None):
     """Why a plan: binding constraint, runners-up per (TP, PP), what-ifs, warnings.
 
@@ -790,7 +733,7 @@ def explain(result: Result | str | Path, model, *, pins=None, profile=None):
     cluster = load_cluster(result.cluster)
     require_homogeneous(cluster.cluster, "explain")
     model = load_model(model)
-    profile = _loaded_profile(profile)
+    profile = loaded_profile(profile)
     problem = make_problem(model, cluster, training,
                            result.estimate.memory_limit_gib * 2**30, profile=profile)
     check_plan_matches(problem, result.plan, model, result.model)
@@ -799,44 +742,6 @@ def explain(result: Result | str | Path, model, *, pins=None, profile=None):
     if note is None or not note.warnings:
         return explanation
     return explanation.model_copy(update={"warnings": [*explanation.warnings, *note.warnings]})
-
-
-def write_sweep(doc: dict, folder: str | Path, *, force: bool = False) -> list[Path]:
-    """sweep.csv, sweep.json and the sweep figures (PNG) into ``folder``, each written
-    atomically.
-
-    Raises:
-        OutputExistsError: one of them exists and ``force`` is false (nothing is written).
-    """
-    from autoplan import plots
-    from autoplan import sweep as sweeps
-
-    folder = Path(folder)
-    figures = any(p["plan"] for p in doc["points"])
-    check_sweep_out(folder, force=force)
-    with write_errors_as(OutputExistsError):
-        folder.mkdir(parents=True, exist_ok=True)
-        written = [sweeps.write_csv(doc, folder / "sweep.csv"),
-                   sweeps.write_json(doc, folder / "sweep.json")]
-        if figures:
-            written += plots.sweep_figures(doc, folder)
-    return written
-
-
-def check_sweep_out(folder: str | Path, *, force: bool = False) -> None:
-    """Refuse a ``folder`` that is a file or cannot be written, or (without ``force``) holds
-    any file :func:`write_sweep` may write (called before the sweep runs, so a refusal costs
-    nothing).
-
-    Raises:
-        OutputExistsError: saying what is wrong, naming the files.
-    """
-    from autoplan import plots
-
-    check_writable_folder(Path(folder))
-    if not force:
-        names = ["sweep.csv", "sweep.json", *(f"{n}.png" for n in plots.SWEEP_FIGURES)]
-        refuse_existing([Path(folder) / name for name in names])
 
 
 def check_export_out(folder: str | Path) -> None:

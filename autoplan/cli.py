@@ -375,7 +375,7 @@ def sweep_cmd(
     from autoplan import sweep as sweeps
 
     if out is not None:  # before the sweep, which may take minutes
-        _run(lambda: api.check_sweep_out(out, force=force))
+        _run(lambda: sweeps.check_sweep_out(out, force=force))
     base = {k: v for k, v in {"seq_len": seq_len, "global_batch": global_batch,
                               "mem_limit": mem_limit, "runtime": runtime,
                               "precision": precision}.items() if v is not None}
@@ -383,17 +383,17 @@ def sweep_cmd(
         task = bar.add_task("solving points", total=None)
         progress = lambda done, total: bar.update(task, completed=done, total=total)  # noqa: E731
         if cluster is None:
-            doc = _run(lambda: api.sweep_file(source, workers=workers, ray_address=ray,
+            doc = _run(lambda: sweeps.sweep_file(source, workers=workers, ray_address=ray,
                                               progress=progress, profile=profile,
                                               trace_time_limit_s=trace_timeout))
         else:
-            doc = _run(lambda: api.sweep(
+            doc = _run(lambda: sweeps.sweep(
                 _model(source, trace_timeout), cluster, over=_run(lambda: sweeps.parse_over(over)), base=base,
                 time_limit_s=time_limit, workers=workers, price_per_gpu_hour=price,
                 train_tokens=train_tokens, ray_address=ray, progress=progress,
                 profile=profile))
     if out is not None:
-        for path in _run(lambda: api.write_sweep(doc, out, force=force)):
+        for path in _run(lambda: sweeps.write_sweep(doc, out, force=force)):
             stderr.print(f"wrote {path}")
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
