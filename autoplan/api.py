@@ -5,15 +5,12 @@ model.py -> LayerGraph, cluster.yaml -> Cluster, then Problem -> CP-SAT -> Plan 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import time
-import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-import torch
 from pydantic import ValidationError
 
 from autoplan.cluster.spec import Cluster, load_cluster_spec, require_homogeneous, resolve
@@ -25,13 +22,11 @@ from autoplan.costmodels.parameters import with_parameters
 from autoplan.costmodels.problem import Problem
 from autoplan.costmodels.step import estimate as estimate_plan
 from autoplan.errors import (AutoplanError, ClusterSpecError, ConstraintError, ExportError,
-                             ModelFileError, NoPlanInTimeError, OutputExistsError, PlanFileError)
+                             NoPlanInTimeError, OutputExistsError, PlanFileError)
 from autoplan.files import check_writable_folder, refuse_existing, write_errors_as
 from autoplan.graph.layer_graph import LayerGraph
-from autoplan.graph.loader import ModelSource, load_model_source
 from autoplan.graph.sandbox import DEFAULT_TIME_LIMIT_S as DEFAULT_TRACE_TIME_LIMIT_S
-from autoplan.graph.sandbox import run_guarded
-from autoplan.graph.trace import trace_model
+from autoplan.graph.model import Model, load_model
 from autoplan.inference import InferencePlacement
 from autoplan.inference import place_for_inference as inference_placement
 from autoplan.capabilities import RUNTIMES, can_run, missing, pinned_features
@@ -57,77 +52,12 @@ MIN_SHARE_S = 0.05
 """The least time one runtime's search gets (it then returns its hint or runs out of time)."""
 
 
-@functools.cache
-def _warm_up() -> None:
-    """Trace a one-Linear model here once, so torch's lazy imports (about 1.5 s) happen before
-    the sandbox forks and every child inherits them."""
-    module = types.ModuleType("autoplan_warm_up")
-    module.build_model = lambda: torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
-    module.example_inputs = lambda batch, seq_len: torch.zeros(batch, seq_len, 8)
-    trace_model(load_model_source(module), seq_len=4)
-
-
-def _trace_origin(origin: Path | types.ModuleType, seq_len: int, precision: str) -> LayerGraph:
-    """Import model.py and trace it (run inside the sandbox's child process)."""
-    return trace_model(load_model_source(origin), seq_len=seq_len, precision=precision)
-
-
-@dataclass
-class Model:
-    """A model.py (a path or an imported module); traces are cached per (sequence length,
-    precision) and run in a guarded child process, since model.py is user code."""
-
-    origin: Path | types.ModuleType
-    trace_time_limit_s: float = DEFAULT_TRACE_TIME_LIMIT_S
-    _traces: dict[tuple[int, str], LayerGraph] = field(default_factory=dict, repr=False)
-    _source: ModelSource | None = field(default=None, repr=False)
-
-    @property
-    def name(self) -> str:
-        if isinstance(self.origin, types.ModuleType):
-            return self.origin.__name__
-        return self.origin.stem
-
-    @property
-    def source(self) -> ModelSource:
-        """model.py imported into this process (for runners that build the real model)."""
-        if self._source is None:
-            self._source = load_model_source(self.origin)
-        return self._source
-
-    def trace(self, seq_len: int, precision: str = "bf16") -> LayerGraph:
-        key = (seq_len, precision)
-        if key not in self._traces:
-            _warm_up()
-            self._traces[key] = run_guarded(
-                _trace_origin, self.origin, seq_len, precision, what=f"tracing {self.name}",
-                time_limit_s=self.trace_time_limit_s)
-        return self._traces[key]
-
-
 @dataclass(frozen=True)
 class LoadedCluster:
     """A resolved cluster together with the mapping it came from (kept for the plan JSON)."""
 
     cluster: Cluster
     spec: dict
-
-
-def load_model(path_or_module: str | Path | types.ModuleType | Model, *,
-               trace_time_limit_s: float = DEFAULT_TRACE_TIME_LIMIT_S) -> Model:
-    """A model.py (path) or an imported module defining ``build_model()``. Nothing of it runs
-    here: it is imported and traced in a guarded child process when first traced."""
-    if isinstance(path_or_module, Model):
-        return path_or_module
-    if isinstance(path_or_module, types.ModuleType):
-        return Model(path_or_module, trace_time_limit_s)
-    if not isinstance(path_or_module, (str, Path)):
-        raise ModelFileError(f"model: expected the path of a model.py, an imported module or a "
-                             f"Model; got {type(path_or_module).__name__}.")
-    path = Path(path_or_module)
-    if not path.is_file():
-        raise ModelFileError(f"{path}: no such file; pass the path of a model.py.")
-    return Model(path, trace_time_limit_s)
 
 
 def load_cluster(path_or_dict: str | Path | Mapping | LoadedCluster) -> LoadedCluster:

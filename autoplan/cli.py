@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -19,6 +20,7 @@ from rich.console import Console
 
 from autoplan import api
 from autoplan.errors import AutoplanError, PlanFileError
+from autoplan.graph.trace_cache import DISABLE_ENV as NO_CACHE_ENV
 from autoplan.plan import Offload, Recompute, Result
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -28,6 +30,36 @@ PIPED_WIDTH = 1000
 wide tables (the trace's layer names); a terminal keeps its own width."""
 stdout = Console(width=None if sys.stdout.isatty() else PIPED_WIDTH)
 stderr = Console(stderr=True)
+
+
+@app.callback()
+def _global_options(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Say on stderr what happened: "
+                                 "the trace (or its cache), the shapes the search bounded, "
+                                 "expanded and pruned, and why it stopped."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Trace model.py afresh: neither "
+                                  "read nor write the trace cache (~/.cache/autoplan)."),
+) -> None:
+    """Plan tensor/pipeline/data parallelism for training a PyTorch model."""
+    _log_to_stderr(verbose)
+    if no_cache:
+        os.environ[NO_CACHE_ENV] = "1"
+
+
+def _log_to_stderr(verbose: bool) -> None:
+    """With ``verbose``, autoplan's info lines on the current stderr through one handler
+    (replaced on each call, so repeated in-process invocations do not print twice); without,
+    logging as it was (warnings through the root logger)."""
+    package = logging.getLogger("autoplan")
+    for handler in [h for h in package.handlers if getattr(h, "autoplan_cli", False)]:
+        package.removeHandler(handler)
+    package.setLevel(logging.INFO if verbose else logging.NOTSET)
+    package.propagate = not verbose
+    if verbose:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        handler.autoplan_cli = True
+        package.addHandler(handler)
 
 
 class ZeroChoice(str, Enum):
