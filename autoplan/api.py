@@ -33,17 +33,18 @@ from autoplan.capabilities import RUNTIMES, can_run, missing, pinned_features
 from autoplan.frameworks import AUTO, compare, runtimes_to_search
 from autoplan.plan import CalibrationNote, ModelInfo, Plan, Result, SolverInfo, TrainingInfo
 from autoplan.plugins.importers import ImportedRun, read_run  # noqa: F401 (API)
+from autoplan.report import trace_document  # noqa: F401 (API)
 from autoplan.search.hetero import solve_on_groups
+from autoplan.search.defaults import check_plan_matches, plan_from_pins, with_implied_sp
 from autoplan.search.solver import solve_search
 from autoplan.search.space import (
-    balanced_stages, check_ep, check_pins, check_tp, dp_options,
-    pipeline_schedule,
+    check_ep, check_pins, check_tp,
 )
 from autoplan.run_profile import RunsProfile
 from autoplan.options import (as_options, global_batches, mem_limit_bytes, merge_options,
                               options_mem_limit, solve_headroom, validated)
 from autoplan.training import (
-    DEFAULT_PLACEMENT, AttentionKernel, Constraints, FrozenDtype, Optimizer, Pins, Precision,
+    AttentionKernel, Constraints, FrozenDtype, Optimizer, Pins, Precision,
     Runtime, TrainingSpec,
 )
 
@@ -369,77 +370,12 @@ def _batch_problems(model: Model, cluster: LoadedCluster, batches: list[int] | N
     return problems
 
 
-def plan_from_pins(problem: Problem, pins: Pins, *, first: int | None = None,
-                   last: int | None = None) -> Plan:
-    """A fully pinned plan; unpinned dimensions take the defaults tp=pp=cp=1, dp = the largest
-    degree that divides the global batch and fits the remaining GPUs, mbs=1, ZeRO-0, no
-    recompute, no SP, no interleaving, no offload, balanced stages."""
-    world = problem.cluster.num_gpus
-    tp, pp, cp = pins.tp or 1, pins.pp or 1, pins.cp or 1
-    mbs, vpp = pins.mbs or 1, pins.vpp or 1
-    batch = problem.training.global_batch
-    fitting = dp_options(batch, world // (tp * pp * cp), pins.dp)
-    dp = fitting[-1] if fitting else pins.dp or 0
-    if not dp or tp * pp * dp * cp > world or batch % (dp * mbs):
-        raise ConstraintError(
-            f"the plan tp={tp} pp={pp} dp={dp or '?'} cp={cp} mbs={mbs} does not fit {world} "
-            f"GPUs and a global batch of {batch}: tp*pp*dp*cp must not exceed the GPU count and "
-            "the global batch must divide by dp*mbs.")
-    ep = pins.ep or 1
-    if (dp * cp) % ep:
-        raise ConstraintError(
-            f"--ep {ep} does not divide dp*cp = {dp * cp} (dp={dp} cp={cp}): expert-parallel "
-            "ranks are carved out of the data-parallel replicas. Pin a --dp that --ep divides.")
-    caps = RUNTIMES[problem.training.runtime]
-    sp = pins.sp if pins.sp is not None else tp > 1 and (  # Megatron needs SP with EP and TP
-        ep > 1 and caps.ep_with_tp_needs_sp or caps.tp_implies_sp)
-    return Plan(
-        tp=tp, pp=pp, dp=dp, cp=cp, zero_stage=pins.zero or 0, micro_batch_size=mbs,
-        global_batch_size=batch, num_microbatches=batch // (dp * mbs),
-        recompute=pins.recompute or ("full" if pins.recompute_num_layers else "none"),
-        recompute_num_layers=pins.recompute_num_layers, sequence_parallel=bool(sp), vpp=vpp,
-        offload=pins.offload or "none", world_size=tp * pp * dp * cp,
-        placement=pins.placement or DEFAULT_PLACEMENT, ep=ep,
-        stages=balanced_stages(problem.graph, pp, vpp, first=first, last=last),
-        pipeline_schedule=pipeline_schedule(problem.training.runtime, vpp),
-    )
-
-
 def _check_ep_cluster(cluster: LoadedCluster, ep: int | None) -> None:
     """Expert parallelism is costed on clusters of one kind of node only."""
     if ep not in (None, 1) and not cluster.cluster.is_homogeneous:
         raise ConstraintError(
             f"--ep {ep}: expert parallelism is not modelled on a cluster of several node groups "
             "yet; leave --ep unset or plan on one node group.")
-
-
-def check_plan_matches(problem: Problem, plan: Plan, model: Model,
-                       info: ModelInfo | None = None) -> None:
-    """Refuse a plan made for another model: its stages must cover the traced layers and the
-    model section of its JSON (``info``, when there is one) must count the same parameters.
-
-    Raises:
-        ConstraintError: saying what differs.
-    """
-    graph = problem.graph
-    if info is not None and info.num_params != graph.num_params:
-        raise ConstraintError(
-            f"the plan was made for {info.name} ({info.num_params:,} parameters) but "
-            f"{model.name} has {graph.num_params:,}: the plan does not match the model. Pass "
-            "the model.py it was solved for, or solve this model afresh.")
-    if plan.num_layers != len(graph.layers):
-        raise ConstraintError(
-            f"the plan's stages cover {plan.num_layers} layers but {model.name} traces into "
-            f"{len(problem.graph.layers)} (embedding, blocks, head and loss each count): the "
-            "plan does not match the model (was it made for another model?). Pass the "
-            "model.py it was solved for, or solve this model afresh.")
-
-
-def _with_implied_sp(problem: Problem, plan: Plan) -> Plan:
-    """The plan as its runtime runs it: torchtitan shards the sequence whenever TP > 1."""
-    if plan.tp > 1 and not plan.sequence_parallel and RUNTIMES[problem.training.runtime].tp_implies_sp:
-        return plan.model_copy(update={"sequence_parallel": True})
-    return plan
 
 
 def _plan_for(problem: Problem, cluster: LoadedCluster, model: Model, plan_or_pins) -> Plan:
@@ -456,7 +392,7 @@ def _plan_for(problem: Problem, cluster: LoadedCluster, model: Model, plan_or_pi
             check_ep(problem.graph, problem.training, Pins(
                 ep=plan_or_pins.ep, dp=plan_or_pins.dp, cp=plan_or_pins.cp, tp=plan_or_pins.tp,
                 sp=plan_or_pins.sequence_parallel))
-        plan_or_pins = _with_implied_sp(problem, plan_or_pins)
+        plan_or_pins = with_implied_sp(problem, plan_or_pins)
         if plan_or_pins.stage_groups is not None:
             check_groups(problem, plan_or_pins)
         elif not cluster.cluster.is_homogeneous:
@@ -535,38 +471,6 @@ def _first_problem(err: ValidationError) -> str:
     where = ".".join(str(p) for p in item["loc"])
     problems = f"; {err.error_count() - 1} more" if err.error_count() > 1 else ""
     return f"{where + ': ' if where else ''}{item['msg']}{problems}"
-
-
-def trace_document(graph: LayerGraph, batch: int = 1) -> dict:
-    """The ``autoplan trace --json`` document for ``batch`` sequences (figures per sample in the
-    graph scale linearly with the batch)."""
-    layers = [{
-        "name": l.name, "kind": l.kind.value, "params": l.num_params,
-        "trainable_params": l.trainable_params,
-        "fwd_flops": l.fwd_flops * batch, "bwd_flops": l.bwd_flops * batch,
-        "activation_bytes": l.activation_bytes * batch + l.attention_internal_bytes * batch,
-        "boundary_bytes": l.boundary_bytes * batch,
-        "tp_split": {g.name: g.split.value for g in l.gemms},
-    } for l in graph.layers]
-    return {"model": graph.name, "seq_len": graph.seq_len, "batch": batch,
-            "num_params": graph.num_params, "num_trainable_params": graph.num_trainable_params, "fwd_flops": graph.fwd_flops * batch,
-            "bwd_flops": graph.bwd_flops * batch, "layers": layers,
-            "tp_constraints": tp_constraints(graph)}
-
-
-VOCAB_PAD_MULTIPLE = 128
-"""Megatron-LM pads the vocabulary to a multiple of 128 x TP (--make-vocab-size-divisible-by)."""
-
-
-def tp_constraints(graph: LayerGraph) -> dict:
-    """What a TP degree must respect: it divides the attention heads and KV heads; the
-    vocabulary is padded to a multiple of 128 x tp (the padded size per TP degree is listed)."""
-    vocab = graph.dims.vocab_size if graph.dims else 0
-    multiple = VOCAB_PAD_MULTIPLE
-    return {"divides": list(graph.tp_divisors),
-            "vocab_size": vocab,
-            "padded_vocab": {tp: -(-vocab // (multiple * tp)) * multiple * tp
-                             for tp in (1, 2, 4, 8) if vocab}}
 
 
 def place_for_inference(model, cluster, *, context_len: int, batch: int = 1,
