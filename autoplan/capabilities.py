@@ -184,10 +184,6 @@ plan of FSDP (``tp_implies_sp``) and is a searched choice on Megatron-LM only; u
 interleaving is searched for Megatron-LM only."""
 
 
-def runtime_caps(runtime: Runtime) -> Capabilities:
-    return RUNTIMES[runtime]
-
-
 def _zero_gaps(caps: Capabilities, plan: Plan) -> list[tuple[str, str]]:
     z, gaps = plan.zero_stage, []
     if z not in caps.zero_stages:

@@ -31,8 +31,6 @@ from autoplan.units import format_seconds
 
 POOR_SCALING = 0.7
 """Per-GPU throughput under 70% of one node's: a healthy run scales close to linearly."""
-LOW_HEADROOM = 0.05
-"""Memory counts as binding for the chosen plan when it is within 5% of the limit."""
 ZERO3_TRAFFIC = 3
 """ZeRO-3 moves parameter bytes three times per step: all-gather forward, all-gather backward,
 reduce-scatter gradients (Rajbhandari et al. 2020, sec. 7.2.2)."""

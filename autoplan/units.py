@@ -88,11 +88,6 @@ def parse_quantity(text: object, kind: str, *, field: str = "value") -> float:
 GIB = float(2**30)
 
 
-def format_bytes(num_bytes: float) -> str:
-    """Human-readable GiB with two decimals (the unit users compare with nvidia-smi)."""
-    return f"{num_bytes / GIB:.2f} GiB"
-
-
 def format_count(count: float) -> str:
     """``12.3M``, ``1.20B``, ``125K``: a parameter count at the scale it has (a tiny model is
     not "0.00B")."""
