@@ -150,7 +150,7 @@ def draw_png(cluster: Cluster, path: str | Path) -> Path:
     graph = build_topology(cluster)
     full = cluster.num_gpus <= FULL_DRAWING_MAX_GPUS
     shown = graph if full else summarised_graph(cluster, graph)
-    for vertex, data in shown.nodes(data=True):
+    for _, data in shown.nodes(data=True):
         data["layer"] = _LAYER.get(data["kind"], 2)
     pos = _layered_layout(shown)
     fig, ax = plt.subplots(figsize=(min(40, 4 + 0.25 * shown.number_of_nodes()), 6))
