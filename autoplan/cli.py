@@ -22,6 +22,7 @@ from autoplan import api
 from autoplan.errors import AutoplanError, PlanFileError
 from autoplan.graph.trace_cache import DISABLE_ENV as NO_CACHE_ENV
 from autoplan.plan import Offload, Recompute, Result
+from autoplan.plugins import target_names
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan tensor/pipeline/data parallelism for training a PyTorch model.")
@@ -66,14 +67,9 @@ class ZeroChoice(str, Enum):
     Z0, Z1, Z2, Z3 = "0", "1", "2", "3"
 
 
-class ExportTarget(str, Enum):
-    megatron = "megatron"
-    deepspeed = "deepspeed"
-    torchtitan = "torchtitan"
-    accelerate = "accelerate"
-    colossalai = "colossalai"
-    torchrun = "torchrun"
-    all = "all"
+ExportTarget = Enum("ExportTarget", [(name, name) for name in [*target_names(), "all"]], type=str)
+"""The targets of --to and --export: every exporter registered under the ``autoplan.exporters``
+entry points (a third-party one too), and all."""
 
 
 MODEL = typer.Argument(..., help="model.py defining build_model().")

@@ -34,6 +34,12 @@ GROUP = "autoplan.exporters"
 BUILTIN = ("megatron", "deepspeed", "torchtitan", "accelerate", "colossalai", "torchrun")
 
 
+def target_names() -> list[str]:
+    """The export targets' names, without importing them (the CLI's choices): the entry points
+    of ``autoplan.exporters``, else the built-ins."""
+    return sorted({ep.name for ep in entry_points(group=GROUP)} or BUILTIN)
+
+
 def discover() -> dict[str, Exporter]:
     """Exporters by name: the entry points of ``autoplan.exporters``, else the built-ins."""
     found = {ep.name: ep.load() for ep in entry_points(group=GROUP)}
