@@ -36,7 +36,6 @@ from autoplan.plugins.importers import ImportedRun, read_run  # noqa: F401 (API)
 from autoplan.report import trace_document  # noqa: F401 (API)
 from autoplan.search.hetero import solve_on_groups
 from autoplan.search.defaults import check_plan_matches, plan_from_pins, with_implied_sp
-from autoplan.search.solver import solve_search
 from autoplan.search.space import (
     check_ep, check_pins, check_tp,
 )
@@ -44,11 +43,11 @@ from autoplan.run_profile import RunsProfile
 from autoplan.options import (as_options, global_batches, mem_limit_bytes, merge_options,
                               options_mem_limit, solve_headroom, validated)
 from autoplan.training import (
+    DEFAULT_TIME_LIMIT_S,
     AttentionKernel, Constraints, FrozenDtype, Optimizer, Pins, Precision,
     Runtime, TrainingSpec,
 )
 
-DEFAULT_TIME_LIMIT_S = 60.0
 MIN_SHARE_S = 0.05
 """The least time one runtime's search gets (it then returns its hint or runs out of time)."""
 
@@ -335,6 +334,8 @@ def _solve_problems(problems: list[Problem], model: Model, cluster: LoadedCluste
                                 max_gpus=constraints.max_gpus)
         return _result(found.problem, model, cluster, found.plan, found.estimate, found.info,
                        profile)
+    from autoplan.search.solver import solve_search  # CP-SAT: loaded by the commands that solve
+
     solution = solve_search(problems, constraints.pins, time_limit_s=time_limit_s,
                             objective=constraints.objective, bounds=constraints.bounds,
                             max_gpus=constraints.max_gpus, num_workers=num_workers)

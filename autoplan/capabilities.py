@@ -31,6 +31,7 @@ Facts, from the frameworks' own code (the versions installed as test dependencie
 from __future__ import annotations
 
 from collections.abc import Callable
+from importlib.metadata import entry_points
 from dataclasses import dataclass, field, replace
 
 from autoplan.plan import Offload, Plan, PipelineSchedule
@@ -333,3 +334,15 @@ def lack_reason(runtime: Runtime, lacking: list[Feature]) -> str:
         parts.append(f"{feature.flags} --runtime {runtime.value}: {RUNTIMES[runtime].name} has "
                      f"no {feature.label}; {have}")
     return "; ".join(parts)
+
+
+EXPORTER_GROUP = "autoplan.exporters"
+"""The entry-point group export targets register under (autoplan's own in pyproject.toml)."""
+BUILTIN_TARGETS = ("megatron", "deepspeed", "torchtitan", "accelerate", "colossalai", "torchrun")
+"""The targets autoplan ships, used when it runs from a source tree without installed metadata."""
+
+
+def target_names() -> list[str]:
+    """The export targets' names, without importing them (the CLI's choices): the entry points
+    of ``autoplan.exporters``, else the built-ins."""
+    return sorted({ep.name for ep in entry_points(group=EXPORTER_GROUP)} or BUILTIN_TARGETS)

@@ -13,16 +13,20 @@ import os
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.console import Console
 
-from autoplan import api
+from autoplan.capabilities import target_names
 from autoplan.errors import AutoplanError, PlanFileError
+from autoplan.graph.sandbox import DEFAULT_TIME_LIMIT_S as DEFAULT_TRACE_TIME_LIMIT_S
 from autoplan.graph.trace_cache import DISABLE_ENV as NO_CACHE_ENV
 from autoplan.plan import Offload, Recompute, Result
-from autoplan.plugins import target_names
+from autoplan.training import DEFAULT_TIME_LIMIT_S
+
+if TYPE_CHECKING:
+    from autoplan.plugins.importers import ImportedRun
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan tensor/pipeline/data parallelism for training a PyTorch model.")
@@ -155,11 +159,12 @@ JSON = typer.Option(False, "--json", help="Print one JSON document and nothing e
 TRACE_TIMEOUT = typer.Option(
     None, "--trace-timeout", min=0.1, metavar="SECONDS",
     help=f"Stop importing and tracing model.py after this long (default "
-         f"{api.DEFAULT_TRACE_TIME_LIMIT_S:g} s).")
+         f"{DEFAULT_TRACE_TIME_LIMIT_S:g} s).")
 
 
-def _read_run(path: Path) -> api.ImportedRun:
+def _read_run(path: Path) -> ImportedRun:
     """The setup of --from FILE; what was inferred from fields it leaves out goes to stderr."""
+    from autoplan import api  # here, not at the top: --help imports no stage
     run = api.read_run(path)
     for note in run.notes:
         stderr.print(f"note: {path.name}: {note}", highlight=False, soft_wrap=True)
@@ -169,6 +174,7 @@ def _read_run(path: Path) -> api.ImportedRun:
 def _model(path: Path, trace_timeout: Optional[float]):
     """model.py with --trace-timeout when given; else the path (the options file's
     trace_timeout, or the default, then applies)."""
+    from autoplan import api  # here, not at the top: --help imports no stage
     if trace_timeout is None:
         return path
     return _run(lambda: api.load_model(path, trace_time_limit_s=trace_timeout))
@@ -189,7 +195,7 @@ def solve(
     as_json: bool = JSON,
     headroom: Optional[float] = typer.Option(
         None, "--headroom", help="Fraction of each GPU's memory plans leave free (default 0.05)."),
-    time_limit: float = typer.Option(api.DEFAULT_TIME_LIMIT_S, "--time-limit", min=0.1,
+    time_limit: float = typer.Option(DEFAULT_TIME_LIMIT_S, "--time-limit", min=0.1,
                                      help="Solver time limit in seconds; the best plan so far is returned."),
     export: Optional[ExportTarget] = typer.Option(None, "--export", help="Also write launch files."),
     out: Optional[Path] = typer.Option(None, "--out", help="Folder for --export."),
@@ -210,6 +216,7 @@ def solve(
     """Find the fastest plan that fits in memory (or the fewest GPUs, or the cheapest, with
     --objective); given options pin those dimensions. With --from, also price the setup you run
     now and say what to change."""
+    from autoplan import api  # here, not at the top: --help imports no stage
     pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload, recompute_num_layers,
                  placement, ep)
     if export is not None:  # before the solve, which may take minutes
@@ -266,6 +273,7 @@ def estimate(
 ) -> None:
     """Evaluate one plan. Unset dimensions default to tp=pp=cp=1, dp = the most GPUs left that
     divide the global batch, mbs=1, ZeRO-0, no recompute, no SP, no interleaving, no offload."""
+    from autoplan import api  # here, not at the top: --help imports no stage
     pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload, recompute_num_layers,
                  placement, ep)
 
@@ -292,6 +300,7 @@ def trace(
     trace_timeout: Optional[float] = TRACE_TIMEOUT,
 ) -> None:
     """Print the traced layer table of a model."""
+    from autoplan import api  # here, not at the top: --help imports no stage
     graph = _run(lambda: api.load_model(_model(model, trace_timeout)).trace(seq_len))
     document = api.trace_document(graph, batch)
     if as_json:
@@ -334,6 +343,7 @@ def export_cmd(
     force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
 ) -> None:
     """Write launch files for a plan saved from `solve --json`."""
+    from autoplan import api  # here, not at the top: --help imports no stage
     result = _run(lambda: api.load_result(plan_json))
     _run(lambda: api.check_export_out(out))
     _print_written(_export(result, to, out, force), _refused(result, to))
@@ -346,6 +356,7 @@ def topo(
     force: bool = typer.Option(False, "--force", help="Overwrite an existing --png file."),
 ) -> None:
     """Check a cluster.yaml and show its topology: hardware, fabric, group bandwidths."""
+    from autoplan import api  # here, not at the top: --help imports no stage
     from autoplan.cluster.render import render_summary
     loaded = _run(lambda: api.load_cluster(cluster))
     render_summary(loaded.cluster, stdout)
@@ -362,6 +373,7 @@ def verify_cmd(
 ) -> None:
     """Run a plan on CPU (one gloo process per rank) next to a single-process reference and
     compare losses and per-rank memory."""
+    from autoplan import api  # here, not at the top: --help imports no stage
     document = _run(lambda: api.verify(model, plan_json, steps=steps,
                                        trace_time_limit_s=trace_timeout))
     if as_json:
@@ -391,7 +403,7 @@ def sweep_cmd(
     ray: Optional[str] = typer.Option(None, "--ray", help="Ray address (or local) to run the points on."),
     price: Optional[float] = typer.Option(None, "--gpu-hour-price", help="$ per GPU-hour (default 2)."),
     train_tokens: Optional[float] = typer.Option(None, "--train-tokens", help="Tokens of the run (default 1e12)."),
-    time_limit: float = typer.Option(api.DEFAULT_TIME_LIMIT_S, "--time-limit", min=0.1),
+    time_limit: float = typer.Option(DEFAULT_TIME_LIMIT_S, "--time-limit", min=0.1),
     out: Optional[Path] = typer.Option(None, "--out", help="Folder for sweep.csv, sweep.json and plots."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing files in --out."),
     profile: Optional[Path] = PROFILE,
@@ -439,6 +451,7 @@ def explain_cmd(
     as_json: bool = JSON, trace_timeout: Optional[float] = TRACE_TIMEOUT,
 ) -> None:
     """Why this plan: binding constraint, runners-up per TP/PP shape, what-ifs and warnings."""
+    from autoplan import api  # here, not at the top: --help imports no stage
     result = _run(lambda: api.load_result(plan_json))
     _emit_explanation(_run(lambda: api.explain(result, _model(model, trace_timeout),
                                                profile=profile)), as_json)
@@ -465,6 +478,7 @@ def infer_cmd(
     trace_timeout: Optional[float] = TRACE_TIMEOUT,
 ) -> None:
     """Inference placement: a Hugging Face device_map and the predicted time per generated token."""
+    from autoplan import api  # here, not at the top: --help imports no stage
     placement = _run(lambda: api.place_for_inference(_model(model, trace_timeout), cluster, context_len=context_len,
                                                      batch=batch, mem_limit=mem_limit))
     if as_json:
@@ -505,6 +519,7 @@ def calibrate_cmd(
     """Measure GEMM throughput, memory bandwidth and (several GPUs) all-reduce bandwidth here
     and write a profile for `solve`/`estimate --profile`; with --runs, fit the cost model's
     global parameters to your measured runs instead."""
+    from autoplan import api  # here, not at the top: --help imports no stage
     from autoplan.calibrate import bus_bandwidth_Bps
     if runs:
         profile = _run(lambda: api.calibrate_runs(runs, out, model=model, cluster=cluster,
