@@ -9,7 +9,8 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+import types
+from typing import TYPE_CHECKING, Any, Mapping
 
 from pydantic import ValidationError
 
@@ -40,13 +41,16 @@ from autoplan.search.space import (
     check_ep, check_pins, check_tp,
 )
 from autoplan.run_profile import RunsProfile
-from autoplan.options import (as_options, global_batches, mem_limit_bytes, merge_options,
-                              options_mem_limit, solve_headroom, validated)
+from autoplan.options import (SolveOptions, as_options, global_batches, mem_limit_bytes,
+                              merge_options, options_mem_limit, solve_headroom, validated)
 from autoplan.training import (
     DEFAULT_TIME_LIMIT_S,
     AttentionKernel, Constraints, FrozenDtype, Optimizer, Pins, Precision,
     Runtime, TrainingSpec,
 )
+
+if TYPE_CHECKING:
+    from autoplan.explain import Explanation
 
 MIN_SHARE_S = 0.05
 """The least time one runtime's search gets (it then returns its hint or runs out of time)."""
@@ -73,6 +77,14 @@ def load_cluster(path_or_dict: str | Path | Mapping | LoadedCluster) -> LoadedCl
 
 
 Profile = ComputeProfile | RunsProfile
+ModelLike = str | Path | types.ModuleType | Model
+"""A model.py path, an imported module defining build_model(), or a loaded Model."""
+ClusterLike = str | Path | Mapping[str, Any] | LoadedCluster
+"""A cluster.yaml path, an equivalent mapping, or a loaded cluster."""
+ProfileLike = str | Path | Profile | None
+PinsLike = Mapping[str, Any] | Pins | None
+MemLimit = str | float | None
+"""A memory cap per GPU: ``"72GiB"`` or bytes."""
 
 
 def loaded_profile(profile: str | Path | Profile | None) -> Profile | None:
@@ -204,12 +216,16 @@ def _moe_info(graph: LayerGraph) -> dict:
     return {"num_experts": moe[0].num_experts, "moe_top_k": moe[0].top_k} if moe else {}
 
 
-def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_limit=None,
+def solve(model: ModelLike, cluster: ClusterLike, *, seq_len: int,
+          global_batch: int | list[int] | Mapping[str, int] | None = None,
+          pins: PinsLike = None, mem_limit: MemLimit = None,
           time_limit_s: float | None = None, precision: str | None = None,
-          runtime: str | None = None, attention: str = "flash", objective=None,
+          runtime: str | None = None, attention: str = "flash",
+          objective: str | list[str] | None = None,
           min_tokens_per_s: float | None = None, price_per_gpu_hour: float | None = None,
-          bounds=None, max_gpus: int | None = None, tp_within_node: bool | None = None,
-          forbid_offload: bool | None = None, options=None, profile=None,
+          bounds: Mapping[str, Any] | None = None, max_gpus: int | None = None,
+          tp_within_node: bool | None = None, forbid_offload: bool | None = None,
+          options: SolveOptions | str | Path | None = None, profile: ProfileLike = None,
           num_workers: int = 1, runners_up: bool = True, optimizer: str | None = None,
           frozen_dtype: str | None = None, headroom: float | None = None) -> Result:
     """The best plan that fits (fastest by default), with its estimate, the solver's status
@@ -422,9 +438,11 @@ def _settings(run: ImportedRun | None, seq_len, global_batch, precision, runtime
             runtime or (run.runtime if run else default_runtime))
 
 
-def estimate(model, cluster, plan_or_pins, *, seq_len: int | None = None,
-             global_batch: int | None = None, mem_limit=None, precision: str | None = None,
-             runtime: str | None = None, attention: str = "flash", profile=None,
+def estimate(model: ModelLike, cluster: ClusterLike,
+             plan_or_pins: Plan | PinsLike | ImportedRun, *, seq_len: int | None = None,
+             global_batch: int | None = None, mem_limit: MemLimit = None,
+             precision: str | None = None, runtime: str | None = None,
+             attention: str = "flash", profile: ProfileLike = None,
              runtime_settings: Mapping[str, Any] | None = None, optimizer: str | None = None,
              frozen_dtype: str | None = None) -> Result:
     """Evaluate one plan: a Plan, pins completed with documented defaults, or an
@@ -474,8 +492,8 @@ def _first_problem(err: ValidationError) -> str:
     return f"{where + ': ' if where else ''}{item['msg']}{problems}"
 
 
-def place_for_inference(model, cluster, *, context_len: int, batch: int = 1,
-                        mem_limit=None) -> InferencePlacement:
+def place_for_inference(model: ModelLike, cluster: ClusterLike, *, context_len: int,
+                        batch: int = 1, mem_limit: MemLimit = None) -> InferencePlacement:
     """A Hugging Face ``device_map`` (module name -> GPU index) that fits the model for
     inference with ``context_len`` tokens of KV cache, and the predicted time per token."""
     if context_len < 1 or batch < 1:
@@ -488,7 +506,7 @@ def place_for_inference(model, cluster, *, context_len: int, batch: int = 1,
                                mem_limit_bytes=mem_limit_bytes(mem_limit, cluster.cluster))
 
 
-def verify(model, plan_or_result: Plan | Result | str | Path, *, steps: int = 5,
+def verify(model: ModelLike, plan_or_result: Plan | Result | str | Path, *, steps: int = 5,
            seq_len: int | None = None, trace_time_limit_s: float | None = None) -> dict:
     """Train ``plan_or_result`` on CPU, one gloo process per rank, next to a single-process
     reference with the same weights and batches; return losses and per-rank memory.
@@ -545,7 +563,8 @@ def verify(model, plan_or_result: Plan | Result | str | Path, *, steps: int = 5,
                        predicted_bytes=predicted_rank_bytes(problem, plan), notes=notes)
 
 
-def explain(result: Result | str | Path, model, *, pins=None, profile=None):
+def explain(result: Result | str | Path, model: ModelLike, *, pins: PinsLike = None,
+            profile: ProfileLike = None) -> Explanation:
     """Why a plan: binding constraint, runners-up per (TP, PP), what-ifs, warnings.
 
     Args:
@@ -637,7 +656,8 @@ def draw_topology(cluster: LoadedCluster, path: str | Path, *, force: bool = Fal
         return draw_png(cluster.cluster, path)
 
 
-def calibrate_runs(runs: list[str | Path], out: str | Path, *, model=None, cluster=None,
+def calibrate_runs(runs: list[str | Path], out: str | Path, *, model: ModelLike | None = None,
+                   cluster: ClusterLike | None = None,
                    force: bool = False, leave_one_out: bool = True) -> RunsProfile:
     """Fit the global physical parameters (costmodels.parameters) to measured runs and write
     the profile YAML to ``out`` (autoplan.run_profile).

@@ -4,10 +4,12 @@ of ``autoplan.api``), the document with its fronts, and its files."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
-from autoplan.api import (DEFAULT_TIME_LIMIT_S, DEFAULT_TRACE_TIME_LIMIT_S, load_cluster,
-                          load_model, loaded_profile)
+from autoplan.api import (DEFAULT_TIME_LIMIT_S, DEFAULT_TRACE_TIME_LIMIT_S, ClusterLike,
+                          ModelLike, ProfileLike, load_cluster, load_model, loaded_profile)
 from autoplan.cluster.spec import require_homogeneous
 from autoplan.errors import OutputExistsError
 from autoplan.files import check_writable_folder, refuse_existing, write_errors_as
@@ -17,10 +19,13 @@ from autoplan.sweep.grid import (DEFAULT_PRICE_PER_GPU_HOUR, DEFAULT_TRAIN_TOKEN
                                  write_csv, write_json)
 
 
-def sweep(model, cluster, *, over, base=None, time_limit_s: float | None = None,
-          workers: int | None = None, price_per_gpu_hour: float | dict | None = None,
+def sweep(model: ModelLike, cluster: ClusterLike, *, over: Axes | Mapping[str, list],
+          base: PointInputs | Mapping[str, Any] | None = None,
+          time_limit_s: float | None = None, workers: int | None = None,
+          price_per_gpu_hour: float | dict[str, float] | None = None,
           train_tokens: float | None = None, ray_address: str | None = None,
-          progress=None, profile=None) -> dict:
+          progress: Callable[[int, int], None] | None = None,
+          profile: ProfileLike = None) -> dict:
     """Solve every point of a grid of inputs and mark the Pareto fronts (see autoplan.sweep).
 
     Args:
@@ -59,7 +64,8 @@ def sweep(model, cluster, *, over, base=None, time_limit_s: float | None = None,
 
 
 def sweep_file(path: str | Path, *, workers: int | None = None, ray_address: str | None = None,
-               progress=None, profile=None, trace_time_limit_s: float | None = None) -> dict:
+               progress: Callable[[int, int], None] | None = None, profile: ProfileLike = None,
+               trace_time_limit_s: float | None = None) -> dict:
     """Run a sweep YAML (examples/sweeps/*.yaml); ``trace_time_limit_s`` as in :func:`load_model`."""
     spec = load_sweep_spec(path)
     model = load_model(spec.model,
