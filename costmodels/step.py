@@ -26,13 +26,7 @@ from autoplan.costmodels.memory import (
 from autoplan.costmodels.pipeline import pipeline_time
 from autoplan.costmodels.placement import plan_links
 from autoplan.costmodels.problem import Problem
-from autoplan.costmodels.ranks import (
-    RankCost,
-    other_bytes,
-    rank_base,
-    rank_cost,
-    rank_groups,
-)
+from autoplan.costmodels.ranks import RankCost, other_bytes, rank_base, rank_cost, rank_groups
 from autoplan.costmodels.summary import summarize
 from autoplan.costmodels.sync import dp_time, offload_param_time, optimizer_time
 

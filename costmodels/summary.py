@@ -3,11 +3,7 @@ memory breakdown)."""
 
 from __future__ import annotations
 
-from autoplan.costmodels.flops import (
-    hardware_flops_per_sample,
-    model_flops_per_sample,
-    recomputed_layers,
-)
+from autoplan.costmodels.flops import hardware_flops_per_sample, model_flops_per_sample, recomputed_layers
 from autoplan.costmodels.memory import (
     allocator_slack_bytes,
 )
