@@ -7,9 +7,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
-import types
 from typing import TYPE_CHECKING, Any, Mapping
 
 from pydantic import ValidationError
@@ -37,15 +37,12 @@ from autoplan.plugins.importers import ImportedRun, read_run  # noqa: F401 (API)
 from autoplan.report import trace_document  # noqa: F401 (API)
 from autoplan.search.hetero import solve_on_groups
 from autoplan.search.defaults import check_plan_matches, plan_from_pins, with_implied_sp
-from autoplan.search.space import (
-    check_ep, check_pins, check_tp,
-)
+from autoplan.search.space import check_ep, check_pins, check_tp
 from autoplan.run_profile import RunsProfile
 from autoplan.options import (SolveOptions, as_options, global_batches, mem_limit_bytes,
                               merge_options, options_mem_limit, solve_headroom, validated)
 from autoplan.training import (
-    DEFAULT_TIME_LIMIT_S,
-    AttentionKernel, Constraints, FrozenDtype, Optimizer, Pins, Precision,
+    DEFAULT_TIME_LIMIT_S, AttentionKernel, Constraints, FrozenDtype, Optimizer, Pins, Precision,
     Runtime, TrainingSpec,
 )
 
