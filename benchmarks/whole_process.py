@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -42,23 +43,35 @@ JOBS = [  # (label, model file, nodes, seq len, global batch)
 ]
 
 
-def timed(argv: list[str], cache: Path) -> float:
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(argv: list[str], cache: Path) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the process and its children): on a shared machine the
+    CPU time moves less with the load than the wall time does."""
     env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _children_cpu_s()
     done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True)
-    elapsed = time.perf_counter() - start
+    elapsed = time.perf_counter() - start, _children_cpu_s() - cpu
     if done.returncode:
         raise SystemExit(f"{' '.join(argv)} failed:\n{done.stderr}")
     return elapsed
 
 
-def cold_and_warm(argv: list[str], repeats: int, scratch: Path) -> tuple[float, float]:
+def median(runs: list[tuple[float, float]]) -> str:
+    wall, cpu = (statistics.median(r[i] for r in runs) for i in (0, 1))
+    return f"{wall:6.2f} s ({cpu:5.2f} s CPU)"
+
+
+def cold_and_warm(argv: list[str], repeats: int, scratch: Path) -> tuple[str, str]:
     cold, warm = [], []
     for i in range(repeats):
-        cache = scratch / f"cache-{len(argv)}-{i}"
+        cache = scratch / f"cache-{Path(argv[2]).stem}-{i}"
         cold.append(timed(argv, cache))
         warm.append(timed(argv, cache))
-    return statistics.median(cold), statistics.median(warm)
+    return median(cold), median(warm)
 
 
 def main() -> None:
@@ -69,16 +82,15 @@ def main() -> None:
           f"on {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory() as scratch_dir:
         scratch = Path(scratch_dir)
-        help_s = statistics.median(timed([*AUTOPLAN, "--help"], scratch / "help")
-                                   for _ in range(args.repeats))
-        print(f"{'autoplan --help':<32} {help_s:6.2f} s")
+        help_runs = [timed([*AUTOPLAN, "--help"], scratch / "help") for _ in range(args.repeats)]
+        print(f"{'autoplan --help':<32} {median(help_runs)}")
         for label, model, nodes, seq_len, batch in JOBS:
             cluster = scratch / f"dgx-a100-x{nodes}.yaml"
             cluster.write_text(yaml.safe_dump(dgx_a100(nodes)))
             argv = [*AUTOPLAN, "solve", str(MODELS / model), str(cluster), "--seq-len",
                     str(seq_len), "--global-batch", str(batch)]
             cold, warm = cold_and_warm(argv, args.repeats, scratch)
-            print(f"{label:<32} cold {cold:6.2f} s   warm {warm:6.2f} s   (Calculon: "
+            print(f"{label:<32} cold {cold}   warm {warm}   (Calculon: "
                   f"{'77 s, not re-measured' if '530B' in label else 'n/a'})")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
