@@ -11,6 +11,7 @@ from autoplan.costmodels.context import ring_attention_time
 from autoplan.costmodels.memory import (
     WEIGHT_BYTES,
     backward_working_bytes,
+    held_fp32_logits_bytes,
     layer_activation_bytes,
     layer_params_on_gpu,
     layer_trained_on_gpu,
@@ -86,7 +87,7 @@ def layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
 def _kept_bytes(problem: Problem, layer: Layer, split: Split, recompute: Recompute) -> float:
     """What a layer keeps for backward per micro-batch. The cross-entropy of the logits keeps
     nothing across micro-batches: each one's backward starts right after its loss."""
-    if _logits_layer(problem, layer) is not None:
+    if logits_layer(problem, layer) is not None:
         return 0.0
     return layer_activation_bytes(layer, split, recompute,
                                   op_sac=problem.runtime.selective_recompute == "op",
@@ -95,17 +96,20 @@ def _kept_bytes(problem: Problem, layer: Layer, split: Split, recompute: Recompu
 
 def _working_bytes(problem: Problem, layer: Layer, split: Split) -> float:
     """Transient bytes of a layer's backward; for the loss, the runtime's cross-entropy."""
-    head = _logits_layer(problem, layer)
+    head = logits_layer(problem, layer)
     if head is None:
         return backward_working_bytes(layer, split,
                                       gathered_inputs=problem.runtime.sp_saves_gathered_input)
     element = 4 if problem.precision == "fp32" else WEIGHT_BYTES
-    return loss_peak_bytes(head.boundary_bytes, split,
+    peak = loss_peak_bytes(head.boundary_bytes, split,
                            bytes_per_logit=problem.runtime.loss_bytes_per_logit,
                            logit_element_bytes=element)
+    if problem.runtime.pp_holds_stage_outputs:  # counted with the held stage output
+        peak -= held_fp32_logits_bytes(head.boundary_bytes, split, logit_element_bytes=element)
+    return peak
 
 
-def _logits_layer(problem: Problem, layer: Layer) -> Layer | None:
+def logits_layer(problem: Problem, layer: Layer) -> Layer | None:
     """The LM head whose logits ``layer`` turns into the loss (None for other layers, and
     for a loss that does not follow a head)."""
     layers = problem.graph.layers

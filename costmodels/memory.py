@@ -17,6 +17,9 @@ DistributedOptimizer and DeepSpeed's ZeRO filter on it; FSDP's optimizer gets
 optimizer's state per trained parameter: Adam(W) two fp32 moments (8 bytes); bitsandbytes'
 8-bit Adam two uint8 states with one fp32 absmax each per block of 256 (2 + 8/256 bytes,
 ``Optimizer8bit.init_state``); SGD with momentum one fp32 buffer (4 bytes).
+The peak is the larger of two moments: the backward (states, activations in flight, the
+largest transient) and the optimizer step (states and its transient, the activations freed;
+``step_moment_excess_bytes``).
 Activations per layer come from the trace (bytes saved for backward), split by TP where the
 tensor lies between a column- and a row-parallel Linear and by SP elsewhere (Korthikanti et al.
 2022, Table 2); full recompute keeps only each layer's input.
@@ -24,6 +27,7 @@ tensor lies between a column- and a row-parallel Linear and by SP elsewhere (Kor
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from autoplan.costmodels.compute import Split
@@ -81,21 +85,25 @@ class ModelStates:
 def model_state_bytes(num_params: float, *, zero_stage: int, dp: int, offload: Offload,
                       runtime: RuntimeProfile, trained: float | None = None,
                       weight_bytes: float | None = None,
-                      optimizer: Optimizer = Optimizer.ADAMW) -> ModelStates:
+                      optimizer: Optimizer = Optimizer.ADAMW,
+                      grads_held: float | None = None) -> ModelStates:
     """Model-state bytes on one GPU holding ``num_params`` parameters (before ZeRO sharding),
     ``trained`` of them requiring grad (default: all), whose weights take ``weight_bytes`` as
-    stored (default: 2 bytes each)."""
+    stored (default: 2 bytes each). ``grads_held``: the trained parameters whose gradients
+    exist at once (default: all trained, kept until the optimizer step; with the optimizer in
+    backward, the largest layer's: :func:`in_backward_grads_held`)."""
     trained = num_params if trained is None else trained
+    grads_held = trained if grads_held is None else grads_held
     weight_bytes = WEIGHT_BYTES * num_params if weight_bytes is None else weight_bytes
     optimizer_per_param = runtime.master_bytes + optimizer_state_bytes(optimizer, runtime)
     shard = dp if zero_stage >= 1 else 1
     weights = weight_bytes / (dp if zero_stage >= 3 else 1)
-    gradients = runtime.grad_bytes * trained / (dp if zero_stage >= 2 else 1)
+    gradients = runtime.grad_bytes * grads_held / (dp if zero_stage >= 2 else 1)
     optimizer = optimizer_per_param * trained / shard
     if offload is not Offload.NONE:
         optimizer = 0.0
     else:
-        gradients += runtime.fp32_grad_bytes * trained / shard
+        gradients += runtime.fp32_grad_bytes * grads_held / shard
     if offload is Offload.PARAMS:
         weights = 0.0
     return ModelStates(weights, gradients, optimizer)
@@ -110,6 +118,17 @@ def layer_trained_on_gpu(layer: Layer, tp: int) -> float:
     """Trainable parameters of a layer one TP rank holds."""
     replicated = layer.trainable_params - layer.trainable_sharded
     return layer.trainable_sharded / tp + replicated
+
+
+def in_backward_grads_held(layers: Iterable[Layer], tp: int) -> float:
+    """Trained parameters whose gradients one GPU holds at once when the optimizer steps in
+    backward: the largest layer's. torchtune's ``optimizer_in_bwd`` registers a
+    ``register_post_accumulate_grad_hook`` per parameter that steps that parameter's optimizer
+    and sets its ``.grad`` to None, so a gradient lives from its accumulation to its hook;
+    FSDP2 reduce-scatters a unit's (layer's) gradients together and then runs the hooks of
+    its sharded parameters (torch ``_fsdp_collectives.foreach_reduce``), so the gradients of
+    one layer are alive at once, not the whole model's."""
+    return max((layer_trained_on_gpu(layer, tp) for layer in layers), default=0.0)
 
 
 def layer_weight_bytes(layer: Layer, tp: int, frozen_dtype: FrozenDtype) -> float:
@@ -183,6 +202,15 @@ def loss_peak_bytes(logits_bytes: float, split: Split, *, bytes_per_logit: int,
     return bytes_per_logit * elements * split.mbs / (split.tp * split.cp)
 
 
+def held_fp32_logits_bytes(logits_bytes: float, split: Split, *,
+                           logit_element_bytes: int = WEIGHT_BYTES) -> float:
+    """The fp32 logits of one micro-batch on one GPU (vocab split over TP), as a pipeline
+    engine holds them when they are the stage's output: Megatron-DeepSpeed's GPTModelPipe ends
+    in ``float16_to_fp32`` and DeepSpeed's PipelineEngine keeps that output until the
+    micro-batch's backward is done. Its fused cross-entropy works in place in that buffer."""
+    return FP32_BYTES * logits_bytes / logit_element_bytes * split.mbs / (split.tp * split.cp)
+
+
 def backward_working_bytes(layer: Layer, split: Split, *, gathered_inputs: bool = False) -> float:
     """Transient bytes while one layer runs its backward: the gradients it produces are about
     as large as what it saved, and a fully recomputed layer first rebuilds all of that."""
@@ -214,6 +242,22 @@ def allocator_slack_bytes(activations: float, fragmentation: float, workspace: f
     communication buffers of a step come and go in many sizes, and a cached block serves a
     request only if it is at least as large) as the stated fraction of activation memory."""
     return workspace + fragmentation * activations
+
+
+def grad_norm_copy_bytes(largest_params: float, partition_params: float, *,
+                         bytes_per_element: float) -> float:
+    """The transient of the gradient norm at the optimizer step: DeepSpeed's ZeRO-1/2
+    (``stage_1_and_2.get_grad_norm_direct``) converts each gradient of its partition to fp64
+    (``zero.utils.get_norm_dtype``: ``torch.double``, 8 bytes per element) one tensor at a time,
+    so the largest gradient piece a rank owns, at most its partition, is copied whole."""
+    return bytes_per_element * min(largest_params, partition_params)
+
+
+def step_moment_excess_bytes(transient: float, activations: float, fragmentation: float) -> float:
+    """What the optimizer-step moment adds over the backward moment. By the step every
+    micro-batch's activations (and the blocks the allocator held for them) are freed, the
+    model states and buffers stay: the peak is the larger of the two transients."""
+    return max(0.0, transient - activations * (1 + fragmentation))
 
 
 def in_flight_chunks(rank: int, *, pp: int, vpp: int, num_microbatches: int) -> int:

@@ -51,6 +51,12 @@ class RuntimeProfile:
     zero3_gather_bytes: float = 4.0
     zero3_pp_resident: bool = False
     zero_bucket_bytes: float = 0.0
+    grad_norm_bytes: float = 0.0
+    """Bytes per element of the copy a ZeRO-1/2 optimizer makes of each gradient to take its
+    norm at the step (memory.grad_norm_copy_bytes); 0: the norm is taken in place."""
+    pp_holds_stage_outputs: bool = False
+    """The pipeline engine keeps each in-flight micro-batch's stage output until that
+    micro-batch's backward (DeepSpeed's PipelineEngine: ``pipe_buffers['outputs']``)."""
     cublas_workspace_bytes: float = 32 * 2**20
     """cuBLAS workspace PyTorch allocates per handle and stream through its caching allocator:
     32 MiB, the size the cuBLAS docs recommend for Hopper (``cublasSetWorkspace``; 4 MiB

@@ -8,13 +8,17 @@ from dataclasses import dataclass
 from autoplan.costmodels import comm
 from autoplan.costmodels.compute import Split
 from autoplan.costmodels.experts import ep_comm_time, expert_params
-from autoplan.costmodels.layers import layer_cost
+from autoplan.costmodels.layers import layer_cost, logits_layer
 from autoplan.costmodels.memory import (
     WEIGHT_BYTES,
     ModelStates,
     allocator_slack_bytes,
+    grad_norm_copy_bytes,
+    held_fp32_logits_bytes,
+    in_backward_grads_held,
     in_flight_chunks,
     model_state_bytes,
+    step_moment_excess_bytes,
     zero3_buffer_bytes,
 )
 from autoplan.costmodels.problem import Problem, memo
@@ -193,12 +197,14 @@ def rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLin
     params = holds.count
     states = _model_states(problem, plan, holds.without(experts, experts), experts)
     held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp, num_microbatches=plan.num_microbatches)
-    activations = held * sums.acts_per_chunk + sums.working
+    acts_per_chunk = sums.acts_per_chunk + _held_output_bytes(problem, plan,
+                                                              rank_stages(plan, rank), split)
+    activations = held * acts_per_chunk + sums.working
     other = other_bytes(problem, plan, activations, sums.largest, params)
     return RankCost(rank, sums.compute_s + sums.tp_comm_s + sums.cp_comm_s + pp_comm_s + ep_comm_s,
                      sums.compute_s, sums.backward_s, sums.tp_comm_s, sums.cp_comm_s, sums.wgrad_s,
                      pp_comm_s, states, activations, other, params,
-                     sums.acts_per_chunk, sums.largest, sums.gathers, ep_comm_s, experts,
+                     acts_per_chunk, sums.largest, sums.gathers, ep_comm_s, experts,
                      holds.trained)
 
 
@@ -207,10 +213,12 @@ def _model_states(problem: Problem, plan: Plan, dense: HeldParams, experts: floa
     EP split (``experts``, 0 when ep = 1; priced as trained) over the dp*cp/ep ranks that hold
     the same ones."""
     optimizer = problem.training.optimizer
+    held = (in_backward_grads_held(problem.graph.layers, plan.tp)
+            if problem.training.optimizer_in_backward else None)
     states = model_state_bytes(dense.count, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp,
                                offload=plan.offload, runtime=problem.runtime,
                                trained=dense.trained, weight_bytes=dense.weight_bytes,
-                               optimizer=optimizer)
+                               optimizer=optimizer, grads_held=held)
     if not experts:
         return states
     own = model_state_bytes(experts, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp // plan.ep,
@@ -250,6 +258,8 @@ def other_bytes(problem: Problem, plan: Plan, activations: float,
                                                                 runtime.cublas_workspace_bytes)
     if plan.zero_stage >= 1:
         other += runtime.zero_bucket_bytes
+    other += step_moment_excess_bytes(step_transient_bytes(problem, plan, largest_gathered, params),
+                                      activations, runtime.fragmentation)
     if plan.zero_stage >= 3:
         other += zero3_buffer_bytes(
             largest_gathered, params, bytes_per_param=runtime.zero3_gather_bytes,
@@ -297,3 +307,35 @@ def rank_groups(problem: Problem, plan: Plan) -> list[list[int]]:
             by_signature.setdefault(signature, []).append(rank)
         groups = memo(problem)[key] = list(by_signature.values())
     return groups
+
+
+def step_transient_bytes(problem: Problem, plan: Plan, largest_module: float,
+                          params: float) -> float:
+    """The optimizer step's transient on a GPU: ZeRO-1/2's fp64 copy of the largest gradient
+    (``largest_module``: DeepSpeed's largest parameter-owning module) of its 1/dp partition."""
+    bytes_per_element = problem.runtime.grad_norm_bytes
+    if not bytes_per_element or plan.zero_stage not in (1, 2):
+        return 0.0
+    return grad_norm_copy_bytes(largest_module, params / (plan.dp * plan.cp),
+                                bytes_per_element=bytes_per_element)
+
+
+def _held_output_bytes(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], ...],
+                       split: Split) -> float:
+    """Bytes per in-flight micro-batch chunk of the stage output a pipeline engine keeps until
+    that micro-batch's backward is done: the chunk's last layer's output (replicated over TP),
+    or for the chunk that ends in the loss the fp32 logits (memory.held_fp32_logits_bytes; the
+    engine runs even a single stage, as Megatron-DeepSpeed does at PP 1)."""
+    if not problem.runtime.pp_holds_stage_outputs:
+        return 0.0
+    layers = problem.graph.layers
+    total = 0.0
+    for first, num in stages:
+        last = layers[first + num - 1]
+        head = logits_layer(problem, last)
+        if head is not None:
+            element = 4 if problem.precision == "fp32" else WEIGHT_BYTES
+            total += held_fp32_logits_bytes(head.boundary_bytes, split, logit_element_bytes=element)
+        else:
+            total += last.boundary_bytes * split.mbs / split.cp
+    return total / len(stages)

@@ -22,11 +22,19 @@ from autoplan.costmodels.compute import Split
 from autoplan.costmodels.groups import estimate_on_groups, step_and_peak_on_groups
 from autoplan.costmodels.memory import (
     in_flight_chunks,
+    step_moment_excess_bytes,
 )
 from autoplan.costmodels.pipeline import pipeline_time
 from autoplan.costmodels.placement import plan_links
 from autoplan.costmodels.problem import Problem
-from autoplan.costmodels.ranks import RankCost, other_bytes, rank_base, rank_cost, rank_groups
+from autoplan.costmodels.ranks import (
+    RankCost,
+    other_bytes,
+    rank_base,
+    rank_cost,
+    rank_groups,
+    step_transient_bytes,
+)
 from autoplan.costmodels.summary import summarize
 from autoplan.costmodels.sync import dp_time, offload_param_time, optimizer_time
 
@@ -113,16 +121,24 @@ def peak_moments(problem: Problem, plan: Plan) -> list[str]:
     """For each pipeline rank, the moment of the step that sets its memory peak: the
     micro-batches it holds in flight (its schedule's warm-up) when its largest transient runs,
     the cross-entropy of the logits or the backward of its heaviest layer (a full-recompute
-    block rebuilding its activations), with ZeRO-3's gathered copies held meanwhile."""
+    block rebuilding its activations), with ZeRO-3's gathered copies held meanwhile; or the
+    optimizer step, when its transient outweighs those (memory.step_moment_excess_bytes)."""
     moments = [""] * plan.pp
     links = plan_links(problem, plan)
     for ranks in rank_groups(problem, plan):
         for rank in ranks:
             split = Split(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel,
                           mbs=plan.micro_batch_size, flash=problem.flash_attention)
-            sums = rank_base(problem, plan, rank, split, links)[0]
+            sums, _, holds = rank_base(problem, plan, rank, split, links)
             held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp,
                                     num_microbatches=plan.num_microbatches)
+            activations = held * sums.acts_per_chunk + sums.working
+            if step_moment_excess_bytes(step_transient_bytes(problem, plan, sums.largest,
+                                                              holds.count),
+                                        activations, problem.runtime.fragmentation):
+                moments[rank] = ("the optimizer step (the fp64 copy of the largest gradient "
+                                 "for the norm), after every micro-batch's activations are freed")
+                continue
             what = ("the loss (cross-entropy over the logits) of the newest micro-batch"
                     if sums.working_kind == "loss" else f"the backward of a {sums.working_kind}"
                     if sums.working_kind else "the backward")
