@@ -4,6 +4,7 @@ gathers), the optimizer step, and parameter offload's host copies."""
 from __future__ import annotations
 
 from autoplan.costmodels import comm
+from autoplan.costmodels.compute import unshard_copy_time
 from autoplan.costmodels.memory import (
     WEIGHT_BYTES,
     optimizer_step_bytes,
@@ -48,7 +49,8 @@ def dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
     EP-split expert parameters (part of ``params``) and their expert-data-parallel group,
     which reduces them instead of the whole DP group, in the same overlap window. Only the
     ``trained`` parameters (default: all) have gradients to reduce and weights to re-gather
-    after the step; ZeRO-3 gathers every weight.
+    after the step; ZeRO-3 gathers every weight, and where the runtime copies gathered
+    parameters and gradients on the compute stream (FSDP2) those copies add, unhidden.
     """
     if plan.dp * plan.cp == 1:
         return 0.0
@@ -61,7 +63,10 @@ def dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
     sync = sum(_dp_collectives(problem, plan, p, t, l, gathers) for p, t, l in groups)
     if plan.zero_stage < 3:
         return _overlapped(sync, backward_s, runtime.dp_overlap)
-    return _overlapped(plan.num_microbatches * sync, compute_s, runtime.zero3_overlap)
+    copies = unshard_copy_time(params, runtime.unshard_copy_bytes, problem.cluster.gpu,
+                               problem.compute)
+    return plan.num_microbatches * copies + _overlapped(plan.num_microbatches * sync, compute_s,
+                                                        runtime.zero3_overlap)
 
 
 def _dp_collectives(problem: Problem, plan: Plan, params: float, trained: float,
@@ -69,7 +74,7 @@ def _dp_collectives(problem: Problem, plan: Plan, params: float, trained: float,
     """Seconds of the data-parallel collectives over ``links`` for ``params`` parameters,
     ``trained`` of them with gradients: per step below ZeRO-3, per micro-batch with ZeRO-3."""
     runtime = problem.runtime
-    grads = runtime.grad_bytes * trained
+    grads = (runtime.reduce_bytes or runtime.grad_bytes) * trained
     if plan.zero_stage == 0:
         return comm.all_reduce_time(grads, links)
     if plan.zero_stage < 3:

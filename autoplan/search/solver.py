@@ -51,7 +51,9 @@ Objective
     (seconds of step time for time), ``objective_unit`` names it.
 
 The best eligible row is the hint. Status is OPTIMAL only when CP-SAT proves every term; with a
-time limit it may be FEASIBLE, reported with the bound. When no row is eligible,
+time limit it may be FEASIBLE, reported with the bound. Before the search,
+``conflicts.conflict_if_nothing_fits`` answers from each family's memory-leanest plans whether
+anything fits at all (seconds even on 8,192 GPUs); when no row is eligible,
 ``conflicts.explain_conflict`` names the requirements that conflict.
 """
 
@@ -77,10 +79,11 @@ from autoplan.search.objective import meets_throughput
 from autoplan.search.objective import value as objective_value
 from autoplan.search.runners_up import best_by_shape
 from autoplan.search.space import (
-    Shape, family_of, leanest, leanest_members, make_plan, max_chunk_blocks, pipeline_schedule,
-    shapes, stage_variants, switches,
+    Shape, family_of, leanest, leanest_members, leanest_plans, make_plan, max_chunk_blocks,
+    pipeline_schedule, shapes, stage_variants, switches,
 )
 from autoplan.training import KNOWN_PLACEMENTS, Bounds, Objective, ObjectiveTerm, Pins
+from autoplan.units import format_excess, gib_digits
 
 logger = logging.getLogger(__name__)
 
@@ -284,17 +287,12 @@ class Table:
         key = (source, family_of(shape), stages)
         if key not in self._family_fits:
             problem = self.problems[source]
-            leanest_plans = []
-            for member in self.families[(source, family_of(shape))]:
-                options = switches(member, runtime=problem.training.runtime, pins=self.pins,
-                                   blocks_per_chunk=max_chunk_blocks(problem.graph, stages))
-                leanest_plans += [make_plan(member, leanest([sw for sw in options if sw.zero == z]),
-                                            stages, problem.training)
-                                  for z in sorted({sw.zero for sw in options})]
-            peaks = [step_and_peak(problem, plan)[1] for plan in leanest_plans]
+            lean = leanest_plans(self.families[(source, family_of(shape))], stages,
+                                 graph=problem.graph, training=problem.training, pins=self.pins)
+            peaks = [step_and_peak(problem, plan)[1] for plan in lean]
             fits = any(memory_mib(peak) <= limit_mib(problem) for peak in peaks)
             if not fits:
-                for plan in leanest_plans:
+                for plan in lean:
                     self.add(plan, source)
             self._family_fits[key] = fits
         return self._family_fits[key]
@@ -601,6 +599,12 @@ def solve_search(problems: Problem | list[Problem], pins: Pins, *, time_limit_s:
     (for runners-up)."""
     start = time.perf_counter()
     objective = objective or Objective()
+    problems = [problems] if isinstance(problems, Problem) else list(problems)
+    from autoplan.search.conflicts import conflict_if_nothing_fits, explain_conflict  # on us
+    conflict = conflict_if_nothing_fits(problems, pins, objective=objective, bounds=bounds,
+                                        max_gpus=max_gpus)
+    if conflict is not None:  # from memory lower bounds alone, before any step-time search
+        raise InfeasibleError(conflict)
     table = Table.build(problems, pins, deadline=start + time_limit_s, objective=objective,
                         bounds=bounds, max_gpus=max_gpus)
     if not table.eligible() and table.open_bound_s < math.inf:
@@ -609,7 +613,6 @@ def solve_search(problems: Problem | list[Problem], pins: Pins, *, time_limit_s:
             "limit or pin more dimensions.")
     rows = table.eligible()
     if not rows:
-        from autoplan.search.conflicts import explain_conflict
         raise InfeasibleError(explain_conflict(table.problems, pins, objective=objective,
                                                bounds=bounds, max_gpus=max_gpus))
     model = PlanModel(table, rows)
@@ -664,9 +667,10 @@ def explain_infeasible(table: Table, problem: Problem) -> str:
     stage = max(range(len(est.stage_memory_gib)), key=lambda s: est.stage_memory_gib[s])
     kept = (f" (the memory limit less the {problem.headroom:.0%} headroom solve keeps free; "
             "--headroom 0 fills the GPU)" if problem.headroom else "")
+    need, limit = est.peak_memory_gib, est.memory_limit_gib
     return (
-        f"nothing fits in {est.memory_limit_gib:.1f} GiB per GPU{kept}: even the leanest of "
-        f"{len(table)} candidate plans ({one_line(plan)}) needs {est.peak_memory_gib:.1f} GiB on pipeline stage {stage} "
-        f"({est.peak_memory_gib - est.memory_limit_gib:.1f} GiB over). Use more or larger GPUs, "
+        f"nothing fits in {limit:.1f} GiB per GPU{kept}: even the leanest of {len(table)} "
+        f"candidate plans ({one_line(plan)}) needs {need:.{gib_digits(need, limit)}f} GiB on "
+        f"pipeline stage {stage} ({format_excess(need, limit)} over). Use more or larger GPUs, "
         "a shorter sequence, a smaller model, or unpin dimensions that keep memory high."
     )
