@@ -18,9 +18,9 @@ from pydantic import BaseModel, ConfigDict
 from autoplan.capabilities import RUNTIMES
 from autoplan.cluster.topology import GroupLinks
 from autoplan.costmodels.comm import SLOW_NETWORK_BPS
-from autoplan.costmodels.step import (
-    Problem, axis_links, estimate, limit_mib, memory_mib, peak_moments,
-)
+from autoplan.costmodels.problem import Problem, limit_mib, memory_mib
+from autoplan.costmodels.placement import axis_links
+from autoplan.costmodels.step import estimate, peak_moments
 from autoplan.graph.layer_graph import LayerGraph
 from autoplan.plan import Offload, OmitsDefaults, Plan, Result, one_line
 from autoplan.plugins.colossalai_tp import compare_tp_modes
@@ -145,7 +145,7 @@ def binding(table: Table, problem: Problem, row: int, pins: Pins) -> str:
     if best is not None and table.key(best) < table.key(row):
         return (f"pins: {_faster_fit(table, best, row)}, so what binds is the choice of this "
                 f"plan (pinned or estimated), not memory; {own}.")
-    free = Table.build(replace(problem, mem_limit_bytes=UNLIMITED_BYTES, _cache={}), pins,
+    free = Table.build(replace(problem, mem_limit_bytes=UNLIMITED_BYTES), pins,
                        bound_key=table.key(row))
     fastest = min(range(len(free)), key=free.order)
     if free.key(fastest) >= table.key(row):
@@ -243,7 +243,7 @@ def runners_up(table: Table, chosen: int, *, count: int = 8) -> list[RunnerUp]:
 
 
 def _with_cluster(problem: Problem, **changes) -> Problem:
-    return replace(problem, cluster=replace(problem.cluster, **changes), _cache={})
+    return replace(problem, cluster=replace(problem.cluster, **changes))
 
 
 def _what_if(change: str, problem: Problem, pins: Pins, chosen: Plan, base_s: float) -> WhatIf:
@@ -259,7 +259,7 @@ def _what_if(change: str, problem: Problem, pins: Pins, chosen: Plan, base_s: fl
 
 def what_ifs(problem: Problem, chosen: Plan, base_s: float, pins: Pins) -> list[WhatIf]:
     """Re-solve with 1.5x memory, 2x intra-node and 2x inter-node bandwidth."""
-    more = replace(problem, mem_limit_bytes=problem.mem_limit_bytes * 1.5, _cache={})
+    more = replace(problem, mem_limit_bytes=problem.mem_limit_bytes * 1.5)
     out = [_what_if(f"1.5x GPU memory ({problem.mem_limit_bytes * 1.5 / 2**30:.0f} GiB)", more,
                     pins, chosen, base_s)]
     cluster = problem.cluster
@@ -362,7 +362,7 @@ def fine_tuning_savings(problem: Problem, result: Result) -> str | None:
             and training.optimizer is Optimizer.ADAMW and not training.optimizer_in_backward
             and training.frozen_storage.value == training.precision.value):
         return None
-    full = replace(problem, graph=_fully_trained(problem.graph), _cache={},
+    full = replace(problem, graph=_fully_trained(problem.graph),
                    training=training.model_copy(update={"optimizer": Optimizer.ADAMW,
                                                         "frozen_dtype": None,
                                                         "optimizer_in_backward": False}))

@@ -9,6 +9,7 @@ from rich.text import Text
 from autoplan.capabilities import RUNTIMES
 from autoplan.cluster.spec import load_cluster_spec, resolve
 from autoplan.costmodels.comm import network_note, slow_link_note
+from autoplan.graph.layer_graph import LayerGraph
 from autoplan.plan import Plan, Result, degrees
 from autoplan.plugins.summary import fine_tuning_line
 from autoplan.training import Runtime
@@ -348,3 +349,35 @@ def render_comparison(current: Result, best: Result, console: Console) -> None:
         return
     console.print(f"The plan above is {now.step_time_s / opt.step_time_s:.2f}x as fast; change "
                   + ", ".join(todo) + ".")
+
+
+def trace_document(graph: LayerGraph, batch: int = 1) -> dict:
+    """The ``autoplan trace --json`` document for ``batch`` sequences (figures per sample in the
+    graph scale linearly with the batch)."""
+    layers = [{
+        "name": l.name, "kind": l.kind.value, "params": l.num_params,
+        "trainable_params": l.trainable_params,
+        "fwd_flops": l.fwd_flops * batch, "bwd_flops": l.bwd_flops * batch,
+        "activation_bytes": l.activation_bytes * batch + l.attention_internal_bytes * batch,
+        "boundary_bytes": l.boundary_bytes * batch,
+        "tp_split": {g.name: g.split.value for g in l.gemms},
+    } for l in graph.layers]
+    return {"model": graph.name, "seq_len": graph.seq_len, "batch": batch,
+            "num_params": graph.num_params, "num_trainable_params": graph.num_trainable_params, "fwd_flops": graph.fwd_flops * batch,
+            "bwd_flops": graph.bwd_flops * batch, "layers": layers,
+            "tp_constraints": tp_constraints(graph)}
+
+
+VOCAB_PAD_MULTIPLE = 128
+"""Megatron-LM pads the vocabulary to a multiple of 128 x TP (--make-vocab-size-divisible-by)."""
+
+
+def tp_constraints(graph: LayerGraph) -> dict:
+    """What a TP degree must respect: it divides the attention heads and KV heads; the
+    vocabulary is padded to a multiple of 128 x tp (the padded size per TP degree is listed)."""
+    vocab = graph.dims.vocab_size if graph.dims else 0
+    multiple = VOCAB_PAD_MULTIPLE
+    return {"divides": list(graph.tp_divisors),
+            "vocab_size": vocab,
+            "padded_vocab": {tp: -(-vocab // (multiple * tp)) * multiple * tp
+                             for tp in (1, 2, 4, 8) if vocab}}

@@ -89,11 +89,6 @@ def parse_quantity(text: object, kind: str, *, field: str = "value") -> float:
 GIB = float(2**30)
 
 
-def format_bytes(num_bytes: float) -> str:
-    """Human-readable GiB with two decimals (the unit users compare with nvidia-smi)."""
-    return f"{num_bytes / GIB:.2f} GiB"
-
-
 def _scaled(value: float, prefixes: tuple[tuple[float, str], ...], unit: str = "") -> str:
     """``value`` over the largest of ``prefixes`` it reaches, to three digits, with the
     prefix and the ``unit`` (after a space when there is one)."""

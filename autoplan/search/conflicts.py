@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
-from autoplan.costmodels.step import Problem
+from autoplan.costmodels.problem import Problem
 from autoplan.plan import Plan, one_line
 from autoplan.search.solver import NO_LEGAL_PLAN, Table, explain_infeasible
 from autoplan.search.space import Shape, leanest_members, leanest_plans, shapes, stage_variants
@@ -151,7 +151,7 @@ class Builds:
 
     def __init__(self, problems: list[Problem], objective: Objective, deadline: float) -> None:
         self.problems = problems
-        self.unlimited = [replace(p, mem_limit_bytes=UNLIMITED_BYTES, _cache={}) for p in problems]
+        self.unlimited = [replace(p, mem_limit_bytes=UNLIMITED_BYTES) for p in problems]
         self.objective = objective
         self.deadline = deadline
         self.tables: dict[tuple[str, ...], Table] = {}

@@ -67,9 +67,9 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from autoplan.costmodels.step import (
-    Problem, estimate, limit_mib, lower_bound_s, memory_mib, shape_lower_bound_s, step_and_peak,
-)
+from autoplan.costmodels.problem import Problem, limit_mib, memory_mib
+from autoplan.costmodels.step import estimate, step_and_peak
+from autoplan.costmodels.bounds import lower_bound_s, shape_lower_bound_s
 from autoplan.errors import InfeasibleError, NoPlanInTimeError
 from autoplan.plan import (Estimate, Offload, Plan, Recompute, ShapeRunnerUp, SolverInfo,
                            one_line)
@@ -190,22 +190,27 @@ class Table:
         pending = [item for source in range(len(problems))
                    for item in table._shape_bounds(source, pins, bounds, max_gpus, deadline)]
         heapq.heapify(pending)
-        best = None
+        best, shapes_bounded, processed = None, len(pending), 0
+        stop = "the queue emptied: every candidate was evaluated"
         while pending:
             item = pending[0]
             limit = best if bound_key is None else bound_key
             if prune and limit is not None and item.key > limit:
+                stop = "the best bound left is worse than the best plan found"
                 break
             if time.perf_counter() > deadline:
                 table.open_bound_s = min(table.open_bound_s, *(p.bound_s for p in pending))
+                stop = "the time limit passed"
                 break
             heapq.heappop(pending)
+            processed += 1
             start = len(table)
             for group in table._process(item):
                 heapq.heappush(pending, group)
             best = min([table.key(r) for r in range(start, len(table)) if table.is_eligible(r)]
                        + ([best] if best is not None else []), default=None)
         table.unexpanded = pending
+        _log_search(table, shapes_bounded, processed, stop)
         return table
 
     def _new_pending(self, bound_s: float, source: int, shape: Shape, stages=None,
@@ -440,6 +445,17 @@ class Table:
         return [ShapeRunnerUp(tp=self.plans[r].tp, pp=self.plans[r].pp, dp=self.plans[r].dp,
                               plan=one_line(self.plans[r]), step_time_s=self.step_times_s[r],
                               slower_by=per_token(r) / per_token(chosen) - 1) for r in rows]
+
+
+def _log_search(table: "Table", shapes_bounded: int, processed: int, stop: str) -> None:
+    """What the branch and bound did (``autoplan --verbose``)."""
+    left = table.unexpanded
+    logger.info("bounded %d shapes by physics; took %d shapes or stage layouts off the queue "
+                "(%d rows evaluated, %d eligible)", shapes_bounded, processed, len(table),
+                sum(table.eligible_rows))
+    logger.info("pruned %d never expanded (%d whole shapes, %d stage layouts); stopped because "
+                "%s", len(left), sum(p.stages is None for p in left),
+                sum(p.stages is not None for p in left), stop)
 
 
 def _cannot_be_slower(sw) -> bool:
