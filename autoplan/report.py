@@ -137,13 +137,13 @@ def solver_text(result: Result) -> Text:
     goal = "" if s.objective_terms == ("time",) else (
         f" for {' then '.join(s.objective_terms)}: {s.objective:.4g} {s.objective_unit}")
     if s.status == "OPTIMAL":
-        line = f"Solver: OPTIMAL (proven){goal} in {s.wall_time_s:.2f} s"
+        line = f"Solver: OPTIMAL (proven){goal} in {format_seconds(s.wall_time_s)}"
     elif s.status == "ESTIMATE":
-        line = f"Estimate of the given plan (no search) in {s.wall_time_s:.2f} s"
+        line = f"Estimate of the given plan (no search) in {format_seconds(s.wall_time_s)}"
     else:
         unit = s.objective_unit
         line = (f"Solver: {s.status}: best found {s.objective:.4g} {unit}, bound "
-                f"{s.bound:.4g} {unit}, gap {s.gap:.1%} after {s.wall_time_s:.2f} s")
+                f"{s.bound:.4g} {unit}, gap {s.gap:.1%} after {format_seconds(s.wall_time_s)}")
     return Text(line, style="bold green" if s.status == "OPTIMAL" else "bold yellow")
 
 
