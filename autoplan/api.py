@@ -366,7 +366,7 @@ def _solve_problems(problems: list[Problem], model: Model, cluster: LoadedCluste
                                 max_gpus=constraints.max_gpus)
         return _result(found.problem, model, cluster, found.plan, found.estimate, found.info,
                        profile)
-    from autoplan.search.solver import solve_search  # CP-SAT: loaded by the commands that solve
+    from autoplan.search.solve import solve_search  # CP-SAT: loaded by the commands that solve
 
     solution = solve_search(problems, constraints.pins, time_limit_s=time_limit_s,
                             objective=constraints.objective, bounds=constraints.bounds,
