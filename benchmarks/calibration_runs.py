@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fit import pose  # noqa: E402
 from more_runs import CSV, more_runs, out_of_memory_runs  # noqa: E402
 
-from autoplan.costmodels.parameters import with_parameters  # noqa: E402
+from autoplan.costmodels.parameters import parameter, with_parameters  # noqa: E402
 from autoplan.costmodels.step import estimate  # noqa: E402
 from autoplan.fit import FitRun, fit, mean_abs_error  # noqa: E402
 
@@ -164,8 +164,19 @@ def _percent(part: int, whole: int) -> str:
     return f"{part}/{whole} ({part / whole:.0%})" if whole else "none"
 
 
+def _at_bound(name: str, value: float, catalog: float) -> str:
+    """' (at its upper bound)' where a fit stopped at the range costmodels/parameters.py
+    allows (autoplan.fit keeps a lower bound of 0 at a millionth of the catalog value): the
+    runs ask for more than that physical constant can give."""
+    p = parameter(name)
+    for side, bound in (("lower", max(p.lower, 1e-6 * catalog)), ("upper", p.upper)):
+        if math.isclose(value, bound, rel_tol=1e-3, abs_tol=1e-12):
+            return f" (at its {side} bound)"
+    return ""
+
+
 def report_fit(result, calibration: list[Row]) -> None:
-    print("fitted: " + (", ".join(f"{k} {result.catalog[k]:.4g} -> {v:.4g}"
+    print("fitted: " + (", ".join(f"{k} {result.catalog[k]:.4g} -> {v:.4g}{_at_bound(k, v, result.catalog[k])}"
                                   for k, v in result.values.items()) or "nothing"))
     for name, reason in result.fixed.items():
         print(f"  fixed {name}: {reason}")
