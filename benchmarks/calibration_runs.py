@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import math
 import statistics
 import sys
@@ -88,6 +89,22 @@ class Row:
                 self.run.problem.training.global_batch, self.csv["zero_or_fsdp"])
 
 
+BF16_OPTIMIZER = {"grad_bytes": 6, "fp32_grad_bytes": 0, "reduce_bytes": 4}
+"""How DeepSpeed's BF16_Optimizer (bf16 without a ZeRO stage, as BigScience ran BSPRQ-120 on)
+holds gradients, as runtime settings of the deepspeed runtime with ZeRO 1: beside the bf16
+gradients a full fp32 accumulation buffer (deepspeed/runtime/bf16_optimizer.py
+``fp32_groups_gradients_flat``: ``torch.zeros_like(bf16_groups_flat[i], dtype=grad_acc_dtype)``,
+not partitioned), so 2 + 4 bytes per parameter, reduced in fp32 (``get_grads_for_reduction``);
+only the fp32 master weights and Adam moments are partitioned over data parallelism."""
+
+
+def _as_ran(run, row: dict):
+    """The posed run with what its row's optimizer does that ZeRO-1 does not."""
+    if row["zero_or_fsdp"].startswith("BF16Optimizer"):
+        return dataclasses.replace(run, runtime_settings={**run.runtime_settings, **BF16_OPTIMIZER})
+    return run
+
+
 def _prefix(row_id: str) -> str:
     return row_id.rsplit("-", 1)[0]
 
@@ -103,7 +120,7 @@ def posed_rows(prefix: str) -> tuple[list[Row], list[str]]:
     posed = {r.row_id for r in oom}
     notes = [f"{s.row_id}: {s.reason}" for s in skipped
              if _prefix(s.row_id) == prefix and s.row_id not in posed]
-    questions, refused = pose(ran + oom)
+    questions, refused = pose([_as_ran(r, by_id[r.row_id]) for r in ran + oom])
     notes += [f"{run.row_id}: refused: {message}" for run, message in refused]
     rows = []
     for q in questions:
