@@ -134,7 +134,7 @@ def _select(jacobian: np.ndarray, rows: np.ndarray, names: list[str], fixed: dic
         return []
     cap = max(0, len(rows) - 1)
     chosen: list[str] = []
-    for column, separable in _greedy_pivots(block[:, sensitive]):
+    for column, separable in pivot_order(block[:, sensitive]):
         name = names[sensitive[column]]
         if len(chosen) >= cap:
             fixed[name] = f"{len(rows)} run(s) identify at most {cap} parameter(s) of this kind"
@@ -145,7 +145,7 @@ def _select(jacobian: np.ndarray, rows: np.ndarray, names: list[str], fixed: dic
     return chosen
 
 
-def _greedy_pivots(block: np.ndarray) -> list[tuple[int, bool]]:
+def pivot_order(block: np.ndarray) -> list[tuple[int, bool]]:
     """The columns in the order of column-pivoted QR (largest remaining effect first), each
     with whether it is separable from those before it: the part of it no combination of the
     earlier separable columns explains is at least COLLINEARITY_TOL of its own length.

@@ -6,12 +6,13 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from autoplan import api
 from autoplan.cli import app
-from autoplan.fit import mean_abs_error, predict
+from autoplan.fit import mean_abs_error, pivot_order, predict
 from autoplan.plugins.training_logs import read_training_log
 from autoplan.run_profile import FitFigures, FittedOn, RunsProfile
 from autoplan.runs import HEADER, RunsError, read_runs
@@ -236,3 +237,13 @@ def test_logs_of_two_runtimes_are_not_fitted_together(tmp_path):
         "--out", str(tmp_path / "p.yaml")])
     assert result.exit_code == 2, result.output
     assert "column runtime: fsdp, but" in " ".join(result.output.split())
+
+
+def test_a_small_distinct_effect_is_separable_and_a_rescaled_copy_is_not():
+    """Columns: a moves every run alike; b moves them 20x less but in a pattern of its own;
+    c is 2a. Worked by hand: c has the largest norm (4) and goes first; after it b's residual
+    is all of b (orthogonal to c, length 0.2) and a's is 0 (a = c/2), so b comes next and is
+    separable although its length is 5% of c's, and a last, not separable."""
+    a = np.array([1.0, 1.0, 1.0, 1.0])
+    b = 0.1 * np.array([1.0, -1.0, 1.0, -1.0])
+    assert pivot_order(np.column_stack([a, b, 2 * a])) == [(2, True), (1, True), (0, False)]
