@@ -93,14 +93,16 @@ def slowest_rank_load(experts: Experts, tokens_per_rank: float, ep: int) -> floa
     """Routed rows of the busiest of ``ep`` GPUs over its balanced share: each of the EP
     group's ``ep * tokens_per_rank`` tokens picks ``top_k`` distinct experts at random, so the
     rows a GPU's ``num_experts / ep`` experts receive vary (hypergeometric per token), and the
-    largest of the ``ep`` sums sets the time. This is the floor a uniform router reaches; a
+    largest of the ``ep`` sums sets the time. The sums add up to the group's rows, so they are
+    ``ep`` independent normals of variance ``ep/(ep-1)`` times a GPU's, less their mean. This is the floor a uniform router reaches; a
     trained router's preferences add to it (not modelled: no transferable published figure)."""
     if ep <= 1:
         return 1.0
     share, k, e = 1.0 / ep, experts.top_k, experts.num_experts
     mean = tokens_per_rank * ep * k * share
     variance = tokens_per_rank * ep * k * share * (1 - share) * (e - k) / max(1, e - 1)
-    return 1.0 + expected_max_normal(ep) * sqrt(variance) / mean
+    spread = sqrt(variance * ep / (ep - 1))
+    return 1.0 + expected_max_normal(ep) * spread / mean
 
 
 def grouped_gemm_time(groups: int, rows: float, n: float, k: float, gpu: GpuSpec, peak: float,
@@ -108,7 +110,7 @@ def grouped_gemm_time(groups: int, rows: float, n: float, k: float, gpu: GpuSpec
     """Seconds of one grouped GEMM of ``groups`` problems of ``rows x k @ k x n``: one kernel
     whose tiles are those of every group, each group's rows padded to whole tiles."""
     padded = groups * ceil(rows / GEMM_TILE[0]) * GEMM_TILE[0]
-    traffic = HALF_BYTES * (padded * k + groups * k * n + padded * n)  # each group's weight
+    traffic = HALF_BYTES * groups * (rows * k + k * n + rows * n)  # each group's own weight
     return max(gemm_time(padded, n, k, gpu, peak, profile),
                traffic / (gpu.memory_bandwidth_Bps * profile.memory_efficiency))
 
