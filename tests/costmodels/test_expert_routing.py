@@ -5,14 +5,19 @@ dispatcher's permutation bytes worked by hand."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
+from autoplan.api import load_model
 from autoplan.cluster.catalog import get_gpu
 from autoplan.costmodels.compute import Split, gemm_time
-from autoplan.costmodels.experts import grouped_gemm_time, slowest_rank_load
+from autoplan.costmodels.experts import grouped_gemm_time, routing_time, slowest_rank_load
 from autoplan.costmodels.profiles import compute_profile
 from autoplan.graph.layer_graph import Experts
+from tests.extras import require
+
+ROOT = Path(__file__).parents[2]
 
 MIXTRAL = Experts(name="experts", num_experts=8, top_k=2, params_per_expert=1,
                   tokens_per_expert=1.0, router="gate")
@@ -65,3 +70,25 @@ def test_grouped_gemm_of_few_rows_streams_every_experts_weight():
     seconds = grouped_gemm_time(8, 1, 14336, 4096, gpu, gpu.peak_flops("bf16"), profile)
     weights = 8 * 4096 * 14336 * 2
     assert seconds == pytest.approx(weights / (0.80 * 2039e9), rel=0.01)
+
+
+def test_routing_time_of_the_tiny_mixtral_by_hand():
+    """Tiny Mixtral block (hidden 128, experts 128 -> 2x256 -> 128, 8 experts, top-2), seq 256,
+    mbs 1, no TP/EP: 512 routed rows, 64 per expert, each padded to one 128-row tile (1024
+    rows), so each expert Linear costs a 1024-row GEMM instead of the 512-row one counted, in
+    forward, input- and weight-gradient. The dispatcher reads and writes the 512 routed rows
+    of 128 bf16 values (131,072 B each way) in permute, unpermute and the two chunk sorts,
+    forward and again backward."""
+    transformers = require("transformers")  # noqa: F841 - the example model needs it
+    graph = load_model(ROOT / "examples/models/hf_mixtral_tiny.py").trace(256)
+    block = next(layer for layer in graph.layers if layer.experts)
+    gpu, profile = get_gpu("a100-sxm4-80gb"), compute_profile("a100-sxm4-80gb")
+    peak = gpu.peak_flops("bf16")
+    surcharge = sum(gemm_time(1024, n, k, gpu, peak, profile) - gemm_time(512, n, k, gpu, peak, profile)
+                    for n, k in ((512, 128), (128, 256)))  # gate_up, down
+    passes = 4 * 2 * 512 * 128 * 2 / (0.80 * 2039e9)
+    expected = 3 * surcharge + 2 * passes
+    split = Split(tp=1, cp=1, sp=False, mbs=1)
+    seconds = routing_time(block, split, 1, gpu=gpu, peak=peak, profile=profile,
+                           full_recompute=False)
+    assert seconds == pytest.approx(expected, rel=1e-9)
