@@ -82,7 +82,13 @@ def leanest_members(shapes_: Iterable[Shape]) -> dict[tuple, list[Shape]]:
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    return list(_divisors(n))
+
+
+@functools.lru_cache(maxsize=4096)
+def _divisors(n: int) -> tuple[int, ...]:
+    """Kept: a search asks for the divisors of the same few counts thousands of times."""
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
 def balanced_stages(graph: LayerGraph, pp: int, vpp: int = 1, *, first: int | None = None,
