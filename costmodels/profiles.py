@@ -8,10 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from functools import cache
-from importlib import resources
 
-import yaml
-
+from autoplan.packaged import read_yaml
 from autoplan.units import parse_quantity
 
 
@@ -93,7 +91,7 @@ def fit_grid(key: str) -> tuple[float, ...]:
 
 @cache
 def _profiles() -> dict:
-    return yaml.safe_load(resources.files("autoplan.costmodels").joinpath("profiles.yaml").read_text())
+    return read_yaml("autoplan.costmodels", "profiles.yaml")
 
 
 def _build(cls, entry: dict, **extra):
