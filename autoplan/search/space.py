@@ -274,7 +274,7 @@ def ep_options(graph: LayerGraph, runtime: Runtime, replicas: int, pinned: int |
     """Expert-parallel degrees: divisors of the experts every MoE layer has that divide the
     dp*cp ``replicas`` they are carved from; 1 for dense models and runtimes without EP (or
     without EP next to TP, when ``tp`` > 1)."""
-    experts = common_expert_count(graph.layers)
+    experts = common_expert_count(graph.layers) if graph.has_experts() else None
     caps = RUNTIMES[runtime]
     if experts is None or not caps.expert_parallel or tp > 1 and not caps.expert_parallel_with_tp:
         options = [1]
