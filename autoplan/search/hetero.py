@@ -48,7 +48,6 @@ from autoplan.costmodels.placement import plan_axis_links
 from autoplan.costmodels.layers import layer_cost
 from autoplan.costmodels.step import estimate
 from autoplan.costmodels.bounds import lower_bound_s
-from autoplan.degrees import of_plan
 from autoplan.errors import ConstraintError, InfeasibleError, NoPlanInTimeError
 from autoplan.plan import Estimate, Plan, Recompute, SolverInfo
 from autoplan.search.groups_space import (
@@ -111,7 +110,8 @@ class _Bounds:
     def _layer_time(self, group: str, plan: Plan, recompute: Recompute, first: int,
                     num: int) -> float:
         sub = self.problem.on_group(group)
-        split = Split(**of_plan(plan, ("tp", "cp", "sp", "mbs")), flash=self.problem.flash_attention)
+        split = Split(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel,
+                      mbs=plan.micro_batch_size, flash=self.problem.flash_attention)
         tp_links, cp_links, total = plan_axis_links(sub, plan, "tp"), plan_axis_links(sub, plan, "cp"), 0.0
         for class_id, count in sub.layer_counts(first, num):
             cost = layer_cost(sub, sub.layer_class(class_id), class_id, split, recompute,

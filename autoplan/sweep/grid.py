@@ -72,10 +72,9 @@ class _RunInputs(BaseModel):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
-PointInputs = create_model(
-    "PointInputs", __base__=_RunInputs, __module__=__name__, **sweep_fields(),
-    __doc__="The inputs of one point: the run's, then the pins (``autoplan.degrees.SWEPT``); "
-            "unset ones come from the base cluster.yaml or the defaults.")
+class PointInputs(create_model("PointFields", __base__=_RunInputs, **sweep_fields())):
+    """The inputs of one point: the run's, then the pins (``autoplan.degrees.SWEPT``); unset
+    ones come from the base cluster.yaml or the defaults."""
 
 
 SWEEPABLE = tuple(PointInputs.model_fields)
@@ -96,10 +95,9 @@ class _RunAxes(BaseModel):
     precision: list[str] | None = None
 
 
-Axes = create_model(
-    "Axes", __base__=_RunAxes, __module__=__name__, **sweep_fields(lists=True),
-    __doc__="The swept inputs, each a list of values (the run's, then the pins); the points "
-            "are their cartesian product.")
+class Axes(create_model("AxesFields", __base__=_RunAxes, **sweep_fields(lists=True))):
+    """The swept inputs, each a list of values (the run's, then the pins); the points are
+    their cartesian product."""
 
 
 class SweepSpec(BaseModel):
