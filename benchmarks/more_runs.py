@@ -129,8 +129,14 @@ def _runtime_settings(source: str) -> dict:
     """What a row's framework does unlike the runtime's default: llm-foundry runs Composer's
     FSDP1 (FlatParameter), whose all-gathers write the flat parameter in place and whose fp32
     gradient cast runs on the post-backward stream, so none of FSDP2's copy kernels
-    (profiles.yaml, fsdp.unshard_copy_bytes) sit on its compute stream."""
-    return {"unshard_copy_bytes": 0} if source == "LLMF" else {}
+    (profiles.yaml, fsdp.unshard_copy_bytes) sit on its compute stream. Its MPT models compute
+    the loss with flash-attn's fused cross-entropy (llm-foundry ``ComposerMPTCausalLM``:
+    ``loss_fn='fused_crossentropy'`` by default; ``flash_attn/ops/triton/cross_entropy.py``
+    keeps only per-row fp32 losses and log-sum-exps and in backward writes one 16-bit gradient
+    the logits' size), not ``cross_entropy(logits.float())``: 2 bytes per logit, not 12."""
+    if source == "LLMF":
+        return {"unshard_copy_bytes": 0, "loss_bytes_per_logit": 2}
+    return {}
 
 
 def out_of_memory_runs() -> list[PublishedRun]:
