@@ -75,6 +75,11 @@ class RuntimeProfile:
     grad_bucket_params_per_rank: float = 1.0e6
     """Bucket of ``max(grad_bucket_params, grad_bucket_params_per_rank * dp)`` parameters
     (megatron-core's default bucket_size)."""
+    ddp_bucket_bytes: float = 0.0
+    ddp_first_bucket_bytes: float = 0.0
+    """PyTorch DDP's gradient buckets where the runtime runs ZeRO 0 as DDP: each all-reduced
+    as soon as the backward has filled it, the first (the last layers) smaller; 0: the
+    runtime's ZeRO 0 does not bucket this way."""
     cublas_workspace_bytes: float = 32 * 2**20
     """cuBLAS workspace PyTorch allocates per handle and stream through its caching allocator:
     32 MiB, the size the cuBLAS docs recommend for Hopper (``cublasSetWorkspace``; 4 MiB

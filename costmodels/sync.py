@@ -63,7 +63,7 @@ def dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
     if experts is not None and experts[0]:
         groups = [(params - experts[0], trained - experts[0], links),
                   (experts[0], experts[0], experts[1])]
-    if plan.zero_stage < 3 and runtime.overlap_grad_reduce:
+    if plan.zero_stage < 3 and _bucketed(runtime, plan):
         forward_s = compute_s / plan.num_microbatches - backward_s
         return _bucketed_dp_time(problem, plan, groups, backward_s, forward_s)
     sync = sum(_dp_collectives(problem, plan, p, t, l, gathers) for p, t, l in groups)
@@ -82,14 +82,31 @@ def grad_bucket_params(runtime, dp_size: int) -> float:
     return max(runtime.grad_bucket_params, runtime.grad_bucket_params_per_rank * dp_size)
 
 
-def bucket_sizes(params: float, bucket: float) -> list[float]:
-    """``params`` cut into buckets of ``bucket`` in backward order; the last (the first
-    layers, the embedding) holds the remainder."""
+def bucket_sizes(params: float, bucket: float, first: float | None = None) -> list[float]:
+    """``params`` cut into buckets of ``bucket`` in backward order, the first of ``first``
+    (DDP's smaller first bucket) where given; the last (the first layers, the embedding)
+    holds the remainder."""
     if params <= 0:
         return []
+    head = [] if first is None else [min(first, params)]
+    params -= sum(head)
     full = int(params // bucket)
     rest = params - full * bucket
-    return [bucket] * full + ([rest] if rest > 0 else [])
+    return head + [bucket] * full + ([rest] if rest > 0 else [])
+
+
+def _bucketed(runtime, plan: Plan) -> bool:
+    """Whether the gradient reduction runs bucket by bucket under the backward: Megatron
+    with --overlap-grad-reduce, or DDP (a runtime's ZeRO 0 with DDP buckets)."""
+    return runtime.overlap_grad_reduce or (plan.zero_stage == 0 and runtime.ddp_bucket_bytes > 0)
+
+
+def _buckets(runtime, plan: Plan, params: float, dp_size: int, grad_bytes: float) -> list[float]:
+    """One model chunk's gradient buckets (parameters each), in the runtime's sizes."""
+    if plan.zero_stage == 0 and runtime.ddp_bucket_bytes:
+        return bucket_sizes(params, runtime.ddp_bucket_bytes / grad_bytes,
+                            runtime.ddp_first_bucket_bytes / grad_bytes)
+    return bucket_sizes(params, grad_bucket_params(runtime, dp_size))
 
 
 def filled_at(sizes: list[float], start_s: float, span_s: float) -> list[float]:
@@ -134,7 +151,8 @@ def gathered_ahead(needed_s: list[float], times: list[float]) -> float:
 
 def _bucketed_dp_time(problem: Problem, plan: Plan, groups: list, backward_s: float,
                       forward_s: float) -> float:
-    """Megatron's --overlap-grad-reduce (megatron-core DistributedDataParallel): each bucket's
+    """Megatron's --overlap-grad-reduce (megatron-core DistributedDataParallel), and DDP's
+    Reducer, which schedules its buckets the same way: each bucket's
     all-reduce (reduce-scatter with the distributed optimizer) starts once the last
     micro-batch's backward has produced its gradients (the earlier micro-batches run under
     no_sync). Each model chunk has its own buckets: with interleaving (VPP v) the chunks
@@ -150,7 +168,7 @@ def _bucketed_dp_time(problem: Problem, plan: Plan, groups: list, backward_s: fl
     ready, reduce_s, needed, gather_s = [], [], [], []
     for chunk in range(plan.vpp):
         for _, trained, links in groups:
-            sizes = bucket_sizes(trained / plan.vpp, grad_bucket_params(runtime, links.size))
+            sizes = _buckets(runtime, plan, trained / plan.vpp, links.size, grad_bytes)
             ready += filled_at(sizes, chunk * plan.pp * chunk_s, chunk_s)
             # the forward runs the chunks in the opposite order, each pp micro-batches long
             needed += begun_at(sizes[::-1], (plan.vpp - 1 - chunk) * plan.pp * forward_chunk_s,

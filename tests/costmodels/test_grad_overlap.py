@@ -83,3 +83,16 @@ def test_megatron_estimate_hides_all_but_the_last_bucket_under_a_long_backward()
                             runtime_settings={"overlap_grad_reduce": False})
     hidden, exposed = on.estimate.time_breakdown_s["dp_comm"], off.estimate.time_breakdown_s["dp_comm"]
     assert 0 < hidden < exposed / 10
+
+
+def test_ddp_buckets_are_torchs_defaults():
+    # torch.nn.parallel.DistributedDataParallel: bucket_cap_mb 25 MiB, the first bucket
+    # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES; in fp32 gradients: 6,553,600 and
+    # 262,144 parameters.
+    import torch.distributed as dist
+    from torch.nn.parallel import distributed as ddp
+    profile = runtime_profile("fsdp")
+    assert profile.ddp_bucket_bytes == ddp._DEFAULT_BUCKET_CAP_MB * 2**20
+    assert profile.ddp_first_bucket_bytes == dist._DEFAULT_FIRST_BUCKET_BYTES
+    # 10M fp32 gradients: 262,144 + 6,553,600 + the remaining 3,184,256
+    assert bucket_sizes(10e6, 6_553_600, 262_144) == [262_144, 6_553_600, 3_184_256]
