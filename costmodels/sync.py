@@ -173,13 +173,13 @@ def _bucketed_dp_time(problem: Problem, plan: Plan, groups: list, backward_s: fl
             # the forward runs the chunks in the opposite order, each pp micro-batches long
             needed += begun_at(sizes[::-1], (plan.vpp - 1 - chunk) * plan.pp * forward_chunk_s,
                                forward_chunk_s)
-            for size in sizes:
-                if plan.zero_stage == 0:
-                    reduce_s.append(comm.all_reduce_time(grad_bytes * size, links))
-                else:
-                    reduce_s.append(comm.reduce_scatter_time(grad_bytes * size, links))
-            gather_s += [comm.all_gather_time(WEIGHT_BYTES * size, links)
-                         for size in sizes[::-1]] if plan.zero_stage else []
+            reduce = comm.all_reduce_time if plan.zero_stage == 0 else comm.reduce_scatter_time
+            priced = {size: reduce(grad_bytes * size, links) for size in set(sizes)}
+            reduce_s += [priced[size] for size in sizes]
+            if plan.zero_stage:
+                priced = {size: comm.all_gather_time(WEIGHT_BYTES * size, links)
+                          for size in set(sizes)}
+                gather_s += [priced[size] for size in sizes[::-1]]
     end = ((plan.vpp - 1) * plan.pp + 1) * chunk_s
     exposed = reduced_as_ready(*_in_order(ready, reduce_s), end)
     if gather_s and runtime.overlap_param_gather:
