@@ -152,6 +152,15 @@ def _runtime_settings(source: str) -> dict:
     return {"unshard_copy_bytes": 0} if source == "LLMF" else {}
 
 
+def out_of_memory_runs() -> list[PublishedRun]:
+    """The rows that ran out of memory and state their shape, posed with the configuration
+    they tried; they have no measured time (``step_time_s`` is NaN)."""
+    with CSV.open() as f:
+        rows = [r for r in csv.DictReader(f) if r["outcome"] == "oom"]
+    return [_run({**row, "step_time_s": "nan", "tokens_per_s_per_gpu": "nan"}) for row in rows
+            if row["num_layers"] and row["num_heads"] and _gpu(row) is not None]
+
+
 def more_runs() -> tuple[list[PublishedRun], list[Skipped]]:
     """(the rows posed as questions, the rows that cannot be, with why)."""
     with CSV.open() as f:

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from functools import cache
-from importlib import resources
 
-import yaml
-
+from autoplan.packaged import read_yaml
 from autoplan.units import parse_quantity
 
 
@@ -47,6 +45,10 @@ class RuntimeProfile:
     zero3_gather_unit: str = "layer"
     selective_recompute: str = "attention"
     loss_bytes_per_logit: int = 12
+    loss_parallel_bytes_per_logit: int = 0
+    """Bytes per logit the cross-entropy holds at its peak when TP splits the vocabulary and the
+    runtime computes the loss on the shards (torchtitan's ``loss_parallel``); 0: as
+    ``loss_bytes_per_logit``."""
     sp_saves_gathered_input: bool = False
     zero3_gather_bytes: float = 4.0
     zero3_pp_resident: bool = False
@@ -109,7 +111,7 @@ def fit_grid(key: str) -> tuple[float, ...]:
 
 @cache
 def _profiles() -> dict:
-    return yaml.safe_load(resources.files("autoplan.costmodels").joinpath("profiles.yaml").read_text())
+    return read_yaml("autoplan.costmodels", "profiles.yaml")
 
 
 def _build(cls, entry: dict, **extra):

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 from autoplan.costmodels.problem import Problem
+from autoplan.degrees import DEGREE
 from autoplan.plan import Plan, one_line
 from autoplan.search.solver import NO_LEGAL_PLAN, Table, explain_infeasible
 from autoplan.search.space import Shape, leanest_members, leanest_plans, shapes, stage_variants
@@ -35,6 +36,8 @@ EXPLAIN_BUDGET_S = 10.0
 """Seconds the screens and table builds of one explanation may take together; requirements
 not tried by then stay in the set (it still conflicts, maybe not minimally) and the message
 says so."""
+UNEXPLAINED = "no plan meeting these requirements fits (the conflict was not explained)"
+"""The message where the caller asked only whether a plan fits (``explain=False``)."""
 
 
 @dataclass(frozen=True)
@@ -58,18 +61,12 @@ class Settings:
     memory: bool = False
 
 
-def _pin_label(name: str, value) -> str:
-    if name == "sp":
-        return "--sp" if value else "--no-sp"
-    return f"--{name} {getattr(value, 'value', value)}"
-
-
 def requirements(pins: Pins, bounds: Bounds | None, max_gpus: int | None,
                  objective: Objective, limit_bytes: float) -> list[Requirement]:
     """Every requirement of the solve, in the order the deletion tries them."""
     out = []
     for name, value in pins.pinned().items():
-        out.append(Requirement(_pin_label(name, value),
+        out.append(Requirement(DEGREE[name].given(value),
                                lambda s, n=name, v=value: s.pins.__setitem__(n, v)))
     for key, label in (bounds.labels() if bounds else {}).items():
         name, side = key.split(".")
@@ -228,9 +225,11 @@ def explain_conflict(problems: list[Problem], pins: Pins, *, objective: Objectiv
 
 
 def conflict_if_nothing_fits(problems: list[Problem], pins: Pins, *, objective: Objective,
-                             bounds: Bounds | None, max_gpus: int | None) -> str | None:
+                             bounds: Bounds | None, max_gpus: int | None,
+                             explain: bool = True) -> str | None:
     """Before any step-time search: when no plan meeting the pins, bounds and GPU budget fits
-    in memory (``screen``), the explanation of the conflict; None when one fits, when the
+    in memory (``screen``), the explanation of the conflict (``UNEXPLAINED`` unless
+    ``explain``: naming it takes more screens and searches); None when one fits, when the
     objective asks for a throughput (that takes step times) or when the screen ran out of
     time."""
     if objective.min_tokens_per_s is not None:
@@ -239,7 +238,7 @@ def conflict_if_nothing_fits(problems: list[Problem], pins: Pins, *, objective: 
     reqs = requirements(pins, bounds, max_gpus, objective, problems[0].mem_limit_bytes)
     if builds.admits(reqs) is not False:
         return None
-    return _explain(builds, reqs)
+    return _explain(builds, reqs) if explain else UNEXPLAINED
 
 
 def _explain(builds: Builds, reqs: list[Requirement]) -> str:

@@ -70,6 +70,7 @@ from ortools.sat.python import cp_model
 from autoplan.costmodels.problem import Problem, limit_mib, memory_mib
 from autoplan.costmodels.step import estimate, step_and_peak
 from autoplan.costmodels.bounds import lower_bound_s, shape_lower_bound_s
+from autoplan.degrees import DEGREE, of_plan
 from autoplan.plan import (Estimate, Offload, Plan, Recompute, ShapeRunnerUp, one_line)
 from autoplan.search.objective import key as objective_key
 from autoplan.search.objective import meets_throughput
@@ -84,11 +85,11 @@ from autoplan.units import format_excess, gib_digits
 logger = logging.getLogger(__name__)
 
 US = 1e6
-DIMENSIONS = ("tp", "pp", "dp", "cp", "mbs", "zero", "recompute", "sp", "vpp", "offload",
-              "placement", "ep")
-_RECOMPUTE = {r: i for i, r in enumerate(Recompute)}
-_OFFLOAD = {o: i for i, o in enumerate(Offload)}
-_PLACEMENT = {p: i for i, p in enumerate(sorted(KNOWN_PLACEMENTS))}
+DIMENSIONS = tuple(DEGREE)
+_CODES = {"recompute": {r: i for i, r in enumerate(Recompute)},
+          "offload": {o: i for i, o in enumerate(Offload)},
+          "placement": {p: i for i, p in enumerate(sorted(KNOWN_PLACEMENTS))}}
+"""The integers that stand for the values of the degrees that are not numbers."""
 RANDOM_SEED = 0
 RUNNERS_UP = 6
 """Other (TP, PP) shapes a solve reports, best first."""
@@ -97,26 +98,18 @@ PROBING_LEVEL = 0
 9,000 rows) and cannot tighten a bound that the LP relaxation already makes exact."""
 
 
+def _encoded(name: str, value) -> int:
+    """A degree's value as the table's integer (0 for no ``recompute_num_layers``)."""
+    return _CODES[name][value] if name in _CODES else int(value or 0)
+
+
 def _dims_of(plan: Plan) -> dict[str, int]:
-    return {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "cp": plan.cp,
-            "mbs": plan.micro_batch_size, "zero": plan.zero_stage,
-            "recompute": _RECOMPUTE[plan.recompute], "sp": int(plan.sequence_parallel),
-            "vpp": plan.vpp, "offload": _OFFLOAD[plan.offload],
-            "placement": _PLACEMENT[plan.placement], "ep": plan.ep}
+    return {name: _encoded(name, value) for name, value in of_plan(plan, DIMENSIONS).items()}
 
 
 def pin_values(pins: Pins) -> dict[str, int]:
     """Pins in the table's integer encoding."""
-    encoded = {}
-    for name, value in pins.pinned().items():
-        if name == "recompute":
-            value = _RECOMPUTE[Recompute(value)]
-        elif name == "offload":
-            value = _OFFLOAD[Offload(value)]
-        elif name == "placement":
-            value = _PLACEMENT[value]
-        encoded[name] = int(value)
-    return encoded
+    return {name: _encoded(name, value) for name, value in pins.pinned().items()}
 
 
 @dataclass(order=True)

@@ -16,6 +16,7 @@ from typing import Iterable
 
 from autoplan.capabilities import RUNTIMES, lack_reason, missing, pinned_features
 from autoplan.costmodels.experts import common_expert_count
+from autoplan.degrees import plan_fields
 from autoplan.errors import ConstraintError, InfeasibleError
 from autoplan.graph.layer_graph import LayerGraph, LayerKind, TpSplit
 from autoplan.plan import Offload, PipelineSchedule, Plan, Recompute, Stage
@@ -82,7 +83,13 @@ def leanest_members(shapes_: Iterable[Shape]) -> dict[tuple, list[Shape]]:
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    return list(_divisors(n))
+
+
+@functools.lru_cache(maxsize=4096)
+def _divisors(n: int) -> tuple[int, ...]:
+    """Kept: a search asks for the divisors of the same few counts thousands of times."""
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
 def balanced_stages(graph: LayerGraph, pp: int, vpp: int = 1, *, first: int | None = None,
@@ -268,7 +275,7 @@ def ep_options(graph: LayerGraph, runtime: Runtime, replicas: int, pinned: int |
     """Expert-parallel degrees: divisors of the experts every MoE layer has that divide the
     dp*cp ``replicas`` they are carved from; 1 for dense models and runtimes without EP (or
     without EP next to TP, when ``tp`` > 1)."""
-    experts = common_expert_count(graph.layers)
+    experts = common_expert_count(graph.layers) if graph.has_experts() else None
     caps = RUNTIMES[runtime]
     if experts is None or not caps.expert_parallel or tp > 1 and not caps.expert_parallel_with_tp:
         options = [1]
@@ -437,12 +444,13 @@ def pipeline_schedule(runtime: Runtime, vpp: int) -> PipelineSchedule | None:
 
 def make_plan(shape: Shape, sw: Switches, stages: tuple[Stage, ...], training: TrainingSpec) -> Plan:
     return Plan(
-        tp=shape.tp, pp=shape.pp, dp=shape.dp, cp=shape.cp, zero_stage=sw.zero,
-        micro_batch_size=shape.mbs, global_batch_size=training.global_batch,
-        num_microbatches=shape.num_microbatches(training.global_batch), recompute=sw.recompute,
-        recompute_num_layers=sw.recompute_num_layers, sequence_parallel=sw.sp, vpp=shape.vpp, offload=sw.offload,
-        world_size=shape.tp * shape.pp * shape.dp * shape.cp, placement=shape.placement,
-        ep=shape.ep,
+        **plan_fields(tp=shape.tp, pp=shape.pp, dp=shape.dp, cp=shape.cp, zero=sw.zero,
+                      mbs=shape.mbs, recompute=sw.recompute,
+                      recompute_num_layers=sw.recompute_num_layers, sp=sw.sp, vpp=shape.vpp,
+                      offload=sw.offload, placement=shape.placement, ep=shape.ep),
+        global_batch_size=training.global_batch,
+        num_microbatches=shape.num_microbatches(training.global_batch),
+        world_size=shape.tp * shape.pp * shape.dp * shape.cp,
         stages=stages, pipeline_schedule=pipeline_schedule(training.runtime, shape.vpp),
     )
 
