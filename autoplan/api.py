@@ -139,8 +139,8 @@ def make_problem(model: Model, cluster: LoadedCluster, training: TrainingSpec,
 def runtime_with(runtime: RuntimeProfile, settings: Mapping[str, Any] | None) -> RuntimeProfile:
     """The runtime's profile with some fields replaced: how a particular run was configured or
     what its framework version could do, e.g. ``{"tp_bwd_overlap": False}`` for Megatron-LM
-    before its asynchronous TP all-reduce or ``{"dp_overlap": 0.0}`` without
-    ``--overlap-grad-reduce``."""
+    before its asynchronous TP all-reduce or ``{"overlap_grad_reduce": False}`` for a launch
+    without ``--overlap-grad-reduce``."""
     if not settings:
         return runtime
     known = {f.name for f in dataclasses.fields(RuntimeProfile)} - {"name", "source"}

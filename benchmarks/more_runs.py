@@ -21,6 +21,7 @@ import csv
 import re
 from dataclasses import dataclass
 
+from autoplan.cluster.catalog import get_gpu
 from published_runs import DATA, PublishedRun, _gpt_module
 
 CSV = DATA / "more_runs.csv"
@@ -92,7 +93,25 @@ def _why_not(row: dict) -> str | None:
         return "fp8 (Transformer Engine) is not a precision autoplan models"
     if _gpu(row) is None:
         return f"GPU {row['gpu_type']!r} not mapped to the catalog"
+    if _above_peak(row):
+        return "step time and batch imply more than the GPUs' peak FLOP/s (inconsistent row)"
     return None
+
+
+def _above_peak(row: dict) -> bool:
+    """The row's step would need more than the GPUs' dense peak for its model FLOPs alone
+    (6 x 12 L h^2 per token, attention and embedding left out): its stated batch and time
+    cannot both be right (BSPRQ-044..046: GBS 2048 in the table, 512 in the text, and the
+    row's own TFLOP/s figure fits 512)."""
+    if not row["step_time_s"]:
+        return False
+    layers, hidden = int(row["num_layers"]), int(row["hidden"])
+    tokens = int(row["global_batch_seqs"]) * int(row["seq_len"]) if row["global_batch_seqs"] \
+        else int(row["micro_batch"]) * int(row["grad_accum"] or 1) * int(row["DP"]) * int(row["seq_len"])
+    flops = 6 * 12 * layers * hidden**2 * tokens
+    precision = "fp16" if row["precision"].startswith("fp16") else "bf16"
+    peak = get_gpu(_gpu(row)).peak_flops(precision)
+    return flops / (int(row["num_gpus"]) * float(row["step_time_s"])) > peak
 
 
 def _run(row: dict) -> PublishedRun:
