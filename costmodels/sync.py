@@ -3,6 +3,8 @@ gathers), the optimizer step, and parameter offload's host copies."""
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 from autoplan.costmodels import comm
 from autoplan.costmodels.compute import unshard_copy_time
 from autoplan.costmodels.memory import (
@@ -112,11 +114,8 @@ def _buckets(runtime, plan: Plan, params: float, dp_size: int, grad_bytes: float
 def filled_at(sizes: list[float], start_s: float, span_s: float) -> list[float]:
     """When each bucket's gradients are all there, for buckets filled in order by a backward
     running from ``start_s`` for ``span_s`` at an even rate per parameter."""
-    total, done, out = sum(sizes), 0.0, []
-    for size in sizes:
-        done += size
-        out.append(start_s + span_s * done / total)
-    return out
+    total = sum(sizes)
+    return [start_s + span_s * done / total for done in accumulate(sizes)]
 
 
 def reduced_as_ready(ready_s: list[float], times: list[float], end_s: float) -> float:
@@ -133,7 +132,8 @@ def reduced_as_ready(ready_s: list[float], times: list[float], end_s: float) -> 
 def begun_at(sizes: list[float], start_s: float, span_s: float) -> list[float]:
     """When the layers of each bucket start, for buckets used in order by a forward running
     from ``start_s`` for ``span_s`` at an even rate per parameter."""
-    return [ready - span_s * size / sum(sizes)
+    total = sum(sizes)
+    return [ready - span_s * size / total
             for ready, size in zip(filled_at(sizes, start_s, span_s), sizes)]
 
 
