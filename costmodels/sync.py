@@ -11,7 +11,7 @@ from autoplan.costmodels.memory import (
     WEIGHT_BYTES,
     optimizer_step_bytes,
 )
-from autoplan.costmodels.problem import Problem
+from autoplan.costmodels.problem import Problem, memo
 
 from autoplan.cluster.topology import GroupLinks
 from autoplan.plan import Offload, Plan
@@ -67,7 +67,13 @@ def dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
                   (experts[0], experts[0], experts[1])]
     if plan.zero_stage < 3 and _bucketed(runtime, plan):
         forward_s = compute_s / plan.num_microbatches - backward_s
-        return _bucketed_dp_time(problem, plan, groups, backward_s, forward_s)
+        key = ("bucketed_dp", plan.vpp, plan.pp, plan.zero_stage,
+               tuple((t, l) for _, t, l in groups), backward_s, forward_s)
+        cached = memo(problem).get(key)
+        if cached is None:
+            cached = memo(problem)[key] = _bucketed_dp_time(problem, plan, groups, backward_s,
+                                                            forward_s)
+        return cached
     sync = sum(_dp_collectives(problem, plan, p, t, l, gathers) for p, t, l in groups)
     if plan.zero_stage < 3:
         return _overlapped(sync, backward_s, runtime.dp_overlap)
