@@ -27,7 +27,7 @@ from autoplan.cluster.catalog import GpuSpec
 from autoplan.costmodels.profiles import ComputeProfile
 from autoplan.costmodels.quantization import HALF_BYTES, quantized_gemms, stored_bytes_per_param
 from autoplan.graph.layer_graph import Gemm, Layer, LayerKind, TpSplit
-from autoplan.plan import Recompute
+from autoplan.plan import Plan, Recompute
 from autoplan.training import FrozenDtype
 
 BACKWARD_TRAFFIC_FACTOR = 2.0
@@ -78,6 +78,12 @@ class Split:
     sp: bool
     mbs: int
     flash: bool = True
+
+    @classmethod
+    def of(cls, plan: Plan, flash: bool) -> "Split":
+        """How ``plan`` divides each micro-batch (``flash``: the problem's attention kernel)."""
+        return cls(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel, mbs=plan.micro_batch_size,
+                   flash=flash)
 
 
 @dataclass(frozen=True, slots=True)
