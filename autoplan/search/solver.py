@@ -107,11 +107,6 @@ def _dims_of(plan: Plan) -> dict[str, int]:
     return {name: _encoded(name, value) for name, value in of_plan(plan, DIMENSIONS).items()}
 
 
-def pin_values(pins: Pins) -> dict[str, int]:
-    """Pins in the table's integer encoding."""
-    return {name: _encoded(name, value) for name, value in pins.pinned().items()}
-
-
 @dataclass(order=True)
 class _Pending:
     """Candidates not evaluated yet, with a bound on their objective key: a whole shape
