@@ -1,5 +1,7 @@
-"""CP-SAT without pandas: the solve path imports OR-Tools' cp_model without importing pandas,
-and cp_model's pandas helpers still work once pandas is imported (the stand-in forwards)."""
+"""CP-SAT without pandas: the solve path imports OR-Tools' cp_model without importing pandas
+(``search.solve`` imports it from ``search.cpsat`` before anything imports it with pandas;
+a module that imports cp_model at import time of the CLI or API would undo it), and cp_model's pandas
+helpers still work once pandas is imported (the stand-in forwards)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import sys
 
 SCRIPT = """
 import sys
-import autoplan.search.solve
+import autoplan.cli, autoplan.api, autoplan.search.solve  # what a CLI solve imports
 from autoplan.search.cpsat import cp_model
 print("pandas" in sys.modules)
 
