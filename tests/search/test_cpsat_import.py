@@ -1,7 +1,7 @@
 """CP-SAT without pandas: the solve path imports OR-Tools' cp_model without importing pandas
-(``search.solve`` imports it from ``search.cpsat`` before anything imports it with pandas;
-a module that imports cp_model at import time of the CLI or API would undo it), and cp_model's pandas
-helpers still work once pandas is imported (the stand-in forwards)."""
+(``search.solve`` imports it from ``search.cpsat`` before anything imports it with pandas; a
+module that imported cp_model directly when the CLI or API is imported would undo that), and
+cp_model's pandas helpers still work once pandas is imported (the stand-in forwards)."""
 
 from __future__ import annotations
 
