@@ -94,6 +94,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--against", type=Path, help="another checkout's autoplan script")
+    parser.add_argument("--time-limit", type=float, help="solve --time-limit (on a loaded "
+                        "machine the default 60 s can cut a search short, and its CPU time)")
     args = parser.parse_args()
     scripts = {"this": AUTOPLAN} | ({"against": [str(args.against)]} if args.against else {})
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
@@ -110,7 +112,8 @@ def main() -> None:
             cluster = scratch / f"dgx-a100-x{nodes}.yaml"
             cluster.write_text(yaml.safe_dump(dgx_a100(nodes)))
             tail = ["solve", str(MODELS / model), str(cluster), "--seq-len", str(seq_len),
-                    "--global-batch", str(batch)]
+                    "--global-batch", str(batch),
+                    *(["--time-limit", str(args.time_limit)] if args.time_limit else [])]
             found = cold_and_warm({name: [*script, *tail] for name, script in scripts.items()},
                                   args.repeats, scratch)
             for name, (cold, warm) in found.items():
