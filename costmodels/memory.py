@@ -243,6 +243,17 @@ def replaced_output_bytes(held_fp32_logits: float, logits_16bit: float) -> float
     return held_fp32_logits + logits_16bit
 
 
+def grad_copy_bytes_per_element(*, upcast_bytes: float, accumulates_into_grad: bool,
+                                num_microbatches: int) -> float:
+    """Bytes per element of the largest gradient's transient copy after a micro-batch's
+    backward: a runtime's fp32 upcast (``upcast_bytes``), or where gradients accumulate in
+    ``param.grad`` across micro-batches, the 16-bit gradient the backward op produces for a
+    later micro-batch, alive beside ``.grad`` until autograd's AccumulateGrad adds it in place
+    (the first micro-batch's is stolen into ``.grad``, no copy)."""
+    accumulated = WEIGHT_BYTES if accumulates_into_grad and num_microbatches > 1 else 0
+    return max(upcast_bytes, accumulated)
+
+
 def upcast_grad_moment_bytes(largest_params: float, *, bytes_per_element: float,
                              acts_per_chunk: float, held: int) -> float:
     """Activation-side bytes when a runtime adds each 16-bit gradient into its fp32 accumulator

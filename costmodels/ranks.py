@@ -16,6 +16,7 @@ from autoplan.costmodels.memory import (
     grad_norm_copy_bytes,
     held_fp32_logits_bytes,
     flat_grad_copy_excess_bytes,
+    grad_copy_bytes_per_element,
     in_backward_grads_held,
     in_flight_chunks,
     last_stage_output_slots,
@@ -260,14 +261,19 @@ def _rank_experts(problem: Problem, plan: Plan, rank: int, split: Split,
 def activation_peak_bytes(problem: Problem, plan: Plan, sums: ChunkSums, acts_per_chunk: float,
                           held: int) -> float:
     """Activation-side bytes at a rank's peak moment: the ``held`` in-flight micro-batch chunks
-    with its largest backward (or loss) transient, or, where the runtime upcasts each gradient
-    into an fp32 accumulator after a micro-batch's backward, that copy with one chunk fewer
-    in flight (memory.upcast_grad_moment_bytes)."""
+    with its largest backward (or loss) transient, or the copy of its largest gradient after a
+    micro-batch's backward (an fp32 upcast, or the 16-bit gradient being accumulated into
+    ``.grad``: memory.grad_copy_bytes_per_element) with one chunk fewer in flight
+    (memory.upcast_grad_moment_bytes)."""
     backward = held * acts_per_chunk + sums.working
-    upcast = problem.runtime.grad_upcast_bytes
-    if not upcast:
+    runtime = problem.runtime
+    per_element = grad_copy_bytes_per_element(
+        upcast_bytes=runtime.grad_upcast_bytes,
+        accumulates_into_grad=runtime.accumulates_into_grad and plan.zero_stage <= 1,
+        num_microbatches=plan.num_microbatches)
+    if not per_element:
         return backward
-    return max(backward, upcast_grad_moment_bytes(sums.largest, bytes_per_element=upcast,
+    return max(backward, upcast_grad_moment_bytes(sums.largest, bytes_per_element=per_element,
                                                   acts_per_chunk=acts_per_chunk, held=held))
 
 

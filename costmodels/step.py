@@ -134,7 +134,7 @@ def peak_moments(problem: Problem, plan: Plan) -> list[str]:
                                     num_microbatches=plan.num_microbatches)
             activations = held * sums.acts_per_chunk + sums.working
             if activation_peak_bytes(problem, plan, sums, sums.acts_per_chunk, held) > activations:
-                moments[rank] = ("the fp32 upcast of the largest gradient into its accumulator "
+                moments[rank] = ("the copy of the largest gradient as it is accumulated "
                                  f"after a micro-batch's backward, with {held - 1} other "
                                  "micro-batch chunk(s) in flight")
                 continue

@@ -60,8 +60,10 @@ def test_pipeline_engine_keeps_each_in_flight_stage_output(examples):
     8 / (dp 4 x mbs 1) = 2), each with its output, a [1, s, h] bf16 tensor: 2 x 64 x 64 x 2
     bytes more."""
     pins = {"pp": 2, "dp": 4, "zero": 1, "mbs": 1, "recompute": "full"}
-    kept = _estimate(examples, pins, grad_norm_bytes=0)  # the backward moment sets the peak
-    freed = _estimate(examples, pins, grad_norm_bytes=0, pp_holds_stage_outputs=False)
+    # the backward moment sets the peak (not the step's copies nor the gradient accumulation)
+    kept = _estimate(examples, pins, grad_norm_bytes=0, accumulates_into_grad=False)
+    freed = _estimate(examples, pins, grad_norm_bytes=0, accumulates_into_grad=False,
+                      pp_holds_stage_outputs=False)
     extra = (kept.stage_memory_gib[0] - freed.stage_memory_gib[0]) * 2**30
     outputs = 2 * 1 * SEQ * 64 * 2  # in flight x mbs x s x h x bf16
     assert extra == pytest.approx(outputs * 1.10)  # with the allocator's slack on activations
@@ -172,3 +174,27 @@ def test_zero1_step_flat_copy_at_dp1(examples):
     off_two = _estimate(examples, pins2, cluster="dgx-a100-x1.yaml", seq=16, grad_norm_bytes=0,
                         step_flattens_grads=False)
     assert on_two.peak_memory_gib == off_two.peak_memory_gib
+
+
+def test_accumulating_a_later_micro_batchs_gradient_copies_it(examples):
+    """ZeRO-1 leaves ``param.grad`` in place between micro-batches, so autograd's AccumulateGrad
+    adds each later gradient into it: the embedding's 8192 x 64 16-bit gradient (2 bytes each)
+    exists beside ``.grad`` after the backward, when the micro-batch's activations are freed;
+    here larger than the backward's in-flight activations and transient, so the peak rises by
+    the difference (with the allocator's 10% slack). One micro-batch per step (8 sequences at
+    mbs 8): its gradient is stolen into ``.grad``, no copy, no change."""
+    pins = {"dp": 1, "zero": 1, "mbs": 1, "recompute": "full"}
+    settings = {"grad_norm_bytes": 0, "step_flattens_grads": False}
+    plain = _estimate(examples, pins, cluster="a100-x1.yaml", seq=2,
+                      accumulates_into_grad=False, **settings)
+    copied = _estimate(examples, pins, cluster="a100-x1.yaml", seq=2, **settings)
+    kept_logits = 2 * 8192 * 4  # the engine's other output buffer (8 micro-batches)
+    backward = plain.memory_breakdown_gib["activations"] * 2**30 - kept_logits
+    copy = 2 * 8192 * 64
+    assert copy > backward
+    extra = (copied.peak_memory_gib - plain.peak_memory_gib) * 2**30
+    assert extra == pytest.approx((copy - backward) * 1.10)
+    once = {"dp": 1, "zero": 1, "mbs": 8, "recompute": "full"}
+    assert (_estimate(examples, once, cluster="a100-x1.yaml", seq=2, **settings).peak_memory_gib
+            == _estimate(examples, once, cluster="a100-x1.yaml", seq=2,
+                         accumulates_into_grad=False, **settings).peak_memory_gib)
