@@ -17,9 +17,10 @@ DistributedOptimizer and DeepSpeed's ZeRO filter on it; FSDP's optimizer gets
 optimizer's state per trained parameter: Adam(W) two fp32 moments (8 bytes); bitsandbytes'
 8-bit Adam two uint8 states with one fp32 absmax each per block of 256 (2 + 8/256 bytes,
 ``Optimizer8bit.init_state``); SGD with momentum one fp32 buffer (4 bytes).
-The peak is the larger of two moments: the backward (states, activations in flight, the
-largest transient) and the optimizer step (states and its transient, the activations freed;
-``step_moment_excess_bytes``).
+The peak is the largest of three moments: the backward (states, activations in flight, the
+largest transient), the end of a micro-batch's backward (one micro-batch fewer in flight, the
+largest gradient's copy as it is accumulated: ``upcast_grad_moment_bytes``) and the optimizer
+step (states and its transient, the activations freed; ``step_moment_excess_bytes``).
 Activations per layer come from the trace (bytes saved for backward), split by TP where the
 tensor lies between a column- and a row-parallel Linear and by SP elsewhere (Korthikanti et al.
 2022, Table 2); full recompute keeps only each layer's input.
