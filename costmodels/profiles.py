@@ -66,6 +66,18 @@ class RuntimeProfile:
     pp_holds_stage_outputs: bool = False
     """The pipeline engine keeps each in-flight micro-batch's stage output until that
     micro-batch's backward (DeepSpeed's PipelineEngine: ``pipe_buffers['outputs']``)."""
+    pp_batched_p2p: bool = True
+    """Each pipeline exchange is one batched isend/irecv pair (Megatron-LM); False: every send
+    and receive is its own blocking call (DeepSpeed's PipelineEngine,
+    pipeline.blocking_transfers)."""
+    pp_partition_gathers: bool = False
+    """With ``pp_scatter_gather``, each partitioned transfer is preceded by its meta tensor and
+    the TP group all-gathers the pieces (DeepSpeed's PartitionedTensor,
+    pipeline.partition_gathers); False: the 1/tp sends alone are priced."""
+    grad_accumulation_bytes: float = 0.0
+    """HBM bytes per trained parameter that each micro-batch spends folding its gradient into
+    the accumulated one outside the weight-gradient GEMM (ranks.grad_accumulation_time);
+    0 where the GEMM accumulates in place (Megatron's gradient_accumulation_fusion)."""
     overlap_grad_reduce: bool = False
     """Gradients reduced bucket by bucket as the last micro-batch's backward produces them
     (Megatron's --overlap-grad-reduce), priced by that schedule (costmodels.sync) instead
@@ -131,4 +143,6 @@ def runtime_profile(name: str, precision: str = "bf16") -> RuntimeProfile:
     entry["cuda_context_bytes"] = parse_quantity(entry["cuda_context_bytes"], "memory")
     if precision == "fp16" and "fp16_grad_bytes" in entry:
         entry["grad_bytes"] = entry["fp16_grad_bytes"]
+    if precision == "bf16" and "bf16_grad_accumulation_bytes" in entry:
+        entry["grad_accumulation_bytes"] = entry["bf16_grad_accumulation_bytes"]
     return _build(RuntimeProfile, entry, name=name)
