@@ -78,6 +78,9 @@ class RuntimeProfile:
     """HBM bytes per trained parameter that each micro-batch spends folding its gradient into
     the accumulated one outside the weight-gradient GEMM (ranks.grad_accumulation_time);
     0 where the GEMM accumulates in place (Megatron's gradient_accumulation_fusion)."""
+    bf16_optimizer_accumulation_bytes: float = 0.0
+    """The same where bf16 training runs DeepSpeed's BF16_Optimizer (ZeRO stage 0 with the
+    pipeline engine), which also keeps an fp32 copy of the accumulated gradients."""
     overlap_grad_reduce: bool = False
     """Gradients reduced bucket by bucket as the last micro-batch's backward produces them
     (Megatron's --overlap-grad-reduce), priced by that schedule (costmodels.sync) instead
@@ -143,6 +146,4 @@ def runtime_profile(name: str, precision: str = "bf16") -> RuntimeProfile:
     entry["cuda_context_bytes"] = parse_quantity(entry["cuda_context_bytes"], "memory")
     if precision == "fp16" and "fp16_grad_bytes" in entry:
         entry["grad_bytes"] = entry["fp16_grad_bytes"]
-    if precision == "bf16" and "bf16_grad_accumulation_bytes" in entry:
-        entry["grad_accumulation_bytes"] = entry["bf16_grad_accumulation_bytes"]
     return _build(RuntimeProfile, entry, name=name)

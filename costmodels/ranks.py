@@ -215,11 +215,15 @@ def rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLin
 
 def grad_accumulation_time(problem: Problem, plan: Plan, trained: float) -> float:
     """Seconds per micro-batch a GPU holding ``trained`` trained parameters spends folding each
-    micro-batch's gradients into the accumulated ones, a memory-bound pass of the runtime's
-    ``grad_accumulation_bytes`` per parameter after the backward (DeepSpeed: AccumulateGrad's
-    in-place add, and with bf16 BF16_Optimizer's fp32 update). ZeRO-2/3 reduce gradients in
-    their backward hooks instead, not priced here."""
-    per_param = problem.runtime.grad_accumulation_bytes
+    micro-batch's gradients into the accumulated ones, a memory-bound pass after the backward
+    of the runtime's ``grad_accumulation_bytes`` per parameter (DeepSpeed: AccumulateGrad's
+    in-place add), or ``bf16_optimizer_accumulation_bytes`` where bf16 at ZeRO 0 with a
+    pipeline runs BF16_Optimizer (its fp32 update each micro-batch). ZeRO-2/3 reduce
+    gradients in their backward hooks instead, not priced here."""
+    runtime = problem.runtime
+    bf16_optimizer = problem.precision == "bf16" and plan.zero_stage == 0 and plan.pp > 1
+    per_param = (runtime.bf16_optimizer_accumulation_bytes if bf16_optimizer
+                 else runtime.grad_accumulation_bytes)
     if not per_param or plan.zero_stage > 1:
         return 0.0
     gpu = problem.cluster.gpu

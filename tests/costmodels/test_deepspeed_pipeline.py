@@ -6,12 +6,16 @@ hand counts of DeepSpeed's source."""
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 
-import autoplan
+from autoplan.api import _training, load_cluster, load_model, make_problem, plan_from_pins
 from autoplan.cluster.catalog import get_gpu
 from autoplan.costmodels.pipeline import blocking_transfers, pipeline_time
 from autoplan.costmodels.profiles import compute_profile
+from autoplan.costmodels.step import estimate
+from autoplan.training import Pins
 from tests.costmodels.test_deepspeed_memory import BATCH, SEQ, WIDE_VOCAB, wide_vocab
 
 schedule = pytest.importorskip("deepspeed.runtime.pipe.schedule")
@@ -115,32 +119,87 @@ def test_equal_stages_without_transfers_take_the_1f1b_step():
     assert _simulate([1.0] * 4, [2.0] * 4, 0.0, 8) == pytest.approx(33.0)
 
 
-def _params() -> int:
-    """Parameters of the test model counted by real torch."""
+def _model():
     import torch
     from autoplan.zoo import Llama
     with torch.device("meta"):
-        model = Llama(WIDE_VOCAB)
-    return sum(p.numel() for p in model.parameters())
+        return Llama(WIDE_VOCAB)
 
 
-@pytest.mark.parametrize("precision,per_param", [("bf16", 26), ("fp16", 6)])
-def test_gradient_accumulation_pass_per_micro_batch(examples, precision, per_param):
-    """One A100, 8 micro-batches of 1: each micro-batch's gradients are folded into the
-    accumulated ones in a memory-bound pass. bf16 (BF16_Optimizer): clear_lp_grads writes 2
-    bytes, AccumulateGrad adds into the zeroed .grad (2 + 2 read, 2 written) and
-    update_hp_grads casts to fp32 (2 read, 4 written) and adds (4 + 4 read, 4 written): 26
-    bytes per parameter; fp16 ZeRO-1: AccumulateGrad alone, 6. The step differs by
-    8 x params x bytes / (HBM bandwidth x streaming efficiency) from the same run without it."""
-    pins = {"dp": 1, "zero": 1, "mbs": 1, "recompute": "none"}
+def _params() -> int:
+    """Parameters of the test model counted by real torch."""
+    return sum(p.numel() for p in _model().parameters())
 
-    def step(**settings) -> float:
-        return autoplan.estimate(wide_vocab, examples / "clusters" / "a100-x1.yaml", pins,
-                                 seq_len=SEQ, global_batch=BATCH, runtime="deepspeed",
-                                 precision=precision, runtime_settings=settings or None
-                                 ).estimate.step_time_s
 
+def _hbm_rate() -> float:
     gpu = get_gpu("a100-sxm4-80gb")
-    rate = gpu.memory_bandwidth_Bps * compute_profile("a100-sxm4-80gb").memory_efficiency
-    expected = BATCH * _params() * per_param / rate
-    assert step() - step(grad_accumulation_bytes=0) == pytest.approx(expected, rel=1e-6)
+    return gpu.memory_bandwidth_Bps * compute_profile("a100-sxm4-80gb").memory_efficiency
+
+
+@pytest.fixture(scope="module")
+def traced():
+    """The test model traced once for the module."""
+    return load_model(wide_vocab)
+
+
+def _estimate(examples, traced, cluster: str, pins: dict, precision: str, **settings):
+    problem = make_problem(traced, load_cluster(examples / "clusters" / cluster),
+                           _training(SEQ, BATCH, precision, "deepspeed", "flash"),
+                           runtime_settings=settings or None)
+    return estimate(problem, plan_from_pins(problem, Pins(**pins)))
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_gradient_accumulation_pass_per_micro_batch(examples, traced, precision):
+    """One A100, ZeRO-1, 8 micro-batches of 1: autograd's AccumulateGrad adds each
+    micro-batch's 16-bit gradient into the existing .grad in place (2 + 2 bytes read, 2
+    written per parameter). The step differs by 8 x params x 6 / (HBM bandwidth x streaming
+    efficiency) from the same run without the pass."""
+    pins = {"dp": 1, "zero": 1, "mbs": 1, "recompute": "none"}
+    expected = BATCH * _params() * 6 / _hbm_rate()
+    with_pass = _estimate(examples, traced, "a100-x1.yaml", pins, precision)
+    without = _estimate(examples, traced, "a100-x1.yaml", pins, precision,
+                        grad_accumulation_bytes=0)
+    assert with_pass.step_time_s - without.step_time_s == pytest.approx(expected, rel=1e-6)
+
+
+def _deepspeed_wrapper(precision: str, zero: int, pp: int) -> str:
+    """The optimizer wrapper DeepSpeed's own engine picks (DeepSpeedEngine.
+    _do_optimizer_sanity_check, called on a stand-in engine with the default grad_accum_dtype,
+    which get_data_types makes the model dtype)."""
+    import torch
+    from types import SimpleNamespace
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    engine = SimpleNamespace(
+        get_data_types=lambda: (dtype, dtype), zero_optimization=lambda: zero > 0,
+        zero_optimization_stage=lambda: zero, zero_cpu_offload=lambda: False,
+        zero_compute_grad_norm=lambda: True, zero_allow_untested_optimizer=lambda: True,
+        global_rank=1, pipeline_parallelism=pp > 1)
+    adam = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])  # a ZeRO-supported optimizer
+    with mock.patch("deepspeed.comm.get_rank", return_value=1):  # no process group on CPU
+        return str(DeepSpeedEngine._do_optimizer_sanity_check(engine, adam))
+
+
+@pytest.mark.parametrize("precision,zero,pp", [("bf16", 0, 2), ("bf16", 1, 2), ("fp16", 0, 2),
+                                               ("bf16", 1, 1)])
+def test_bf16_optimizer_pass_where_deepspeed_picks_it(examples, traced, precision, zero, pp):
+    """BF16_Optimizer updates fp32 gradients each micro-batch: clear_lp_grads writes 2 bytes,
+    AccumulateGrad adds into the zeroed .grad (6) and update_hp_grads casts to fp32 (2 read,
+    4 written) and adds (4 + 4 read, 4 written): 26 bytes per parameter. It is priced exactly
+    where DeepSpeed's engine picks that wrapper, the plain 6-byte accumulation elsewhere."""
+    pins = {"pp": pp, "dp": 1, "zero": zero, "mbs": 1, "recompute": "none"}
+
+    def compute(**settings) -> float:
+        return _estimate(examples, traced, "dgx-a100-x1.yaml", pins, precision,
+                         **settings).time_breakdown_s["compute"]
+
+    bf16_pass = compute() - compute(bf16_optimizer_accumulation_bytes=0)
+    plain_pass = compute(bf16_optimizer_accumulation_bytes=0) - compute(
+        bf16_optimizer_accumulation_bytes=0, grad_accumulation_bytes=0)
+    if _deepspeed_wrapper(precision, zero, pp) == "bf16":  # deepspeed's BFLOAT16 constant
+        assert plain_pass == 0.0
+        assert bf16_pass > 0.0
+    else:
+        assert bf16_pass == 0.0
+        assert plain_pass > 0.0
