@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -66,6 +68,54 @@ def test_torchtitan_log_tps_and_memory_through_ansi_colours():
     run = read_training_log(LOGS / "torchtitan.log")
     assert run.tokens_per_s_per_gpu == 6321  # median of 6,321 6,400 6,300 (step 1 dropped)
     assert run.peak_memory_gib == pytest.approx(35.5)
+
+
+def test_megatron_bridge_memory_report_in_gigabytes_is_the_peak(tmp_path):
+    """Megatron-Bridge's report_memory (train_utils.py) prints memory_stats() bytes / 1.0e9
+    rounded to 5 significant digits under the name with "bytes" replaced by "gigabytes", after
+    "[Rank R] (after N iterations) memory (GB)"; its iteration line is Megatron-LM's."""
+    iterations = [line for line in (LOGS / "megatron.log").read_text().splitlines()
+                  if "elapsed time per iteration" in line]
+    # reserved_bytes.all.peak = 18253611008 -> 18.253611008 GB -> round(., 3) = 18.254
+    memory = ("[Rank 0] (after 10 iterations) memory (GB) | mem-allocated-gigabytes: 9.7876 | "
+              "mem-max-allocated-gigabytes: 16.52 | mem-max-reserved-gigabytes: 18.254 | "
+              "mem-alloc-retires: 0 | mem-allocated-count: 5000")
+    log = tmp_path / "bridge.log"
+    log.write_text("\n".join([iterations[0], memory, *iterations[1:]]) + "\n")
+    # 18.254e9 B / 2**30 B per GiB = 17.0004 GiB
+    assert read_training_log(log).peak_memory_gib == pytest.approx(17.0004, abs=1e-4)
+
+
+def test_torchtitan_lines_printed_by_torchtitans_own_metrics_log(tmp_path, caplog, monkeypatch):
+    """The step lines come from torchtitan's MetricsProcessor.log itself (its f-string, its
+    24-bit colours), fed a stub of the state it reads: tps = tokens since the last log /
+    (seconds * non-data-parallel size)."""
+    metrics = pytest.importorskip("torchtitan.components.metrics")
+    from torchtitan.tools.utils import Color
+
+    monkeypatch.setattr(metrics, "time", SimpleNamespace(perf_counter=lambda: 100.0))
+    peaks = iter([30.0, 35.12, 35.5, 35.25])
+    lines = []
+    for step, tokens in ((1, 24_000), (10, 126_420), (20, 128_000), (30, 126_000)):
+        reserved = next(peaks)
+        stub = SimpleNamespace(
+            num_flops_per_token=6 * 7.6e8, time_last_log=90.0, ntokens_since_last_log=tokens,
+            parallel_dims=SimpleNamespace(non_data_parallel_size=2), has_quantization=False,
+            gpu_peak_flops=989e12, config=SimpleNamespace(log_freq=10), data_loading_times=[0.1],
+            device_memory_monitor=SimpleNamespace(
+                get_peak_stats=lambda r=reserved: metrics.DeviceMemStats(r - 2, 0, r, 0, 0, 0),
+                reset_peak_stats=lambda: None),
+            logger=SimpleNamespace(log=lambda *args: None), color=Color())
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            metrics.MetricsProcessor.log(stub, step, 7.8, 8.0, 1.2)
+        lines += [r.getMessage() for r in caplog.records]
+    log = tmp_path / "titan.log"
+    log.write_text("\n".join(lines) + "\n")
+    run = read_training_log(log)
+    # tps per step: 24000/(10*2) = 1200 (dropped), 6321, 6400, 6300 -> median 6321
+    assert run.tokens_per_s_per_gpu == 6321 and run.intervals == 4
+    assert run.peak_memory_gib == pytest.approx(35.5)  # the largest "memory: 35.50GiB"
 
 
 def test_a_log_becomes_a_run_with_its_configuration_beside_it():
