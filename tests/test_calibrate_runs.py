@@ -279,6 +279,19 @@ def test_profile_on_another_gpu_runtime_or_scale_warns_in_json_and_report(tmp_pa
     assert report.exit_code == 0 and "warning:" in report.output
 
 
+def test_profile_fitted_on_larger_models_warns_of_the_model_size(tmp_path):
+    """Same GPU, runtime and GPU count as the fit, but a model far below its size range:
+    MPT-760M (about 7.6e8 parameters) against a fit on 1e10-2e10, more than SCALE_MARGIN (2x)
+    below 1e10."""
+    _runs_csv(tmp_path, [])
+    made = api.estimate(tmp_path / "mpt_760m.py", tmp_path / "h100-x1.yaml",
+                        {"dp": 8, "mbs": 8, "zero": 3}, seq_len=2048, global_batch=64,
+                        runtime="fsdp", profile=_profile({"gemm_efficiency": 0.6},
+                                                         gpus=(8, 8), params=(1e10, 2e10)))
+    [warning] = made.calibration.warnings
+    assert "fitted on models of 10B-20B parameters" in warning and "far outside" in warning
+
+
 def test_logs_of_two_runtimes_are_not_fitted_together(tmp_path):
     """The Megatron-LM log (runtime megatron) and the torchtitan one (fsdp) on one cluster."""
     result = runner.invoke(app, [
