@@ -112,7 +112,12 @@ def read_training_log(path: str | Path) -> LoggedRun:
     except OSError as err:
         raise PlanFileError(f"{path}: cannot be read ({err.strerror}).") from None
     if any(_MEGATRON_ITERATION.search(line) for line in lines):
-        return _megatron(lines)
+        run = _megatron(lines)
+        if run.step_time_s:
+            return run
+        raise PlanFileError(f"{path}: every Megatron-LM iteration line shows an elapsed time per "
+                            "iteration of 0 ms; log iterations that trained (after the first) to "
+                            "calibrate on.")
     if any(_TITAN_STEP.search(line) for line in lines):
         run = _torchtitan(lines)
         if run.tokens_per_s_per_gpu:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -62,6 +63,25 @@ def test_megatron_mem_max_reserved_bytes_line_is_the_peak(tmp_path):
                    "reserved: 100.00") + "mem-max-reserved-bytes: 18253611008\n")
     # 18253611008 B = 17 * 2**30 B, above the MB report's 16334 MB = 15.95 GiB
     assert read_training_log(log).peak_memory_gib == pytest.approx(17.0)
+
+
+@pytest.mark.parametrize("name, config, pattern, zero", [
+    ("megatron", "megatron.sh", r"\(ms\): [0-9.]+", "(ms): 0.0"),
+    ("torchtitan", "torchtitan.args", r"tps: [0-9,]+", "tps: 0"),
+])
+def test_a_log_with_zero_throughput_exits_2_naming_the_log(tmp_path, name, config, pattern, zero):
+    """The issue's "a throughput of zero", for logs: every elapsed time per iteration 0 ms
+    (Megatron-LM) or every tps 0 (torchtitan) would divide by zero or fit nothing."""
+    shutil.copy(LOGS / config, tmp_path / config)
+    log = tmp_path / f"{name}.log"
+    log.write_text(re.sub(pattern, zero, (LOGS / f"{name}.log").read_text()))
+    result = runner.invoke(app, ["calibrate", "--runs", str(log), "--model",
+                                 str(LLMF / "mpt_760m.py"), "--cluster", str(LLMF / "h100-x1.yaml"),
+                                 "--out", str(tmp_path / "p.yaml")])
+    assert result.exit_code == 2, result.output
+    message = " ".join(result.output.split())
+    assert f"{name}.log" in message and " 0" in message and "Traceback" not in result.output
+    assert not (tmp_path / "p.yaml").exists()
 
 
 def test_torchtitan_log_tps_and_memory_through_ansi_colours():
