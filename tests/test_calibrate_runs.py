@@ -170,6 +170,8 @@ def test_the_header_is_the_issues_contract():
     (",".join(HEADER).replace("tp,pp", "pp,tp"), GOOD, "row 1 (header): the columns are "
      "repeated or in another order"),
     (None, GOOD.replace(",63147,", ",0,"), "row 2, column tokens_per_s_per_gpu"),
+    (None, GOOD.replace(",63147,", ",inf,"), "row 2, column tokens_per_s_per_gpu"),
+    (None, GOOD + "nan", "row 2, column peak_memory_gib"),
     (None, GOOD.replace(",none,", ",partial,"), "row 2, column recompute"),
     (None, GOOD.replace(",false,", ",maybe,"), "row 2, column sp"),
     (None, GOOD.replace("mpt_760m.py", "absent.py"), "row 2, column model: no such file"),
