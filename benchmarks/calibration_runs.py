@@ -144,8 +144,10 @@ def posed_rows(prefix: str) -> tuple[list[Row], list[str]]:
     rows = []
     for q in questions:
         measured = q.run.global_batch * q.run.seq_len / (q.run.step_time_s * q.plan.world_size)
-        memory = by_id[q.run.row_id]["mem_reserved_peak_GiB"]
-        run = FitRun(q.run.row_id, q.problem, q.plan, measured, float(memory) if memory else None)
+        row = by_id[q.run.row_id]
+        memory = row["mem_reserved_peak_GiB"]
+        run = FitRun(q.run.row_id, q.problem, q.plan, measured, float(memory) if memory else None,
+                     whole_device="nvidia-smi" in row["mem_note"])
         rows.append(Row(run, by_id[q.run.row_id], not math.isnan(measured)))
     return sorted(rows, key=lambda r: r.row_id), notes
 
@@ -172,7 +174,8 @@ class Judged:
 
 def judge(row: Row, values: dict[str, float]) -> Judged:
     est = estimate(with_parameters(row.run.problem, values), row.run.plan)
-    return Judged(est.tokens_per_s / row.run.plan.world_size, est.peak_memory_gib, est.feasible)
+    memory = est.peak_memory_gib if row.run.whole_device else est.peak_reserved_gib
+    return Judged(est.tokens_per_s / row.run.plan.world_size, memory, est.feasible)
 
 
 def selection(rows: list[Row], judged: dict[str, Judged]) -> list[tuple]:
