@@ -140,6 +140,7 @@ def posed_rows(prefix: str) -> tuple[list[Row], list[str]]:
     notes = [f"{s.row_id}: {s.reason}" for s in skipped
              if _prefix(s.row_id) == prefix and s.row_id not in posed]
     questions, refused = pose([_as_ran(r, by_id[r.row_id]) for r in ran + oom])
+    whole_device = any("nvidia-smi" in r["mem_note"] for r in by_id.values())  # BSPRQ's memory
     notes += [f"{run.row_id}: refused: {message}" for run, message in refused]
     rows = []
     for q in questions:
@@ -147,7 +148,7 @@ def posed_rows(prefix: str) -> tuple[list[Row], list[str]]:
         row = by_id[q.run.row_id]
         memory = row["mem_reserved_peak_GiB"]
         run = FitRun(q.run.row_id, q.problem, q.plan, measured, float(memory) if memory else None,
-                     whole_device="nvidia-smi" in row["mem_note"])
+                     whole_device=whole_device)
         rows.append(Row(run, by_id[q.run.row_id], not math.isnan(measured)))
     return sorted(rows, key=lambda r: r.row_id), notes
 
