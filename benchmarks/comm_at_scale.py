@@ -15,6 +15,8 @@ from __future__ import annotations
 import types
 
 import autoplan
+from autoplan.cluster.topology import group_links
+from autoplan.costmodels import comm
 from autoplan.zoo import Llama, LlamaConfig, next_token_loss
 
 
@@ -86,6 +88,23 @@ def tp_across_nodes() -> None:
                 print(f"  {'':34} {step / base:5.2f}x the TP 8 step")
 
 
+def busbw_by_ring_size() -> None:
+    """All-reduce busbw of whole nodes (TP across nodes) and of one GPU per node (DP rings)."""
+    print("all-reduce busbw (GB/s) by node count: whole nodes | one GPU per node")
+    sizes = (2**20, 2**25, 2**30)
+    print(f"  {'':12}" + "".join(f"{s >> 20:>9} MiB" for s in sizes * 2))
+    for network in NETWORKS:
+        for nodes in (2, 4, 8, 16, 64):
+            cluster = autoplan.load_cluster(h100_nodes(nodes, network)).cluster
+            row = []
+            for size, stride in ((8 * nodes, 1), (nodes, 8)):
+                links = group_links(cluster, size, stride)
+                row += [2 * (size - 1) / size * m / comm.all_reduce_time(m, links) / 1e9
+                        for m in sizes]
+            print(f"  {network:3} {nodes:3} nodes" + "".join(f"{b:13.1f}" for b in row))
+
+
 if __name__ == "__main__":
+    busbw_by_ring_size()
     dp_at_scale()
     tp_across_nodes()
