@@ -98,6 +98,9 @@ class RuntimeProfile:
     source: str = ""
 
 
+ATTENTION_KERNELS = ("flash2", "cudnn", "flash3")
+"""The fused attention kernels a runtime's ``attention_kernel`` may name (profiles.yaml)."""
+
 FITTED = ("compute.gemm_efficiency", "compute.attention_efficiency", "compute.bmm_efficiency",
           "compute.memory_efficiency", "deepspeed.zero3_collective_efficiency",
           "deepspeed.zero3_overlap", "fsdp.zero3_overlap", "fsdp.dp_overlap")

@@ -5,15 +5,20 @@ causal FLOPs counted as half the dense ones (flash-attn's benchmark_flash_attent
 what torchtitan's op-level selective checkpointing reruns in backward, from its policy."""
 
 import math
+import types
+from pathlib import Path
 
 import pytest
 
+import autoplan
 from autoplan.cluster.catalog import get_gpu
 from autoplan.costmodels.compute import (Split, attention_rate, attention_time,
                                          best_attention_fraction, gemm_time, layer_time)
 from autoplan.costmodels.profiles import compute_profile
 from autoplan.graph.layer_graph import Attention, Gemm, Layer, LayerKind, TpSplit
+from autoplan.errors import AutoplanError
 from autoplan.plan import Recompute
+from autoplan.zoo import Llama, LlamaConfig, next_token_loss
 
 H100_PEAK = 989e12
 # (kernel, seq): (causal forward, forward, backward) as printed in the paper's figures
@@ -121,3 +126,24 @@ def test_op_sac_reruns_every_second_matmul_and_the_memory_bound_ops():
     megatron = layer_time(layer, split, Recompute.SELECTIVE, gpu=gpu, precision="bf16",
                           profile=profile)
     assert megatron.recompute_s == pytest.approx(megatron.attention_fwd_s)
+
+
+LONG_HEADS = LlamaConfig(num_layers=2, hidden_size=256, num_heads=2, num_kv_heads=2,
+                         ffn_hidden_size=512, vocab_size=256)  # head dim 128
+_model = types.ModuleType("long_heads")
+_model.build_model = lambda: Llama(LONG_HEADS)
+_model.loss = next_token_loss
+H100_NODES = Path(__file__).parents[2] / "examples" / "clusters" / "dgx-h100-x4.yaml"
+
+
+def _step(**settings) -> float:
+    return autoplan.estimate(_model, H100_NODES, {"dp": 32, "mbs": 1}, seq_len=8192,
+                             global_batch=32, runtime="fsdp",
+                             runtime_settings=settings).estimate.step_time_s
+
+
+def test_a_runtime_setting_chooses_the_kernel():
+    # flash3's causal 8k forward runs 602 TFLOP/s against flash2's 333: the step is shorter
+    assert _step(attention_kernel="flash3") < _step(attention_kernel="cudnn") < _step()
+    with pytest.raises(AutoplanError, match="attention_kernel 'flash4'.*flash2, cudnn, flash3"):
+        _step(attention_kernel="flash4")
