@@ -87,6 +87,14 @@ def _interpolated(points: tuple, seq_len: float) -> float:
     return points[-1][1]
 
 
+def _table_scale(profile: ComputeProfile, peak: float) -> float:
+    """FLOP/s per published TFLOP/s: 1e12 where ``attention_efficiency`` is the reference
+    kernel's causal forward plateau as profiles.yaml states it, in proportion otherwise."""
+    plateau = next(points for k, d, points in profile.attention_kernels
+                   if (k, d) == (REFERENCE_KERNEL, "causal_fwd"))[-1][1]
+    return profile.attention_efficiency * peak / plateau
+
+
 def attention_rate(profile: ComputeProfile, peak: float, kernel: str, seq_len: float,
                    causal: bool) -> tuple[float, float] | None:
     """(forward, backward) FLOP/s of the fused attention ``kernel`` at ``seq_len`` from the
@@ -99,9 +107,8 @@ def attention_rate(profile: ComputeProfile, peak: float, kernel: str, seq_len: f
     table = {(k, d): points for k, d, points in profile.attention_kernels}
     if (kernel, "causal_fwd") not in table:
         return None
-    plateau = table[(REFERENCE_KERNEL, "causal_fwd")][-1][1] * 1e12
-    scale = profile.attention_efficiency * peak / plateau
-    causal_fwd, fwd, bwd = (_interpolated(table[(kernel, d)], seq_len) * 1e12 * scale
+    scale = _table_scale(profile, peak)
+    causal_fwd, fwd, bwd = (_interpolated(table[(kernel, d)], seq_len) * scale
                             for d in ("causal_fwd", "fwd", "bwd"))
     if not causal:
         return fwd, bwd
@@ -115,9 +122,7 @@ def best_attention_fraction(profile: ComputeProfile, peak: float, kernel: str) -
     rates = [r for k, _, points in profile.attention_kernels if k == kernel for _, r in points]
     if not rates:
         return 2 * profile.attention_efficiency
-    plateau = next(points for k, d, points in profile.attention_kernels
-                   if (k, d) == (REFERENCE_KERNEL, "causal_fwd"))[-1][1] * 1e12
-    return 2 * max(rates) * 1e12 * profile.attention_efficiency / plateau
+    return 2 * max(rates) * _table_scale(profile, peak) / peak
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +258,8 @@ def dequantize_time(layer: Layer, split: Split, gpu: GpuSpec, profile: ComputePr
     return fwd, bwd
 
 
-def _flash_times(att: Attention, split: Split, peak: float, profile: ComputeProfile) -> tuple[float, float]:
+def _flash_times(att: Attention, split: Split, peak: float,
+                 profile: ComputeProfile) -> tuple[float, float]:
     """(forward, backward) seconds of one sample's fused attention call: at the kernel's
     published rate for the length each GPU's chunk has (``seq_len / cp``) where the GPU has a
     table (the dense FLOPs, halved when causal, at the padded head dimension), else at
