@@ -105,7 +105,7 @@ def stage_cost(problem: Problem, plan: Plan, rank: int, groups: tuple[str, ...],
     held = in_flight_chunks(rank, pp=plan.pp, vpp=1, num_microbatches=plan.num_microbatches)
     activations = held * sums.acts_per_chunk + sums.working
     sub = problem.on_group(groups[rank])
-    other = other_bytes(sub, plan, activations, sums.largest, params)
+    other = other_bytes(sub, plan, activations, sums.largest, params, base.trained)
     cost = RankCost(rank, sums.compute_s + sums.tp_comm_s + sums.cp_comm_s + base.pp_s,
                      sums.compute_s, sums.backward_s, sums.tp_comm_s, sums.cp_comm_s,
                      sums.wgrad_s, base.pp_s, states, activations, other, params,

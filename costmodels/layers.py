@@ -18,6 +18,7 @@ from autoplan.costmodels.memory import (
     layer_trained_on_gpu,
     layer_weight_bytes,
     loss_peak_bytes,
+    replaced_output_bytes,
 )
 from autoplan.costmodels.problem import Problem, memo
 
@@ -109,7 +110,9 @@ def _working_bytes(problem: Problem, layer: Layer, split: Split) -> float:
                                                                          split.tp),
                            logit_element_bytes=element)
     if problem.runtime.pp_holds_stage_outputs:  # counted with the held stage output
-        peak -= held_fp32_logits_bytes(head.boundary_bytes, split, logit_element_bytes=element)
+        held = held_fp32_logits_bytes(head.boundary_bytes, split, logit_element_bytes=element)
+        cast = head.boundary_bytes * split.mbs / (split.tp * split.cp) if element < 4 else 0.0
+        return max(peak - held, replaced_output_bytes(held, cast))
     return peak
 
 

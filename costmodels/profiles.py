@@ -25,8 +25,9 @@ class ComputeProfile:
     kernel_overhead_s: float
     attention_kernels: tuple = ()
     """Published speed of fused attention kernels on this GPU: ``(kernel, pass, ((seq,
-    TFLOP/s), ...))`` for the causal forward and backward at head dim 128, in the kernels'
-    own FLOP convention (a causal call counts half the dense ``4 s^2 d`` FLOPs per head);
+    TFLOP/s), ...))`` for the causal forward (``causal_fwd``) and the unmasked forward and
+    backward (``fwd``, ``bwd``) at head dim 128, in the kernels' own FLOP convention (a causal
+    call counts half the dense ``4 s^2 d`` FLOPs per head);
     empty: the scalar ``attention_efficiency`` at every length
     (costmodels.compute.attention_rate)."""
     source: str = ""
@@ -72,6 +73,18 @@ class RuntimeProfile:
     grad_norm_bytes: float = 0.0
     """Bytes per element of the copy a ZeRO-1/2 optimizer makes of each gradient to take its
     norm at the step (memory.grad_norm_copy_bytes); 0: the norm is taken in place."""
+    grad_upcast_bytes: float = 0.0
+    """Bytes per element of the copy a runtime makes of each 16-bit gradient, one parameter at
+    a time, to add it into an fp32 gradient accumulator after every micro-batch's backward
+    (DeepSpeed's BF16_Optimizer: memory.upcast_grad_moment_bytes); 0: accumulated in place."""
+    accumulates_into_grad: bool = False
+    """Gradients accumulate in ``param.grad`` across micro-batches through autograd's
+    AccumulateGrad (DeepSpeed's ZeRO-0/1 and BF16_Optimizer keep ``.grad``), so a later
+    micro-batch's gradient of a parameter is a second 16-bit copy until added in
+    (memory.grad_copy_bytes_per_element)."""
+    step_flattens_grads: bool = False
+    """The ZeRO-1/2 optimizer flattens its partition's 16-bit gradients into a new buffer at the
+    step (memory.flat_grad_copy_excess_bytes; DeepSpeed's, unless pre-flattened by ZeRO-2)."""
     pp_holds_stage_outputs: bool = False
     """The pipeline engine keeps each in-flight micro-batch's stage output until that
     micro-batch's backward (DeepSpeed's PipelineEngine: ``pipe_buffers['outputs']``)."""

@@ -15,10 +15,14 @@ from autoplan.costmodels.memory import (
     allocator_slack_bytes,
     grad_norm_copy_bytes,
     held_fp32_logits_bytes,
+    flat_grad_copy_excess_bytes,
+    grad_copy_bytes_per_element,
     in_backward_grads_held,
     in_flight_chunks,
+    last_stage_output_slots,
     model_state_bytes,
     step_moment_excess_bytes,
+    upcast_grad_moment_bytes,
     zero3_buffer_bytes,
 )
 from autoplan.costmodels.problem import Problem, memo
@@ -195,10 +199,11 @@ def rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLin
     params = holds.count
     states = _model_states(problem, plan, holds.without(experts, experts), experts)
     held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp, num_microbatches=plan.num_microbatches)
-    acts_per_chunk = sums.acts_per_chunk + _held_output_bytes(problem, plan,
-                                                              rank_stages(plan, rank), split)
-    activations = held * acts_per_chunk + sums.working
-    other = other_bytes(problem, plan, activations, sums.largest, params)
+    stages = rank_stages(plan, rank)
+    acts_per_chunk = sums.acts_per_chunk + _held_output_bytes(problem, plan, stages, split)
+    activations = activation_peak_bytes(problem, plan, sums, acts_per_chunk, held)
+    activations += _kept_last_outputs(problem, plan, stages, split, held)
+    other = other_bytes(problem, plan, activations, sums.largest, params, holds.trained)
     compute_s = sums.compute_s + routing_s
     return RankCost(rank, compute_s + sums.tp_comm_s + sums.cp_comm_s + pp_comm_s + ep_comm_s,
                      compute_s, sums.backward_s, sums.tp_comm_s, sums.cp_comm_s, sums.wgrad_s,
@@ -253,8 +258,42 @@ def _rank_experts(problem: Problem, plan: Plan, rank: int, split: Split,
     return cached
 
 
+def activation_peak_bytes(problem: Problem, plan: Plan, sums: ChunkSums, acts_per_chunk: float,
+                          held: int) -> float:
+    """Activation-side bytes at a rank's peak moment: the ``held`` in-flight micro-batch chunks
+    with its largest backward (or loss) transient, or the copy of its largest gradient after a
+    micro-batch's backward (an fp32 upcast, or the 16-bit gradient being accumulated into
+    ``.grad``: memory.grad_copy_bytes_per_element) with one chunk fewer in flight
+    (memory.upcast_grad_moment_bytes)."""
+    backward = held * acts_per_chunk + sums.working
+    runtime = problem.runtime
+    per_element = grad_copy_bytes_per_element(
+        upcast_bytes=runtime.grad_upcast_bytes,
+        accumulates_into_grad=runtime.accumulates_into_grad and plan.zero_stage <= 1,
+        num_microbatches=plan.num_microbatches)
+    if not per_element:
+        return backward
+    return max(backward, upcast_grad_moment_bytes(sums.largest, bytes_per_element=per_element,
+                                                  acts_per_chunk=acts_per_chunk, held=held))
+
+
+def _kept_last_outputs(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], ...],
+                       split: Split, held: int) -> float:
+    """The fp32 logits DeepSpeed's PipelineEngine keeps on the last stage beyond the in-flight
+    micro-batch's (memory.last_stage_output_slots): the rank whose chunk ends in the loss."""
+    if not problem.runtime.pp_holds_stage_outputs:
+        return 0.0
+    layers = problem.graph.layers
+    head = logits_layer(problem, layers[stages[-1][0] + stages[-1][1] - 1])
+    if head is None:
+        return 0.0
+    element = 4 if problem.precision == "fp32" else WEIGHT_BYTES
+    stale = max(0, last_stage_output_slots(plan.num_microbatches) - held)
+    return stale * held_fp32_logits_bytes(head.boundary_bytes, split, logit_element_bytes=element)
+
+
 def other_bytes(problem: Problem, plan: Plan, activations: float,
-                 largest_gathered: float, params: float) -> float:
+                 largest_gathered: float, params: float, trained: float) -> float:
     """Memory besides model states and activations: outside the allocator the CUDA context and
     NCCL buffers, the allocator's slack (memory.allocator_slack_bytes), a ZeRO optimizer's
     gradient-reduction bucket (DeepSpeed allocates it whole), and with ZeRO-3 the
@@ -265,7 +304,8 @@ def other_bytes(problem: Problem, plan: Plan, activations: float,
                                                                 runtime.cublas_workspace_bytes)
     if plan.zero_stage >= 1:
         other += runtime.zero_bucket_bytes
-    other += step_moment_excess_bytes(step_transient_bytes(problem, plan, largest_gathered, params),
+    other += step_moment_excess_bytes(step_transient_bytes(problem, plan, largest_gathered, params,
+                                                           trained),
                                       activations, runtime.fragmentation)
     if plan.zero_stage >= 3:
         other += zero3_buffer_bytes(
@@ -317,14 +357,21 @@ def rank_groups(problem: Problem, plan: Plan) -> list[list[int]]:
 
 
 def step_transient_bytes(problem: Problem, plan: Plan, largest_module: float,
-                          params: float) -> float:
-    """The optimizer step's transient on a GPU: ZeRO-1/2's fp64 copy of the largest gradient
-    (``largest_module``: DeepSpeed's largest parameter-owning module) of its 1/dp partition."""
-    bytes_per_element = problem.runtime.grad_norm_bytes
-    if not bytes_per_element or plan.zero_stage not in (1, 2):
+                          params: float, trained: float) -> float:
+    """The optimizer step's transient on a GPU holding ``params`` parameters, ``trained`` of
+    them trained: ZeRO-1/2's fp64 copy of the largest gradient (``largest_module``: DeepSpeed's
+    largest parameter-owning module) of its 1/dp partition, or ZeRO-1's flat copy of its
+    partition's gradients where that is larger (memory.flat_grad_copy_excess_bytes)."""
+    runtime = problem.runtime
+    if plan.zero_stage not in (1, 2):
         return 0.0
-    return grad_norm_copy_bytes(largest_module, params / (plan.dp * plan.cp),
-                                bytes_per_element=bytes_per_element)
+    shards = plan.dp * plan.cp
+    norm = grad_norm_copy_bytes(largest_module, params / shards,
+                                bytes_per_element=runtime.grad_norm_bytes)
+    if not (runtime.step_flattens_grads and plan.zero_stage == 1):
+        return norm
+    return max(norm, flat_grad_copy_excess_bytes(trained, grad_bytes=runtime.grad_bytes,
+                                                 dp=shards))
 
 
 def _held_output_bytes(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], ...],

@@ -29,6 +29,7 @@ from autoplan.costmodels.placement import plan_links
 from autoplan.costmodels.problem import Problem
 from autoplan.costmodels.ranks import (
     RankCost,
+    activation_peak_bytes,
     other_bytes,
     rank_base,
     rank_cost,
@@ -113,7 +114,7 @@ def _rank_memories(problem: Problem, plan: Plan, evaluation: _Evaluation) -> lis
             activations = cost.activations + (held - first) * cost.acts_per_chunk
             memories[rank] = (cost.states.total + activations
                               + other_bytes(problem, plan, activations, cost.largest,
-                                             cost.params))
+                                             cost.params, cost.trained))
     return memories
 
 
@@ -132,8 +133,13 @@ def peak_moments(problem: Problem, plan: Plan) -> list[str]:
             held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp,
                                     num_microbatches=plan.num_microbatches)
             activations = held * sums.acts_per_chunk + sums.working
+            if activation_peak_bytes(problem, plan, sums, sums.acts_per_chunk, held) > activations:
+                moments[rank] = ("the copy of the largest gradient as it is accumulated "
+                                 f"after a micro-batch's backward, with {held - 1} other "
+                                 "micro-batch chunk(s) in flight")
+                continue
             if step_moment_excess_bytes(step_transient_bytes(problem, plan, sums.largest,
-                                                              holds.count),
+                                                              holds.count, holds.trained),
                                         activations, problem.runtime.fragmentation):
                 moments[rank] = ("the optimizer step (the fp64 copy of the largest gradient "
                                  "for the norm), after every micro-batch's activations are freed")
