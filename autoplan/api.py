@@ -314,7 +314,7 @@ def solve(model: ModelLike, cluster: ClusterLike, *, seq_len: int,
                                    optimizer_in_backward=(
                                        opts.optimizer_in_backward if optimizer_in_backward is None
                                        else optimizer_in_backward),
-                                   headroom=solve_headroom(headroom, opts))
+                                   headroom=solve_headroom(headroom, opts), made=made)
         result, solution = _solve_problems(problems, model, cluster, pinned,
                                            num_workers=num_workers,
                                            time_limit_s=max(share, MIN_SHARE_S),
@@ -325,6 +325,7 @@ def solve(model: ModelLike, cluster: ClusterLike, *, seq_len: int,
 
     start = time.perf_counter()
     solutions: dict[Runtime, Solution] = {}  # each runtime's own search, for the runners-up
+    made: dict[TrainingSpec, Problem] = {}  # a ZeRO re-solve reuses its runtime's evaluations
     _choice(Precision, precision, "--precision")  # before the runtimes are asked for it
     searched = runtimes_to_search(runtime)
     features = pinned_features(constraints.pins, precision,
@@ -395,8 +396,12 @@ def _batch_problems(model: Model, cluster: LoadedCluster, batches: list[int] | N
                     *, seq_len: int, precision: str, runtime: str, attention: str,
                     mem_limit, profile=None, optimizer: str | None = None,
                     frozen_dtype: str | None = None, headroom: float = 0.0,
-                    optimizer_in_backward: bool = False) -> list[Problem]:
-    """One problem per allowed global batch whose pins are legal (all checked if none is)."""
+                    optimizer_in_backward: bool = False,
+                    made: dict[TrainingSpec, Problem] | None = None) -> list[Problem]:
+    """One problem per allowed global batch whose pins are legal (all checked if none is).
+    ``made``: the problems of earlier calls by their training settings, reused (with the memo
+    of what was evaluated on them) rather than made again."""
+    made = {} if made is None else made
     if not batches:
         raise ConstraintError("give --global-batch (or global_batch in --options).")
     _check_ep_cluster(cluster, pins.ep)
@@ -404,8 +409,10 @@ def _batch_problems(model: Model, cluster: LoadedCluster, batches: list[int] | N
     for batch in batches:
         training = _training(seq_len, batch, precision, runtime, attention, optimizer,
                              frozen_dtype, optimizer_in_backward)
-        problem = make_problem(model, cluster, training, mem_limit, profile=profile,
-                               headroom=headroom)
+        if training not in made:
+            made[training] = make_problem(model, cluster, training, mem_limit, profile=profile,
+                                          headroom=headroom)
+        problem = made[training]
         try:
             check_pins(problem.graph, world=cluster.cluster.num_gpus, training=training, pins=pins)
         except ConstraintError as err:

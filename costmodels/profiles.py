@@ -88,6 +88,21 @@ class RuntimeProfile:
     pp_holds_stage_outputs: bool = False
     """The pipeline engine keeps each in-flight micro-batch's stage output until that
     micro-batch's backward (DeepSpeed's PipelineEngine: ``pipe_buffers['outputs']``)."""
+    pp_batched_p2p: bool = True
+    """Each pipeline exchange is one batched isend/irecv pair (Megatron-LM); False: every send
+    and receive is its own blocking call (DeepSpeed's PipelineEngine,
+    pipeline.blocking_transfers)."""
+    pp_partition_gathers: bool = False
+    """With ``pp_scatter_gather``, each partitioned transfer is preceded by its meta tensor and
+    the TP group all-gathers the pieces (DeepSpeed's PartitionedTensor,
+    pipeline.partition_gathers); False: the 1/tp sends alone are priced."""
+    grad_accumulation_bytes: float = 0.0
+    """HBM bytes per trained parameter that each micro-batch spends folding its gradient into
+    the accumulated one outside the weight-gradient GEMM (ranks.grad_accumulation_time);
+    0 where the GEMM accumulates in place (Megatron's gradient_accumulation_fusion)."""
+    bf16_optimizer_accumulation_bytes: float = 0.0
+    """The same where bf16 training runs DeepSpeed's BF16_Optimizer (ZeRO stage 0 with the
+    pipeline engine), which also keeps an fp32 copy of the accumulated gradients."""
     overlap_grad_reduce: bool = False
     """Gradients reduced bucket by bucket as the last micro-batch's backward produces them
     (Megatron's --overlap-grad-reduce), priced by that schedule (costmodels.sync) instead

@@ -25,6 +25,11 @@ from autoplan.costmodels.memory import (
     upcast_grad_moment_bytes,
     zero3_buffer_bytes,
 )
+from autoplan.costmodels.pipeline import (
+    blocking_transfers,
+    partition_gathers,
+    partition_meta_bytes,
+)
 from autoplan.costmodels.problem import Problem, memo
 
 from autoplan.cluster.topology import GroupLinks
@@ -160,7 +165,8 @@ def rank_base(problem: Problem, plan: Plan, rank: int, split: Split,
     if cached is None:
         compositions = chunk_compositions(problem, plan, stages)
         sums = chunk_sums(problem, compositions, split, links["tp"], links["cp"])
-        pp_comm_s = pp_comm(problem, plan, stages, links["pp"]) if plan.pp > 1 else 0.0
+        pp_comm_s = (pp_comm(problem, plan, stages, links["pp"], links["tp"]) if plan.pp > 1
+                     else 0.0)
         cached = memo(problem)[key] = (sums, pp_comm_s, held_params(problem, plan, sums, stages))
     return cached
 
@@ -204,12 +210,29 @@ def rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLin
     activations = activation_peak_bytes(problem, plan, sums, acts_per_chunk, held)
     activations += _kept_last_outputs(problem, plan, stages, split, held)
     other = other_bytes(problem, plan, activations, sums.largest, params, holds.trained)
-    compute_s = sums.compute_s + routing_s
+    compute_s = sums.compute_s + routing_s + grad_accumulation_time(problem, plan, holds.trained)
     return RankCost(rank, compute_s + sums.tp_comm_s + sums.cp_comm_s + pp_comm_s + ep_comm_s,
                      compute_s, sums.backward_s, sums.tp_comm_s, sums.cp_comm_s, sums.wgrad_s,
                      pp_comm_s, states, activations, other, params,
                      acts_per_chunk, sums.largest, sums.gathers, ep_comm_s, experts,
                      holds.trained)
+
+
+def grad_accumulation_time(problem: Problem, plan: Plan, trained: float) -> float:
+    """Seconds per micro-batch a GPU holding ``trained`` trained parameters spends folding each
+    micro-batch's gradients into the accumulated ones, a memory-bound pass after the backward
+    of the runtime's ``grad_accumulation_bytes`` per parameter (DeepSpeed: AccumulateGrad's
+    in-place add), or ``bf16_optimizer_accumulation_bytes`` where bf16 at ZeRO 0 with a
+    pipeline runs BF16_Optimizer (its fp32 update each micro-batch). ZeRO-2/3 reduce
+    gradients in their backward hooks instead, not priced here."""
+    runtime = problem.runtime
+    bf16_optimizer = problem.precision == "bf16" and plan.zero_stage == 0 and plan.pp > 1
+    per_param = (runtime.bf16_optimizer_accumulation_bytes if bf16_optimizer
+                 else runtime.grad_accumulation_bytes)
+    if not per_param or plan.zero_stage > 1:
+        return 0.0
+    gpu = problem.cluster.gpu
+    return trained * per_param / (gpu.memory_bandwidth_Bps * problem.compute.memory_efficiency)
 
 
 def _model_states(problem: Problem, plan: Plan, dense: HeldParams, experts: float) -> ModelStates:
@@ -325,17 +348,33 @@ def _tied_copy_params(problem: Problem, stages: tuple[tuple[int, int], ...]) -> 
                for first, num in stages for c, k in problem.layer_counts(first, num))
 
 
-def pp_comm(problem: Problem, plan: Plan, stages: tuple, links: GroupLinks) -> float:
-    """Activation sends forward and gradient sends backward, per micro-batch, for each chunk."""
+def pp_comm(problem: Problem, plan: Plan, stages: tuple, links: GroupLinks,
+            tp_links: GroupLinks | None = None) -> float:
+    """Activation sends forward and gradient sends backward, per micro-batch, for each chunk:
+    the blocking transfers the runtime's schedule puts on the rank's stream
+    (pipeline.blocking_transfers), each of 1/tp of the boundary with scatter-gather; where the
+    runtime partitions them as DeepSpeed does, each also carries its partition's meta tensor
+    (a second blocking send) and the TP group all-gathers the pieces back
+    (pipeline.partition_gathers, over ``tp_links``)."""
     layers = problem.graph.layers
+    runtime = problem.runtime
     total = 0.0
     for start, num in stages:
         first, last = layers[start], layers[start + num - 1]
         boundary = max(first.input_bytes, last.boundary_bytes)
-        message = boundary * plan.micro_batch_size / plan.cp
-        if problem.runtime.pp_scatter_gather and plan.tp > 1:
-            message /= plan.tp
-        total += 2 * comm.p2p_time(message, links)
+        full = boundary * plan.micro_batch_size / plan.cp
+        split = runtime.pp_scatter_gather and plan.tp > 1
+        message = full / plan.tp if split else full
+        has_prev, has_next = start > 0, start + num < len(layers)
+        transfers = blocking_transfers(has_prev=has_prev, has_next=has_next,
+                                       batched=runtime.pp_batched_p2p)
+        seconds = comm.p2p_time(message, links)
+        if split and runtime.pp_partition_gathers:
+            seconds += comm.p2p_time(partition_meta_bytes(plan.tp), links)
+            if tp_links is not None:
+                total += (partition_gathers(has_prev=has_prev, has_next=has_next)
+                          * comm.all_gather_time(full, tp_links))
+        total += transfers * seconds
     return total
 
 

@@ -26,7 +26,7 @@ from autoplan.costmodels.memory import (
 )
 from autoplan.costmodels.pipeline import pipeline_time
 from autoplan.costmodels.placement import plan_links
-from autoplan.costmodels.problem import Problem
+from autoplan.costmodels.problem import Problem, memo
 from autoplan.costmodels.ranks import (
     RankCost,
     activation_peak_bytes,
@@ -98,8 +98,12 @@ def step_and_peak(problem: Problem, plan: Plan) -> tuple[float, float]:
     for the solver's tables."""
     if plan.stage_groups is not None:
         return step_and_peak_on_groups(problem, plan)
-    evaluation = _evaluate(problem, plan)
-    return evaluation.step_s, evaluation.peak_memory_bytes
+    key = ("step_and_peak", plan)  # a plan met again (a ZeRO re-solve, a runner-up) is free
+    found = memo(problem).get(key)
+    if found is None:
+        evaluation = _evaluate(problem, plan)
+        found = memo(problem)[key] = evaluation.step_s, evaluation.peak_memory_bytes
+    return found
 
 
 def _rank_memories(problem: Problem, plan: Plan, evaluation: _Evaluation) -> list[float]:
