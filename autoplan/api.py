@@ -16,8 +16,8 @@ from pydantic import ValidationError
 
 from autoplan.cluster.spec import Cluster, load_cluster_spec, require_homogeneous, resolve
 from autoplan.calibrate import MeasuredProfile, fitted_profile, load_profile, measure, write_profile
-from autoplan.costmodels.profiles import (ComputeProfile, RuntimeProfile, compute_profile,
-                                          runtime_profile)
+from autoplan.costmodels.profiles import (ATTENTION_KERNELS, ComputeProfile, RuntimeProfile,
+                                          compute_profile, runtime_profile)
 from autoplan.costmodels.groups import check_groups, on_groups_in_order
 from autoplan.costmodels.parameters import with_parameters
 from autoplan.costmodels.problem import Problem
@@ -148,6 +148,10 @@ def runtime_with(runtime: RuntimeProfile, settings: Mapping[str, Any] | None) ->
     if unknown:
         raise ConstraintError(f"runtime settings {', '.join(unknown)} are not known; choose from "
                               f"{', '.join(sorted(known))}.")
+    kernel = settings.get("attention_kernel", runtime.attention_kernel)
+    if kernel not in ATTENTION_KERNELS:
+        raise ConstraintError(f"runtime setting attention_kernel {kernel!r} is not a kernel "
+                              f"autoplan prices; choose from {', '.join(ATTENTION_KERNELS)}.")
     return dataclasses.replace(runtime, **settings)
 
 

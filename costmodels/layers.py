@@ -62,8 +62,9 @@ def layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
     if cached is not None:
         return cached
     frozen_dtype = problem.training.frozen_storage
+    op_sac = problem.runtime.selective_recompute == "op"
     t = layer_time(layer, split, recompute, gpu=problem.cluster.gpu, precision=problem.precision,
-                   profile=problem.compute, frozen_dtype=frozen_dtype)
+                   profile=problem.compute, frozen_dtype=frozen_dtype, op_sac=op_sac)
     fwd_n, bwd_n, message = _tp_messages(layer, split)
     one = comm.all_reduce_time(message, tp_links) if split.tp > 1 else 0.0
     full = recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK
@@ -73,7 +74,8 @@ def layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
         compute_s=t.fwd_s + t.bwd_s + t.recompute_s, backward_s=t.bwd_s + t.recompute_s,
         tp_comm_s=tp_comm,
         cp_comm_s=ring_attention_time(layer, split, t, cp_links,
-                                      recomputed=full or recompute is Recompute.SELECTIVE),
+                                      recomputed=full or (recompute is Recompute.SELECTIVE
+                                                          and not op_sac)),
         wgrad_s=t.wgrad_s,
         act_bytes=_kept_bytes(problem, layer, split, recompute),
         working_bytes=_working_bytes(problem, layer, split),

@@ -23,6 +23,13 @@ class ComputeProfile:
     bmm_efficiency: float
     memory_efficiency: float
     kernel_overhead_s: float
+    attention_kernels: tuple = ()
+    """Published speed of fused attention kernels on this GPU: ``(kernel, pass, ((seq,
+    TFLOP/s), ...))`` for the causal forward (``causal_fwd``) and the unmasked forward and
+    backward (``fwd``, ``bwd``) at head dim 128, in the kernels' own FLOP convention (a causal
+    call counts half the dense ``4 s^2 d`` FLOPs per head);
+    empty: the scalar ``attention_efficiency`` at every length
+    (costmodels.compute.attention_rate)."""
     source: str = ""
 
 
@@ -42,6 +49,9 @@ class RuntimeProfile:
     pp_scatter_gather: bool
     cuda_context_bytes: float
     fragmentation: float
+    attention_kernel: str = "flash2"
+    """The fused attention kernel the runtime runs (a key of the GPU's ``attention_kernels``):
+    flash-attn 2's kernels for every runtime costed, see profiles.yaml."""
     zero3_gather_unit: str = "layer"
     selective_recompute: str = "attention"
     loss_bytes_per_logit: int = 12
@@ -116,6 +126,9 @@ class RuntimeProfile:
     source: str = ""
 
 
+ATTENTION_KERNELS = ("flash2", "cudnn", "flash3")
+"""The fused attention kernels a runtime's ``attention_kernel`` may name (profiles.yaml)."""
+
 FITTED = ("compute.gemm_efficiency", "compute.attention_efficiency", "compute.bmm_efficiency",
           "compute.memory_efficiency", "deepspeed.zero3_collective_efficiency",
           "deepspeed.zero3_overlap", "fsdp.zero3_overlap", "fsdp.dp_overlap")
@@ -146,10 +159,18 @@ def _build(cls, entry: dict, **extra):
     return cls(**{k: v for k, v in entry.items() if k in names}, **extra)
 
 
+def _kernel_table(kernels: dict) -> tuple:
+    """profiles.yaml's ``attention_kernels`` mapping as the hashable tuple ComputeProfile holds."""
+    return tuple((kernel, direction, tuple(sorted((int(s), float(t)) for s, t in rates.items())))
+                 for kernel, passes in kernels.items() for direction, rates in passes.items())
+
+
 def compute_profile(gpu_name: str) -> ComputeProfile:
     """The compute profile of a catalog GPU, or the generic default for others."""
     table = _profiles()["compute"]
-    return _build(ComputeProfile, table.get(gpu_name, table["default"]))
+    entry = dict(table.get(gpu_name, table["default"]))
+    entry["attention_kernels"] = _kernel_table(entry.get("attention_kernels", {}))
+    return _build(ComputeProfile, entry)
 
 
 def runtime_profile(name: str, precision: str = "bf16") -> RuntimeProfile:

@@ -198,7 +198,7 @@ def held_params(problem: Problem, plan: Plan, sums: ChunkSums,
 
 
 def rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLinks]) -> RankCost:
-    split = Split.of(plan, problem.flash_attention)
+    split = Split.of(plan, problem.flash_attention, problem.runtime.attention_kernel)
     sums, pp_comm_s, holds = rank_base(problem, plan, rank, split, links)
     experts, ep_comm_s, routing_s = _rank_experts(problem, plan, rank, split, links)
     holds = holds.without(experts * (plan.ep - 1), experts * (plan.ep - 1))  # 1/ep of experts
