@@ -151,6 +151,27 @@ def p5_throughput() -> None:
                   f"{_tokens_per_gpu(result, seq, batch, dp):8.0f} tokens/s/GPU   comm {share:4.0%}")
 
 
+TP16_ALL_GATHER_BY_HAND_S = 226.5e-6
+"""One sequence-parallel all-gather of an 8B Llama layer's activations (mbs 1 x 4096 tokens x
+4096 x 2 B = 32 MiB) over TP 16 on two p5 nodes, worked from tuning.cc's constants:
+busbw = 8 GPUs x 4 NICs x 12.5 GB/s x 0.80 (EFA on 2 nodes) = 320 GB/s (NVLink's 480 is higher);
+ring, 15 steps of which 1 crosses the network (EFA: + 75 us per network step, twice for Simple).
+  LL128:  14.0 + 14 x max(1.9, 1.0) + (4.0 + 75)    = 119.6 us + 15/16 x 32 MiB / (0.92 x 320 GB/s)
+          = 119.6 + 106.9 = 226.5 us   <- NCCL's choice
+  Simple:  8.4 + 14 x max(3.4, 3.0) + (14 + 2 x 75) = 220.0 us + 98.3 us = 318.3 us
+  LL:      6.6 + 14 x max(0.6, 1.0) + (2.7 + 75)    =  98.3 us + 15/16 x 32 MiB / 39 GB/s = 905 us
+32 layers x 4 such collectives in the forward (2 gathers, 2 reduce-scatters) are 29 ms per
+micro-batch, against ~9 ms of forward GEMMs (2 x 7e9 / 16 x 4096 FLOP at ~400 TFLOP/s): TP 16
+across nodes is communication-bound before any loss the model does not know about."""
+
+
+def tp16_all_gather_check() -> None:
+    cluster = autoplan.load_cluster(h100_nodes(2, "efa")).cluster
+    seconds = comm.all_gather_time(32 * 2**20, group_links(cluster, 16, 1))
+    print(f"\nTP 16 all-gather of 32 MiB on 2 p5 nodes: {seconds * 1e6:.1f} us "
+          f"(worked by hand: {TP16_ALL_GATHER_BY_HAND_S * 1e6:.1f} us)")
+
+
 NARAYANAN_FIG13_PEAK = {32: 142.0, 128: 166.0}
 """TFLOP/s per GPU at (tp, pp) = (8, 8), read off Figure 13 (../shared/data/README.md 2.1)."""
 
@@ -177,5 +198,6 @@ if __name__ == "__main__":
     busbw_by_ring_size()
     dp_at_scale()
     tp_across_nodes()
+    tp16_all_gather_check()
     p5_throughput()
     narayanan_fig13()
