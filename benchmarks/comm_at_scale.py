@@ -165,6 +165,26 @@ micro-batch, against ~9 ms of forward GEMMs (2 x 7e9 / 16 x 4096 FLOP at ~400 TF
 across nodes is communication-bound before any loss the model does not know about."""
 
 
+def bucket_reduction_by_ranks() -> None:
+    """One gradient bucket's all-reduce and reduce-scatter over DP 8..256 on p5-like nodes,
+    the DP ranks on whole nodes (TP 1) or one per node (TP 8 inside the node): DDP's 25 MiB
+    bucket (torch DistributedDataParallel bucket_cap_mb, also nanotron's ddp_bucket_cap_mb
+    default, whose fp32 accumulation hook all-reduces the same parameters in fp32: 50 MiB)."""
+    print("\nper-bucket DP reduction on p5-like nodes: ms (effective busbw GB/s)")
+    for label, stride in (("whole nodes", 1), ("one GPU per node", 8)):
+        for dp in (8, 16, 32, 64, 128, 256):
+            nodes = max(1, dp * stride // 8)
+            cluster = autoplan.load_cluster(h100_nodes(nodes, "efa")).cluster
+            links = group_links(cluster, dp, stride)
+            row = []
+            for size in (25 * 2**20, 50 * 2**20):
+                ar = comm.all_reduce_time(size, links)
+                rs = comm.reduce_scatter_time(size, links)
+                row.append(f"AR {ar * 1e3:6.2f} ({2 * (dp - 1) / dp * size / ar / 1e9:5.1f})  "
+                           f"RS {rs * 1e3:6.2f} ({(dp - 1) / dp * size / rs / 1e9:5.1f})")
+            print(f"  {label:16} DP {dp:3} ({nodes:3} nodes)  25 MiB: {row[0]}   50 MiB: {row[1]}")
+
+
 def tp16_all_gather_check() -> None:
     cluster = autoplan.load_cluster(h100_nodes(2, "efa")).cluster
     seconds = comm.all_gather_time(32 * 2**20, group_links(cluster, 16, 1))
@@ -199,5 +219,6 @@ if __name__ == "__main__":
     dp_at_scale()
     tp_across_nodes()
     tp16_all_gather_check()
+    bucket_reduction_by_ranks()
     p5_throughput()
     narayanan_fig13()
