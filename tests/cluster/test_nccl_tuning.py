@@ -166,3 +166,14 @@ def test_efa_loses_busbw_with_nodes_as_measured_while_infiniband_stays_flat():
     # one GPU per node, its 4 NICs' share: 0.80 x 4 x 12.5 GB/s = 40 GB/s on 2 nodes
     assert plateau(2, **efa) == pytest.approx(40e9)
     assert plateau(16) == pytest.approx(plateau(2))
+
+
+def test_four_h100_nodes_on_roce_reach_the_published_ring_busbw():
+    # NVIDIA/nccl issue 1221 (NCCL 2.19.3, 8x H100 and 8x 400 Gb/s RoCE per node,
+    # all_reduce_perf -b 4G -e 8G on 4 nodes): about 320 GB/s busbw, NVLS on or off. The model:
+    # 8 NICs x 50 GB/s x 0.85 (RoCE's plateau) = 340 GB/s, less the ring's latency: ~335.
+    spec = _h100(4, link="roce", nics_per_node=8, bandwidth="400Gbps")
+    links = group_links(_cluster(spec), 32, 1)
+    for size in (4 * GIB, 8 * GIB):
+        busbw = 2 * 31 / 32 * size / comm.all_reduce_time(size, links) / 1e9
+        assert busbw == pytest.approx(320, rel=0.10)
