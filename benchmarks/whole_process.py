@@ -1,7 +1,8 @@
 """Whole-process wall time of `autoplan` commands, as a user waits for them: interpreter start,
 imports, trace (or the trace cache), search and printing.
 
-    .venv/bin/python benchmarks/whole_process.py [--repeats 3] [--against OTHER/.venv/bin/autoplan]
+    .venv/bin/python benchmarks/whole_process.py [--repeats 3] [--time-limit 600]
+        [--against OTHER/.venv/bin/autoplan --against-label 'before: main']
 
 Cold: an empty trace cache ($XDG_CACHE_HOME pointed at a fresh folder), so model.py is traced;
 warm: the same command again, the trace read from the cache. The floors are printed first:
@@ -12,8 +13,9 @@ printed for comparison). Each figure is the median of --repeats runs, with the C
 (user + sys, children included), which moves less with the machine's load than the wall time;
 the load average is printed with them. ``--against`` times another checkout's console script
 (e.g. main's) on the same jobs, its runs interleaved with this checkout's so that both see the
-same load. For comparison, Calculon (Isaev et al., SC'23) reports 77 s for
-its search of the 530B job on 5,128 A100; it is not re-measured here (it is not on PyPI).
+same load, and how many times this checkout's CPU time the other's is. For comparison,
+Calculon (Isaev et al., SC'23) reports 77 s for its search of the 530B job on 5,128 A100; it
+is not re-measured here (it is not on PyPI).
 """
 
 from __future__ import annotations
@@ -72,13 +74,18 @@ def timed(argv: list[str], cache: Path) -> tuple[float, float]:
     return elapsed
 
 
-def median(runs: list[tuple[float, float]]) -> str:
+def median(runs: list[tuple[float, float]]) -> tuple[float, float]:
+    """(wall, CPU) seconds, each the median over the runs."""
     wall, cpu = (statistics.median(r[i] for r in runs) for i in (0, 1))
-    return f"{wall:6.2f} s ({cpu:5.2f} s CPU)"
+    return wall, cpu
+
+
+def shown(times: tuple[float, float]) -> str:
+    return f"{times[0]:6.2f} s ({times[1]:5.2f} s CPU)"
 
 
 def cold_and_warm(commands: dict[str, list[str]], repeats: int, scratch: Path
-                  ) -> dict[str, tuple[str, str]]:
+                  ) -> dict[str, tuple[tuple[float, float], tuple[float, float]]]:
     """Each command's (cold, warm) medians, the commands' runs interleaved."""
     cold: dict[str, list] = {name: [] for name in commands}
     warm: dict[str, list] = {name: [] for name in commands}
@@ -90,10 +97,16 @@ def cold_and_warm(commands: dict[str, list[str]], repeats: int, scratch: Path
     return {name: (median(cold[name]), median(warm[name])) for name in commands}
 
 
+def ratio(found: dict, which: int) -> float:
+    """How many times the CPU time of --against this checkout's is (cold 0, warm 1)."""
+    return found["against"][which][1] / found["this"][which][1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--against", type=Path, help="another checkout's autoplan script")
+    parser.add_argument("--against-label", help="what to call it (e.g. 'before: main e15f028')")
     parser.add_argument("--time-limit", type=float, help="solve --time-limit (on a loaded "
                         "machine the default 60 s can cut a search short, and its CPU time)")
     args = parser.parse_args()
@@ -103,11 +116,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch_dir:
         scratch = Path(scratch_dir)
         help_runs = [timed([*AUTOPLAN, "--help"], scratch / "help") for _ in range(args.repeats)]
-        print(f"{'autoplan --help':<32} {median(help_runs)}")
+        print(f"{'autoplan --help':<32} {shown(median(help_runs))}")
         for label, statement in FLOORS:
             runs = [timed([sys.executable, "-c", statement], scratch / "floor")
                     for _ in range(args.repeats)]
-            print(f"{label:<32} {median(runs)}")
+            print(f"{label:<32} {shown(median(runs))}")
         for label, model, nodes, seq_len, batch in JOBS:
             cluster = scratch / f"dgx-a100-x{nodes}.yaml"
             cluster.write_text(yaml.safe_dump(dgx_a100(nodes)))
@@ -117,9 +130,12 @@ def main() -> None:
             found = cold_and_warm({name: [*script, *tail] for name, script in scripts.items()},
                                   args.repeats, scratch)
             for name, (cold, warm) in found.items():
-                which = "" if name == "this" else f" ({args.against})"
-                print(f"{label + which:<32} cold {cold}   warm {warm}   (Calculon: "
+                which = "" if name == "this" else f" ({args.against_label or args.against})"
+                print(f"{label + which:<32} cold {shown(cold)}   warm {shown(warm)}   (Calculon: "
                       f"{'77 s, not re-measured' if '530B' in label else 'n/a'})")
+            if args.against:
+                print(f"{'  against / this, CPU':<32} cold {ratio(found, 0):5.2f}x"
+                      f"{'':18}warm {ratio(found, 1):5.2f}x")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

@@ -3,7 +3,9 @@ gathers), the optimizer step, and parameter offload's host copies."""
 
 from __future__ import annotations
 
-from itertools import accumulate
+import operator
+from dataclasses import dataclass
+from itertools import accumulate, islice
 
 from autoplan.costmodels import comm
 from autoplan.costmodels.compute import unshard_copy_time
@@ -131,7 +133,9 @@ def reduced_as_ready(ready_s: list[float], times: list[float], end_s: float) -> 
     at the end, so its whole reduction is exposed."""
     done = 0.0
     for ready, seconds in zip(ready_s, times):
-        done = max(done, ready) + seconds
+        if ready > done:  # max(done, ready), without a call per bucket
+            done = ready
+        done += seconds
     return max(0.0, done - end_s) if times else 0.0
 
 
@@ -151,8 +155,54 @@ def gathered_ahead(needed_s: list[float], times: list[float]) -> float:
     done, wait = 0.0, 0.0
     for needed, seconds in zip(needed_s, times):
         done += seconds
-        wait = max(wait, done - needed)
+        if done - needed > wait:  # max(wait, done - needed), without a call per bucket
+            wait = done - needed
     return wait
+
+
+@dataclass(frozen=True, slots=True)
+class _ChunkBuckets:
+    """One group's gradient buckets of one model chunk, priced: the same in every chunk, so
+    worked out once per schedule. ``filled`` and ``begun`` are :func:`filled_at` and
+    :func:`begun_at` less their start (each chunk adds its own start, in the same floating
+    point operations); ``begun`` is None when nothing waits for the gathers."""
+
+    reduce_s: list[float]
+    gather_s: list[float]
+    filled: list[float]
+    begun: list[tuple[float, float]] | None
+
+
+def _chunk_buckets(problem: Problem, plan: Plan, trained: float, links: GroupLinks,
+                   span_s: float, forward_span_s: float, grad_bytes: float) -> _ChunkBuckets:
+    """The buckets of ``trained / vpp`` parameters over ``links``, each priced once per size
+    and problem (a model's buckets are all one size but the first and last)."""
+    runtime = problem.runtime
+    sizes = _buckets(runtime, plan, trained / plan.vpp, links.size, grad_bytes)
+    reduce = comm.all_reduce_time if plan.zero_stage == 0 else comm.reduce_scatter_time
+    priced = {size: _price(problem, reduce, grad_bytes * size, links) for size in set(sizes)}
+    total = sum(sizes)
+    filled = [span_s * done / total for done in accumulate(sizes)]
+    gather_s, begun = [], None
+    if plan.zero_stage:
+        backward_order = sizes[::-1]
+        gathered = {size: _price(problem, comm.all_gather_time, WEIGHT_BYTES * size, links)
+                    for size in priced}
+        gather_s = [gathered[size] for size in backward_order]
+        if runtime.overlap_param_gather:
+            total = sum(backward_order)
+            begun = [(forward_span_s * done / total, forward_span_s * size / total)
+                     for done, size in zip(accumulate(backward_order), backward_order)]
+    return _ChunkBuckets([priced[size] for size in sizes], gather_s, filled, begun)
+
+
+def _price(problem: Problem, collective, nbytes: float, links: GroupLinks) -> float:
+    """``collective(nbytes, links)``, remembered per problem."""
+    key = ("bucket_price", collective.__name__, nbytes, links)
+    found = memo(problem).get(key)
+    if found is None:
+        found = memo(problem)[key] = collective(nbytes, links)
+    return found
 
 
 def _bucketed_dp_time(problem: Problem, plan: Plan, groups: list, backward_s: float,
@@ -171,21 +221,19 @@ def _bucketed_dp_time(problem: Problem, plan: Plan, groups: list, backward_s: fl
     grad_bytes = runtime.reduce_bytes or runtime.grad_bytes
     chunk_s = backward_s / plan.vpp  # one chunk's backward of one micro-batch
     forward_chunk_s = forward_s / plan.vpp
+    chunks = [_chunk_buckets(problem, plan, trained, links, chunk_s, forward_chunk_s,
+                             grad_bytes) for _, trained, links in groups]
     ready, reduce_s, needed, gather_s = [], [], [], []
     for chunk in range(plan.vpp):
-        for _, trained, links in groups:
-            sizes = _buckets(runtime, plan, trained / plan.vpp, links.size, grad_bytes)
-            ready += filled_at(sizes, chunk * plan.pp * chunk_s, chunk_s)
-            # the forward runs the chunks in the opposite order, each pp micro-batches long
-            needed += begun_at(sizes[::-1], (plan.vpp - 1 - chunk) * plan.pp * forward_chunk_s,
-                               forward_chunk_s)
-            reduce = comm.all_reduce_time if plan.zero_stage == 0 else comm.reduce_scatter_time
-            priced = {size: reduce(grad_bytes * size, links) for size in set(sizes)}
-            reduce_s += [priced[size] for size in sizes]
-            if plan.zero_stage:
-                priced = {size: comm.all_gather_time(WEIGHT_BYTES * size, links)
-                          for size in set(sizes)}
-                gather_s += [priced[size] for size in sizes[::-1]]
+        start = chunk * plan.pp * chunk_s
+        # the forward runs the chunks in the opposite order, each pp micro-batches long
+        forward_start = (plan.vpp - 1 - chunk) * plan.pp * forward_chunk_s
+        for buckets in chunks:
+            ready += [start + filled for filled in buckets.filled]
+            reduce_s += buckets.reduce_s
+            gather_s += buckets.gather_s
+            if buckets.begun is not None:
+                needed += [forward_start + filled - size for filled, size in buckets.begun]
     end = ((plan.vpp - 1) * plan.pp + 1) * chunk_s
     exposed = reduced_as_ready(*_in_order(ready, reduce_s), end)
     if gather_s and runtime.overlap_param_gather:
@@ -194,7 +242,10 @@ def _bucketed_dp_time(problem: Problem, plan: Plan, groups: list, backward_s: fl
 
 
 def _in_order(times: list[float], costs: list[float]) -> tuple[list[float], list[float]]:
-    """Both lists sorted by ``times`` (the order the collectives are issued in)."""
+    """Both lists sorted by ``times`` (the order the collectives are issued in; most often
+    they already are: the chunks' buckets fill one chunk after another)."""
+    if all(map(operator.le, times, islice(times, 1, None))):
+        return times, costs
     order = sorted(range(len(times)), key=times.__getitem__)
     return [times[i] for i in order], [costs[i] for i in order]
 

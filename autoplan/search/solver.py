@@ -74,7 +74,7 @@ from autoplan.degrees import DEGREE, of_plan
 from autoplan.plan import (Estimate, Offload, Plan, Recompute, ShapeRunnerUp, one_line)
 from autoplan.search.objective import key as objective_key
 from autoplan.search.objective import meets_throughput
-from autoplan.search.runners_up import best_by_shape
+from autoplan.search.runners_up import best_by_shape, entry_limit
 from autoplan.search.space import (
     Shape, family_of, leanest, leanest_members, leanest_plans, make_plan, max_chunk_blocks,
     pipeline_schedule, shapes, stage_variants, switches,
@@ -408,7 +408,8 @@ class Table:
     def runners_up(self, chosen: int, count: int = RUNNERS_UP) -> list[ShapeRunnerUp]:
         """The ``count`` best other (TP, PP) shapes, each with its best eligible plan under the
         objective, best first (exact: a shape is completed before it is ranked, best bound
-        first, until no uncompleted shape could enter); ``slower_by`` compares time per token
+        first, until no uncompleted shape could enter; a shape is completed only as far as it
+        could still enter: ``entry_limit``); ``slower_by`` compares time per token
         (step time when the batch is fixed)."""
         mine = (self.plans[chosen].tp, self.plans[chosen].pp)
         best = best_by_shape(self.eligible(), self.plans, self.order)
@@ -421,7 +422,8 @@ class Table:
                 break
             shape = pending[0]
             known = self.key(best[shape]) if shape in best else None
-            added = [r for r in self.complete_shape(*shape, known) if self.is_eligible(r)]
+            added = [r for r in self.complete_shape(*shape, entry_limit(known, exact, count))
+                     if self.is_eligible(r)]
             best = best_by_shape([*best.values(), *added], self.plans, self.order)
             done.add(shape)
         per_token = lambda r: self.step_times_s[r] / self.tokens(r)  # noqa: E731
