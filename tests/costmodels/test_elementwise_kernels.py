@@ -27,12 +27,13 @@ from autoplan.costmodels.compute import (
 from autoplan.costmodels.profiles import compute_profile, runtime_profile
 from autoplan.graph.layer_graph import LayerKind
 from autoplan.graph.loader import load_model_source
+from autoplan.graph.no_compile import dynamo_left_unloaded
 from autoplan.graph.trace import trace_model
 from autoplan.plan import Recompute
 from autoplan.zoo import Llama, LlamaConfig, next_token_loss
 from autoplan.zoo.llama import TransformerBlock
 
-HIDDEN, FFN, HEADS, KV_HEADS, SEQ = 512, 1792, 8, 2, 128  # Llama 3 8B's proportions
+HIDDEN, FFN, HEADS, KV_HEADS, SEQ = 256, 896, 8, 2, 64  # Llama 3 8B's proportions
 CONFIG = LlamaConfig(num_layers=2, hidden_size=HIDDEN, num_heads=HEADS, num_kv_heads=KV_HEADS,
                      ffn_hidden_size=FFN, vocab_size=1024)
 LIBRARY = {"mm", "addmm", "bmm", "_scaled_dot_product_flash_attention_for_cpu",
@@ -71,10 +72,11 @@ def dispatched() -> tuple[_OpBytes, _OpBytes]:
     torch.manual_seed(0)
     block = TransformerBlock(CONFIG).to(torch.bfloat16)
     x = torch.randn(1, SEQ, HIDDEN, dtype=torch.bfloat16, requires_grad=True)
-    with _OpBytes() as forward:
-        y = block(x)
-    with _OpBytes() as backward:
-        y.backward(torch.ones_like(y))
+    with dynamo_left_unloaded():  # a dispatch mode would otherwise import torch._dynamo
+        with _OpBytes() as forward:
+            y = block(x)
+        with _OpBytes() as backward:
+            y.backward(torch.ones_like(y))
     return forward, backward
 
 
