@@ -17,7 +17,12 @@ its authors published for that GPU and sequence length (:func:`attention_rate`; 
 such a table, at one efficiency over the 128-token score tiles it computes, a causal mask
 skipping those above the diagonal: :func:`flash_work`), at its padded head dimension, or, for
 runtimes without it, as batched GEMMs plus a memory-bound softmax/dropout over the s x s scores.
-Everything else is memory-bound: its traced bytes over HBM bandwidth.
+Everything else is memory-bound: its traced bytes over HBM bandwidth, each op a kernel of its
+own as eager PyTorch runs it (the trace counts them as PyTorch dispatches them, fp32 upcasts
+included; backward about twice the forward: benchmarks/compiled_traffic.py measures 2.09 for
+torchtitan's Llama block). A runtime that compiles its blocks (torchtitan with torch.compile)
+fuses them, and its kernels move the measured share of that traffic
+(``compiled_elementwise_fraction``, :func:`fused_fraction`).
 """
 
 from __future__ import annotations
@@ -293,15 +298,30 @@ def attention_time(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
     return fwd, bwd
 
 
-def elementwise_time(layer: Layer, split: Split, gpu: GpuSpec, profile: ComputeProfile) -> float:
-    """Forward time of the memory-bound ops (norms, activations, dropout, residual adds)."""
+def elementwise_time(layer: Layer, split: Split, gpu: GpuSpec, profile: ComputeProfile,
+                     fused_fraction: float = 1.0) -> float:
+    """Forward time of the memory-bound ops (norms, activations, dropout, residual adds), each
+    a kernel of its own as eager PyTorch runs them (the traced bytes); ``fused_fraction``: the
+    share of that traffic left where a compiler fuses them (torch.compile of the block,
+    :func:`fused_fraction`)."""
     replicated_div = split.tp if split.sp else 1
     traffic = layer.elementwise_bytes_sharded / split.tp + layer.elementwise_bytes_replicated / replicated_div
+    traffic *= fused_fraction
     return traffic * split.mbs / split.cp / (gpu.memory_bandwidth_Bps * profile.memory_efficiency)
 
 
+def fused_fraction(layer: Layer, compiled_fraction: float | None) -> float:
+    """Share of a layer's eager element-wise traffic its kernels move: ``compiled_fraction``
+    (the runtime's ``compiled_elementwise_fraction``) for a block where the runtime compiles
+    blocks (torchtitan's ``torch.compile`` of each TransformerBlock, the loss and output layer
+    left eager), else all of it."""
+    if compiled_fraction is None or layer.kind is not LayerKind.BLOCK:
+        return 1.0
+    return compiled_fraction
+
+
 def op_sac_recompute_time(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
-                          profile: ComputeProfile) -> float:
+                          profile: ComputeProfile, fused: float = 1.0) -> float:
     """What torchtitan's op-level selective checkpointing recomputes of a block in backward
     (torchtitan/distributed/activation_checkpoint.py, SelectiveAC ``_get_custom_policy``): the
     ops outside its save list (norms, activations, rotary, residual adds: PREFER_RECOMPUTE) and
@@ -313,23 +333,25 @@ def op_sac_recompute_time(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
         for _ in range(gemm.count):
             index += 1
             matmuls += gemm_time(rows, n, k, gpu, peak, profile) if index % 2 == 0 else 0.0
-    return matmuls + elementwise_time(layer, split, gpu, profile)
+    return matmuls + elementwise_time(layer, split, gpu, profile, fused)
 
 
 def layer_time(layer: Layer, split: Split, recompute: Recompute, *, gpu: GpuSpec, precision: str,
                profile: ComputeProfile, frozen_dtype: FrozenDtype | None = None,
-               op_sac: bool = False) -> LayerTime:
+               op_sac: bool = False, compiled_fraction: float | None = None) -> LayerTime:
     """Compute time of one layer for one micro-batch (no communication); ``frozen_dtype``:
     the storage of its frozen Linear weights (quantized ones are dequantized at each use);
     ``op_sac``: selective recompute is torchtitan's op-level policy, not Megatron's
-    recompute of core attention."""
+    recompute of core attention; ``compiled_fraction``: the runtime compiles its blocks and
+    their fused kernels move this share of the eager element-wise traffic (None: eager)."""
     peak = gpu.peak_flops(precision)
     gemm, dgrad, wgrad = _backward_gemm_times(layer, split, gpu, peak, profile)
     att_fwd, att_bwd = attention_time(layer, split, gpu, peak, profile)
     att_bwd = att_bwd if any(a.backward for a in layer.attention) else 0.0
     deq_fwd, deq_bwd = (dequantize_time(layer, split, gpu, profile, frozen_dtype)
                         if frozen_dtype is not None else (0.0, 0.0))
-    other = elementwise_time(layer, split, gpu, profile)
+    fused = fused_fraction(layer, compiled_fraction)
+    other = elementwise_time(layer, split, gpu, profile, fused)
     overhead = profile.kernel_overhead_s if layer.gemms or layer.attention else 0.0
     fwd = gemm + att_fwd + other + overhead + deq_fwd
     bwd = 0.0
@@ -339,7 +361,7 @@ def layer_time(layer: Layer, split: Split, recompute: Recompute, *, gpu: GpuSpec
     if layer.in_backward and layer.kind is LayerKind.BLOCK and recompute is Recompute.FULL:
         recomputed = fwd
     elif layer.in_backward and recompute is Recompute.SELECTIVE and op_sac:
-        recomputed = (op_sac_recompute_time(layer, split, gpu, peak, profile)
+        recomputed = (op_sac_recompute_time(layer, split, gpu, peak, profile, fused)
                       if layer.kind is LayerKind.BLOCK else 0.0)
     elif layer.in_backward and recompute is Recompute.SELECTIVE:
         recomputed = att_fwd

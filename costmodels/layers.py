@@ -63,8 +63,11 @@ def layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
         return cached
     frozen_dtype = problem.training.frozen_storage
     op_sac = problem.runtime.selective_recompute == "op"
+    runtime = problem.runtime
+    compiled = runtime.compiled_elementwise_fraction if runtime.compile else None
     t = layer_time(layer, split, recompute, gpu=problem.cluster.gpu, precision=problem.precision,
-                   profile=problem.compute, frozen_dtype=frozen_dtype, op_sac=op_sac)
+                   profile=problem.compute, frozen_dtype=frozen_dtype, op_sac=op_sac,
+                   compiled_fraction=compiled)
     fwd_n, bwd_n, message = _tp_messages(layer, split)
     one = comm.all_reduce_time(message, tp_links) if split.tp > 1 else 0.0
     full = recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK

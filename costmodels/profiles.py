@@ -119,6 +119,13 @@ class RuntimeProfile:
     """PyTorch DDP's gradient buckets where the runtime runs ZeRO 0 as DDP: each all-reduced
     as soon as the backward has filled it, the first (the last layers) smaller; 0: the
     runtime's ZeRO 0 does not bucket this way."""
+    compile: bool = False
+    """The runtime runs its blocks through torch.compile (torchtitan's ``compile`` flag,
+    ``apply_compile``: each TransformerBlock, the loss and output layer eager); off by default
+    as in torchtitan, on through ``runtime_settings={"compile": True}``."""
+    compiled_elementwise_fraction: float = 1.0
+    """Share of a block's eager element-wise HBM traffic (forward and backward) that Inductor's
+    fused kernels still move where ``compile`` is on (benchmarks/compiled_traffic.py)."""
     cublas_workspace_bytes: float = 32 * 2**20
     """cuBLAS workspace PyTorch allocates per handle and stream through its caching allocator:
     32 MiB, the size the cuBLAS docs recommend for Hopper (``cublasSetWorkspace``; 4 MiB
