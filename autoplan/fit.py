@@ -14,16 +14,13 @@ Never one knob per run: a parameter is fitted only if the runs identify it. The 
 residuals at the catalog values is factorised with column pivoting (Gram-Schmidt in the order
 of pivoted QR, largest remaining effect first); a parameter no run depends on, or one the runs
 cannot tell apart from the parameters already chosen, stays at its catalog value, and at most
-``runs - 1`` parameters are fitted per kind (time, memory). Of those, each is kept only if
-fitting it lowers the runs' misfit by more than fitting their scatter would (``ADD_PENALTY``,
-Akaike's criterion; backward elimination, :func:`_prune`): nine runs with 3% noise otherwise
-set a parameter they barely see anywhere in its range, and the others with it. Which were fixed and why is
+``runs - 1`` parameters are fitted per kind (time, memory). Which were fixed and why is
 part of the result.
 
 The leave-one-run-out (LORO) error refits without each run in turn (same selection rule on the
 remaining runs) and predicts the run left out: the error to expect on a run the fit never saw.
-The largest share by which a left-out run's measured peak memory exceeds its prediction is the
-fit's memory margin (:func:`memory_margin`): a profile applies it to the memory limit, so a
+How far a left-out run's measured peak memory may exceed its prediction (median plus two
+robust standard deviations) is the fit's memory margin (:func:`memory_margin`): a profile applies it to the memory limit, so a
 configuration judged to fit after calibration fits with the error the fit itself showed, and
 "fits" stays conservative where the memory terms were fitted on a handful of runs.
 """
@@ -55,12 +52,8 @@ SENSITIVITY_FLOOR = 1e-3
 COLLINEARITY_TOL = 0.05
 """Pivoted-QR diagonal below this fraction of the first: not separable from those chosen."""
 
-ADD_PENALTY = 2.0
-"""How much fitting one more parameter must lower the misfit (the robust loss summed over the
-residuals, in units of F_SCALE squared: about sum((log ratio / 0.05) ** 2)) to be kept:
-Akaike's 2 per parameter with the runs' scatter taken as F_SCALE. A parameter that only fits
-3% noise lowers it by (0.03 / 0.05) ** 2 = 0.36 on average; one that a run misses by 15% by
-9 on that run alone."""
+MAD_SPREAD = 1.4826
+"""Standard deviations per median absolute deviation of a normal distribution."""
 
 GIB = 2**30
 
@@ -214,7 +207,7 @@ def _free_parameters(runs: Sequence[FitRun], catalog: dict[str, float]
         rows = np.flatnonzero(kinds == kind)
         sub = jacobian[:, columns] if columns else np.zeros((len(kinds), 0))
         chosen += _select(sub, rows, [names[i] for i in columns], fixed)
-    return chosen, fixed
+    return [n for n in names if n in chosen], fixed
 
 
 def _solve(runs: Sequence[FitRun], names: list[str], catalog: dict[str, float],
@@ -245,43 +238,11 @@ def _start(names: list[str], values: dict[str, float], catalog: dict[str, float]
     return np.array([math.log(values.get(n, catalog[n]) / catalog[n]) for n in names])
 
 
-def misfit(residuals: np.ndarray) -> float:
-    """The robust loss of the residuals in units of F_SCALE squared (soft_l1: 2 (sqrt(1 + z)
-    - 1) of z = (residual / F_SCALE) ** 2, about z for small residuals)."""
-    z = (residuals / F_SCALE) ** 2
-    return float(np.sum(2 * (np.sqrt(1 + z) - 1)))
-
-
-def _prune(runs: Sequence[FitRun], names: list[str], catalog: dict[str, float],
-           fixed: dict[str, str]) -> dict[str, float]:
-    """Fit the identifiable parameters, then drop, one at a time, the one whose removal (the
-    others refitted) raises the misfit least, while that is less than ADD_PENALTY: backward
-    elimination, which keeps the parameter that made the runs differ where a near-collinear
-    stand-in (memory efficiency for GEMM efficiency) would win a forward choice."""
-    values = _solve(runs, names, catalog)
-    current = misfit(_residuals(runs, values))
-    while names:
-        trials = {}
-        for name in names:
-            rest = [n for n in names if n != name]
-            refit = _solve(runs, rest, catalog, _start(rest, values, catalog))
-            trials[name] = (misfit(_residuals(runs, refit)) - current, refit)
-        name = min(names, key=lambda n: trials[n][0])
-        raised, refit = trials[name]
-        if raised >= ADD_PENALTY:
-            break
-        fixed[name] = (f"fitting it lowers the runs' misfit by {max(raised, 0.0):.2g}, less "
-                       f"than the {ADD_PENALTY:g} of a parameter that is more than their scatter")
-        names = [n for n in names if n != name]
-        values, current = refit, current + raised
-    return values
-
-
 def fit(runs: Sequence[FitRun], *, leave_one_out: bool = True) -> FitResult:
     """Fit the identifiable parameters to ``runs`` (all on one GPU and runtime)."""
     catalog = catalog_values(runs)
     names, fixed = _free_parameters(runs, catalog)
-    values = _prune(runs, names, catalog, fixed)
+    values = _solve(runs, names, catalog)
     result = FitResult(values=values, catalog=catalog, fixed=fixed,
                        before=[predict(r, {}) for r in runs],
                        after=[predict(r, values) for r in runs])
@@ -292,12 +253,20 @@ def fit(runs: Sequence[FitRun], *, leave_one_out: bool = True) -> FitResult:
 
 
 def memory_margin(runs: Sequence[FitRun], predictions: Sequence[Prediction | None]) -> float:
-    """The largest share by which a measured peak exceeds its prediction (0 when none does):
-    ``max(measured / predicted - 1)`` over the runs that report memory, with the left-out
-    predictions where there are (the error on runs the fit did not see), else the fit's own."""
-    under = [run.peak_memory_gib / p.peak_memory_gib - 1 for run, p in zip(runs, predictions)
-             if run.peak_memory_gib is not None and p is not None]
-    return max([0.0, *under])
+    """How much larger than predicted a peak may be: of the shares by which the measured
+    peaks exceed their predictions (``measured / predicted - 1``, the left-out predictions
+    where there are: the error on runs the fit did not see), the median plus two robust
+    standard deviations (MAD_SPREAD median absolute deviations), at least 0. About the 98th
+    percentile of normal errors, without letting one badly predicted run (a node's whole
+    nvidia-smi memory beside the others' allocator peaks) refuse every plan near the limit."""
+    under = np.array([run.peak_memory_gib / p.peak_memory_gib - 1
+                      for run, p in zip(runs, predictions)
+                      if run.peak_memory_gib is not None and p is not None])
+    if not len(under):
+        return 0.0
+    median = float(np.median(under))
+    spread = MAD_SPREAD * float(np.median(np.abs(under - median)))
+    return max(0.0, median + 2 * spread)
 
 
 def _left_out(runs: Sequence[FitRun], i: int, catalog: dict[str, float],

@@ -22,8 +22,8 @@ Schema (``kind: runs``; unknown keys are an error)::
 
 Only ``parameters`` and ``memory_margin`` are applied: everything else keeps the catalog's
 values, so a profile survives changes to the cost model's other constants. ``memory_margin`` is
-the largest share by which a run's measured peak exceeded the prediction of the fit that left
-it out (autoplan.fit.memory_margin): a plan fits only if its predicted peak, that much larger,
+how far a run's measured peak may exceed its prediction, from the runs' peaks against the fits
+that left them out (autoplan.fit.memory_margin): a plan fits only if its predicted peak, that much larger,
 does.
 """
 

@@ -329,8 +329,8 @@ def run_sweep(name: str, loro: bool, show_rows: bool) -> None:
     report_fit(result, calibration)
     before = {r.row_id: judge(r, {}) for r in held_out}
     after = {r.row_id: judge(r, result.values, result.memory_margin) for r in held_out}
-    print(f"memory margin {result.memory_margin:.1%} (largest under-prediction of a calibration "
-          "run's peak" + (", left out)" if result.loro else ")"))
+    print(f"memory margin {result.memory_margin:.1%} (autoplan.fit.memory_margin of the "
+          "calibration runs' peaks" + (", left out)" if result.loro else ")"))
     report_held_out(held_out, before, after, show_rows)
     report_selection(held_out, before, after)
     report_out_of_memory(held_out, before, after)
