@@ -20,9 +20,10 @@ part of the result.
 The leave-one-run-out (LORO) error refits without each run in turn (same selection rule on the
 remaining runs) and predicts the run left out: the error to expect on a run the fit never saw.
 How far a left-out run's measured peak memory may exceed its prediction (median plus two
-robust standard deviations) is the fit's memory margin (:func:`memory_margin`): a profile applies it to the memory limit, so a
-configuration judged to fit after calibration fits with the error the fit itself showed, and
-"fits" stays conservative where the memory terms were fitted on a handful of runs.
+robust standard deviations) is the fit's memory margin (:func:`memory_margin`): a profile
+applies it to the memory limit, so a configuration judged to fit after calibration fits with
+the error the fit itself showed, and "fits" stays conservative where the memory terms were
+fitted on a handful of runs.
 """
 
 from __future__ import annotations

@@ -21,10 +21,10 @@ Schema (``kind: runs``; unknown keys are an error)::
          peak_memory_gib: null}
 
 Only ``parameters`` and ``memory_margin`` are applied: everything else keeps the catalog's
-values, so a profile survives changes to the cost model's other constants. ``memory_margin`` is
-how far a run's measured peak may exceed its prediction, from the runs' peaks against the fits
-that left them out (autoplan.fit.memory_margin): a plan fits only if its predicted peak, that much larger,
-does.
+values, so a profile survives changes to the cost model's other constants. ``memory_margin``
+is how far a run's measured peak may exceed its prediction, from the runs' peaks against the
+fits that left them out (autoplan.fit.memory_margin): a plan fits only if its predicted peak,
+that much larger, does.
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ repository carries, so this benchmark builds one like it and a "truth" to measur
   a slower network (TRUTH_NIC_GBPS), higher network latency (TRUTH_LATENCY,
   TRUTH_NET_LATENCY), lower GEMM and attention efficiency (TRUTH_COMPUTE) and more memory
   outside the model (TRUTH_RUNTIME), each set where a user would state it (the truth's
-  cluster.yaml, compute profile and runtime settings), not through costmodels/parameters.py,
-  so a constant the calibration does not reach is not reached by the truth either; a
+  cluster.yaml, compute profile and runtime settings), not through costmodels/parameters.py:
+  where a fitted parameter fails to reach a place the cost model uses, the truth still does,
+  and the figures show it; a
   measurement noise (``--noise``, lognormal, seeded per row); with ``--truth at-scale`` a
   network that keeps slowing with the number of nodes (congestion no constant of the model
   states: what calibration cannot fit exactly); a run whose true peak exceeds the GPU's memory
@@ -24,12 +25,13 @@ repository carries, so this benchmark builds one like it and a "truth" to measur
   ``first``: its first three tries, small jobs first), written as a runs.csv (the issue's
   header) and calibrated by ``autoplan calibrate --runs``' own code (api.calibrate_runs);
 - the rest judged with the written profile (``--profile``'s path): tokens/s/GPU mean |error|,
-  selection loss per (model, GPU count) cell (the predicted-fastest configuration's true
-  throughput against the cell's best), and the share of the runs that ran out of memory judged
-  to fit (and of those that ran judged not to).
+  selection loss per (model, GPU count) cell (the measured throughput of the configuration
+  predicted fastest among those judged to fit, against the cell's measured best; also without
+  the noise), and the share of the runs that ran out of memory judged to fit (and of those that
+  ran judged not to).
 
     .venv/bin/python benchmarks/calibration_sweep.py [--draw random|first] [--seeds 3]
-        [--truth in-family|at-scale] [--noise 0.03] [--nodes 1,2,4,...] [--quick]
+        [--truth in-family|at-scale] [--noise 0.03] [--nodes 1,2,4,...] [--cells]
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoplan.api import _plan_for, _training, calibrate_runs, load_cluster, load_model, make_problem
+from autoplan.api import (_plan_for, _training, calibrate_runs, load_cluster, load_model,
+                          make_problem)
 from autoplan.costmodels.profiles import compute_profile
 from autoplan.costmodels.step import estimate
 from autoplan.errors import AutoplanError
@@ -164,7 +167,8 @@ def write_inputs(folder: Path, nodes: tuple[int, ...], truth: str) -> None:
         if truth == "at-scale" and n > 2:
             gbps *= (n / 2) ** -AT_SCALE_EXPONENT
         (folder / f"truth_p5_x{n}.yaml").write_text(CLUSTER_YAML.format(
-            n, f"{gbps:.2f}Gbps", f", latency: {TRUTH_LATENCY}, nccl_net_latency: {TRUTH_NET_LATENCY}"))
+            n, f"{gbps:.2f}Gbps",
+            f", latency: {TRUTH_LATENCY}, nccl_net_latency: {TRUTH_NET_LATENCY}"))
 
 
 TRAINING = _training(SEQ_LEN, GLOBAL_BATCH, "bf16", RUNTIME, "flash")
