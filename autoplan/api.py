@@ -19,7 +19,6 @@ from autoplan.calibrate import MeasuredProfile, fitted_profile, load_profile, me
 from autoplan.costmodels.profiles import (ATTENTION_KERNELS, ComputeProfile, RuntimeProfile,
                                           compute_profile, runtime_profile)
 from autoplan.costmodels.groups import check_groups, on_groups_in_order
-from autoplan.costmodels.parameters import with_parameters
 from autoplan.costmodels.problem import Problem
 from autoplan.costmodels.step import estimate as estimate_plan
 from autoplan.degrees import of_plan
@@ -132,7 +131,7 @@ def make_problem(model: Model, cluster: LoadedCluster, training: TrainingSpec,
         headroom=headroom,
     )
     if isinstance(profile, RunsProfile):
-        return with_parameters(problem, profile.parameters)
+        return profile.apply(problem)
     return problem
 
 

@@ -13,11 +13,17 @@ pulls the fit linearly, not quadratically).
 Never one knob per run: a parameter is fitted only if the runs identify it. The Jacobian of the
 residuals at the catalog values is factorised with column pivoting (Gram-Schmidt in the order
 of pivoted QR, largest remaining effect first); a parameter no run depends on, or one the runs
-cannot tell apart from the parameters already chosen, stays at its catalog value, and at most ``runs - 1`` parameters are fitted per kind (time, memory). Which
-were fixed and why is part of the result.
+cannot tell apart from the parameters already chosen, stays at its catalog value, and at most
+``runs - 1`` parameters are fitted per kind (time, memory). Which were fixed and why is
+part of the result.
 
 The leave-one-run-out (LORO) error refits without each run in turn (same selection rule on the
 remaining runs) and predicts the run left out: the error to expect on a run the fit never saw.
+How far a left-out run's measured peak memory may exceed its prediction (median plus two
+robust standard deviations) is the fit's memory margin (:func:`memory_margin`): a profile
+applies it to the memory limit, so a configuration judged to fit after calibration fits with
+the error the fit itself showed, and "fits" stays conservative where the memory terms were
+fitted on a handful of runs.
 """
 
 from __future__ import annotations
@@ -46,6 +52,9 @@ SENSITIVITY_FLOOR = 1e-3
 
 COLLINEARITY_TOL = 0.05
 """Pivoted-QR diagonal below this fraction of the first: not separable from those chosen."""
+
+MAD_SPREAD = 1.4826
+"""Standard deviations per median absolute deviation of a normal distribution."""
 
 GIB = 2**30
 
@@ -84,6 +93,8 @@ class FitResult:
     after: list[Prediction]
     loro: list[Prediction | None] = field(default_factory=list)
     """Each run predicted by a fit without it (None with a single run)."""
+    memory_margin: float = 0.0
+    """:func:`memory_margin` of the fit (0 without memory measurements)."""
 
 
 def predict(run: FitRun, values: dict[str, float]) -> Prediction:
@@ -181,6 +192,7 @@ def pivot_order(block: np.ndarray) -> list[tuple[int, bool]]:
 
 def _free_parameters(runs: Sequence[FitRun], catalog: dict[str, float]
                      ) -> tuple[list[str], dict[str, str]]:
+    """The identifiable parameters and why the others are fixed."""
     fixed: dict[str, str] = {}
     names = []
     for name in catalog:
@@ -213,9 +225,23 @@ def _solve(runs: Sequence[FitRun], names: list[str], catalog: dict[str, float],
     return _values(names, solution.x, catalog)
 
 
+def catalog_values(runs: Sequence[FitRun]) -> dict[str, float]:
+    """The catalog value of every parameter that applies to some run (from the first run that
+    has its place: a one-node run without network links does not hide the others' network)."""
+    catalog: dict[str, float] = {}
+    for run in runs:
+        for name, value in parameter_values(run.problem).items():
+            catalog.setdefault(name, value)
+    return catalog
+
+
+def _start(names: list[str], values: dict[str, float], catalog: dict[str, float]) -> np.ndarray:
+    return np.array([math.log(values.get(n, catalog[n]) / catalog[n]) for n in names])
+
+
 def fit(runs: Sequence[FitRun], *, leave_one_out: bool = True) -> FitResult:
     """Fit the identifiable parameters to ``runs`` (all on one GPU and runtime)."""
-    catalog = parameter_values(runs[0].problem)
+    catalog = catalog_values(runs)
     names, fixed = _free_parameters(runs, catalog)
     values = _solve(runs, names, catalog)
     result = FitResult(values=values, catalog=catalog, fixed=fixed,
@@ -223,18 +249,36 @@ def fit(runs: Sequence[FitRun], *, leave_one_out: bool = True) -> FitResult:
                        after=[predict(r, values) for r in runs])
     if leave_one_out:
         result.loro = [_left_out(runs, i, catalog, values) for i in range(len(runs))]
+    result.memory_margin = memory_margin(runs, result.loro if any(result.loro) else result.after)
     return result
+
+
+def memory_margin(runs: Sequence[FitRun], predictions: Sequence[Prediction | None]) -> float:
+    """How much larger than predicted a peak may be: of the shares by which the measured
+    peaks exceed their predictions (``measured / predicted - 1``, the left-out predictions
+    where there are: the error on runs the fit did not see), the median plus two robust
+    standard deviations (MAD_SPREAD median absolute deviations), at least 0. About the 98th
+    percentile of normal errors, without letting one badly predicted run (a node's whole
+    nvidia-smi memory beside the others' allocator peaks) refuse every plan near the limit."""
+    under = np.array([run.peak_memory_gib / p.peak_memory_gib - 1
+                      for run, p in zip(runs, predictions)
+                      if run.peak_memory_gib is not None and p is not None])
+    if not len(under):
+        return 0.0
+    median = float(np.median(under))
+    spread = MAD_SPREAD * float(np.median(np.abs(under - median)))
+    return max(0.0, median + 2 * spread)
 
 
 def _left_out(runs: Sequence[FitRun], i: int, catalog: dict[str, float],
               full: dict[str, float]) -> Prediction | None:
-    """Run ``i`` predicted by a fit on the others (started from the full fit)."""
+    """Run ``i`` predicted by a fit on the others of the full fit's parameters that they
+    identify (started from the full fit)."""
     others = [r for k, r in enumerate(runs) if k != i]
     if not others:
         return None
-    names, _ = _free_parameters(others, catalog)
-    start = np.array([math.log(full.get(n, catalog[n]) / catalog[n]) for n in names])
-    return predict(runs[i], _solve(others, names, catalog, start))
+    names = [n for n in _free_parameters(others, catalog)[0] if n in full]
+    return predict(runs[i], _solve(others, names, catalog, _start(names, full, catalog)))
 
 
 def mean_abs_error(predicted: Sequence[float], measured: Sequence[float]) -> float:

@@ -282,7 +282,9 @@ def render_calibration(profile, console: Console) -> None:
                   f"{fit.mean_abs_error_after:.1%} after; leave-one-run-out {loro}")
     if fit.memory_mean_abs_error_before is not None:
         console.print(f"peak memory mean error: {fit.memory_mean_abs_error_before:.1%} before, "
-                      f"{fit.memory_mean_abs_error_after:.1%} after")
+                      f"{fit.memory_mean_abs_error_after:.1%} after; memory margin "
+                      f"{profile.memory_margin:.1%} (plans must fit with their peak that much "
+                      "larger)")
 
 
 def runners_up_table(result: Result, count: int = 6) -> Table:

@@ -5,6 +5,7 @@ Schema (``kind: runs``; unknown keys are an error)::
     schema: 1
     kind: runs
     parameters: {gemm_efficiency: 0.62, inter_node_efficiency: 0.41}   # applied by --profile
+    memory_margin: 0.04      # applied by --profile: the memory limit divided by 1 + this
     catalog: {gemm_efficiency: 0.70, ...}      # the values before the fit, for reference
     fixed: {attention_efficiency: "the runs cannot tell it apart from gemm_efficiency"}
     fitted_on:                                  # where the parameters hold
@@ -19,8 +20,11 @@ Schema (``kind: runs``; unknown keys are an error)::
       - {run: "runs.csv row 2", tokens_per_s_per_gpu: [1039, 1250.1, 1051.0, 1060.2],
          peak_memory_gib: null}
 
-Only ``parameters`` are applied: everything else keeps the catalog's values, so a profile
-survives changes to the cost model's other constants.
+Only ``parameters`` and ``memory_margin`` are applied: everything else keeps the catalog's
+values, so a profile survives changes to the cost model's other constants. ``memory_margin``
+is how far a run's measured peak may exceed its prediction, from the runs' peaks against the
+fits that left them out (autoplan.fit.memory_margin): a plan fits only if its predicted peak,
+that much larger, does.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from autoplan.costmodels.parameters import BY_NAME
+from autoplan.costmodels.parameters import BY_NAME, with_parameters
 
 SCHEMA = 1
 
@@ -76,6 +80,7 @@ class RunsProfile(BaseModel):
     schema_: int = Field(SCHEMA, alias="schema")
     kind: Literal["runs"] = "runs"
     parameters: dict[str, float]
+    memory_margin: float = Field(0.0, ge=0.0)
     catalog: dict[str, float] = {}
     fixed: dict[str, str] = {}
     fitted_on: FittedOn
@@ -83,6 +88,10 @@ class RunsProfile(BaseModel):
     runs: tuple[RunFigures, ...] = ()
     source: str = ""
     """The file it was read from (not written)."""
+
+    def apply(self, problem):
+        """``problem`` with the fitted parameters and the memory margin applied."""
+        return with_parameters(problem, self.parameters, memory_margin=self.memory_margin)
 
     def warnings(self, *, gpu: str, runtime: str, gpus: int, params: float) -> list[str]:
         """What makes these parameters doubtful for a plan of ``gpus`` GPUs of ``gpu`` running
@@ -164,7 +173,8 @@ def profile_from_fit(runs, result) -> RunsProfile:
     worlds = [r.plan.world_size for r in runs]
     sizes = [r.problem.graph.num_params for r in runs]
     return RunsProfile(
-        parameters=result.values, catalog=result.catalog, fixed=result.fixed,
+        parameters=result.values, memory_margin=result.memory_margin, catalog=result.catalog,
+        fixed=result.fixed,
         fitted_on=FittedOn(gpu=first.cluster.gpu.name, runtime=first.training.runtime.value,
                            gpus=(min(worlds), max(worlds)), params=(min(sizes), max(sizes)),
                            runs=len(runs)),

@@ -173,8 +173,10 @@ class Judged:
     fits: bool
 
 
-def judge(row: Row, values: dict[str, float]) -> Judged:
-    est = estimate(with_parameters(row.run.problem, values), row.run.plan)
+def judge(row: Row, values: dict[str, float], memory_margin: float = 0.0) -> Judged:
+    """The row as ``--profile`` predicts it with ``values`` and the fit's memory margin."""
+    est = estimate(with_parameters(row.run.problem, values, memory_margin=memory_margin),
+                   row.run.plan)
     memory = est.peak_memory_gib if row.run.whole_device else est.peak_reserved_gib
     return Judged(est.tokens_per_s / row.run.plan.world_size, memory, est.feasible)
 
@@ -326,7 +328,9 @@ def run_sweep(name: str, loro: bool, show_rows: bool) -> None:
     result = fit([r.run for r in calibration], leave_one_out=loro)
     report_fit(result, calibration)
     before = {r.row_id: judge(r, {}) for r in held_out}
-    after = {r.row_id: judge(r, result.values) for r in held_out}
+    after = {r.row_id: judge(r, result.values, result.memory_margin) for r in held_out}
+    print(f"memory margin {result.memory_margin:.1%} (autoplan.fit.memory_margin of the "
+          "calibration runs' peaks" + (", left out)" if result.loro else ")"))
     report_held_out(held_out, before, after, show_rows)
     report_selection(held_out, before, after)
     report_out_of_memory(held_out, before, after)

@@ -52,7 +52,10 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("inter_node_efficiency", "inter", "allreduce_efficiency", "time", 0.02, 1.0,
               "achieved fraction of the NIC bandwidth (collectives across nodes)"),
     Parameter("inter_node_latency_s", "inter", "latency_s", "time", 0.0, 1e-3,
-              "per-hop latency of the network (s)"),
+              "per-hop latency of the network (s): point-to-point and all-to-all"),
+    Parameter("inter_node_net_latency_s", "inter", "nccl_net_latency_s", "time", 0.0, 2e-3,
+              "latency per network step of NCCL's collectives across nodes (s): what the "
+              "network plugin adds in NCCL's tuning model (EFA 75 us, 0 on InfiniBand)"),
     Parameter("memory_fragmentation", "runtime", "fragmentation", "memory", 0.0, 2.0,
               "allocator overhead as a fraction of activation memory"),
     Parameter("cuda_context_bytes", "runtime", "cuda_context_bytes", "memory", 0.0, 16 * 2**30,
@@ -107,19 +110,22 @@ def _cluster_with(cluster: Cluster, intra: dict, inter: dict) -> Cluster:
                                inter=_replaced(cluster.inter, inter), groups=groups)
 
 
-def with_parameters(problem: Problem, values: Mapping[str, float]) -> Problem:
+def with_parameters(problem: Problem, values: Mapping[str, float], *,
+                    memory_margin: float = 0.0) -> Problem:
     """``problem`` with the named parameters set to ``values`` (others unchanged); a parameter
-    whose place the problem lacks (inter-node links on one node) is skipped."""
+    whose place the problem lacks (inter-node links on one node) is skipped. ``memory_margin``
+    (a calibration's, autoplan.fit.memory_margin) divides the memory limit by ``1 + margin``:
+    a plan fits only if its peak that much larger does."""
     changes: dict[str, dict] = {"compute": {}, "runtime": {}, "intra": {}, "inter": {}}
     for name, value in values.items():
         p = parameter(name)
         changes[p.where][p.field] = float(value)
-    if not any(changes.values()):
+    if not any(changes.values()) and not memory_margin:
         return problem
     cluster = problem.cluster
     if changes["intra"] or changes["inter"]:
         cluster = _cluster_with(cluster, changes["intra"], changes["inter"])
-    return Problem(graph=problem.graph, cluster=cluster, training=problem.training,
-                   runtime=_replaced(problem.runtime, changes["runtime"]),
-                   compute=_replaced(problem.compute, changes["compute"]),
-                   mem_limit_bytes=problem.mem_limit_bytes)
+    return dataclasses.replace(problem, cluster=cluster,
+                               runtime=_replaced(problem.runtime, changes["runtime"]),
+                               compute=_replaced(problem.compute, changes["compute"]),
+                               mem_limit_bytes=problem.mem_limit_bytes / (1 + memory_margin))
