@@ -218,7 +218,8 @@ def _result(problem: Problem, model: Model, cluster: LoadedCluster, plan: Plan, 
                             runtime=problem.training.runtime.value,
                             optimizer=problem.training.optimizer.value,
                             frozen_dtype=problem.training.frozen_storage.value,
-                            optimizer_in_backward=problem.training.optimizer_in_backward)
+                            optimizer_in_backward=problem.training.optimizer_in_backward,
+                            torch_compile=problem.runtime.compile)
     return Result(plan=plan, estimate=est, solver=info, model=model_info, cluster=cluster.spec,
                   training=training, calibration=calibration_note(profile, problem, plan))
 

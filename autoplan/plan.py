@@ -323,8 +323,13 @@ class TrainingInfo(OmitsDefaults):
     optimizer_in_backward: bool = False
     """The optimizer steps each parameter in backward (TrainingSpec.optimizer_in_backward);
     left out of the JSON when false."""
+    torch_compile: bool = False
+    """The runtime compiles its blocks (``runtime_settings={"compile": True}`` on the fsdp
+    runtime), as the plan was priced: torchtitan's export turns on ``--compile.enable`` for the
+    model; left out of the JSON when false."""
 
-    _omitted_defaults: ClassVar[dict[str, object]] = {"optimizer_in_backward": False}
+    _omitted_defaults: ClassVar[dict[str, object]] = {"optimizer_in_backward": False,
+                                                      "torch_compile": False}
 
 
 class RuntimeOption(BaseModel):

@@ -101,6 +101,14 @@ def _training_args(result: Result) -> list[str]:
     return args
 
 
+def _compile_args(result: Result) -> list[str]:
+    """torch.compile of the blocks where the plan was priced with it (CompileConfig: the
+    model only, the loss eager as the fsdp runtime's ``compile`` prices it)."""
+    if result.training is None or not result.training.torch_compile:
+        return []
+    return ["--compile.enable", "--compile.components", "model"]
+
+
 def torchtitan_overrides(result: Result) -> list[str]:
     """The command-line overrides that set up this plan, to follow ``--module M --config C``.
 
@@ -115,7 +123,7 @@ def torchtitan_overrides(result: Result) -> list[str]:
             + ["--parallelism.tensor_parallel_degree", str(plan.tp), sp,
                "--parallelism.context_parallel_degree", str(plan.cp)]
             + (["--parallelism.expert_parallel_degree", str(plan.ep)] if plan.ep > 1 else [])
-            + _pipeline_args(result) + _training_args(result)
+            + _pipeline_args(result) + _training_args(result) + _compile_args(result)
             + [f"activation_checkpoint:{plan.recompute.value}"])
 
 

@@ -34,6 +34,7 @@ class OverriddenSections:
         default_factory=configs.ParallelismConfig)
     activation_checkpoint: ac.ActivationCheckpointingConfig = dataclasses.field(
         default_factory=ac.SelectiveAC.Config)
+    compile: configs.CompileConfig = dataclasses.field(default_factory=configs.CompileConfig)
 
 
 def parse(overrides: list[str]) -> OverriddenSections:
@@ -132,3 +133,39 @@ def test_expert_parallelism_torchtitan_cannot_match_is_refused(plan, reason):
     result = changed(load_plan("gpt13b_ethernet_10g"), plan=plan)
     with pytest.raises(ExportError, match=reason):
         torchtitan_overrides(result)
+
+
+def test_compile_is_turned_on_only_for_plans_priced_with_it():
+    """A plan priced with the fsdp runtime's ``compile`` launches torchtitan's torch.compile of
+    the model (not the loss, which the runtime prices eager); an eager plan leaves
+    CompileConfig at torchtitan's default (off)."""
+    result = load_plan("llama8b_zero3_offload_1gpu")
+    assert parse(torchtitan_overrides(result)).compile.enable is False
+    training = {**result.training.model_dump(mode="json"), "torch_compile": True}
+    compiled = parse(torchtitan_overrides(changed(result, training=training))).compile
+    assert compiled.enable is True
+    assert compiled.components == ["model"]
+
+
+def test_a_compiled_estimate_records_it_and_an_eager_one_keeps_the_json_unchanged():
+    """The setting travels from ``runtime_settings`` to the result the exporter reads; eager
+    results keep their JSON without the key (determinism of existing files)."""
+    import types
+    from pathlib import Path
+
+    import autoplan
+    from autoplan.zoo import Llama, LlamaConfig, next_token_loss
+
+    model = types.ModuleType("tiny_llama")
+    model.build_model = lambda: Llama(LlamaConfig(num_layers=2, hidden_size=128, num_heads=2,
+                                                  num_kv_heads=2, ffn_hidden_size=256,
+                                                  vocab_size=256))
+    model.loss = next_token_loss
+    cluster = Path(__file__).parents[2] / "examples" / "clusters" / "dgx-h100-x4.yaml"
+
+    def estimate(**settings):
+        return autoplan.estimate(model, cluster, {"dp": 32, "mbs": 1}, seq_len=512,
+                                 global_batch=32, runtime="fsdp", runtime_settings=settings)
+
+    assert estimate(compile=True).training.torch_compile is True
+    assert "torch_compile" not in estimate().model_dump(mode="json")["training"]
