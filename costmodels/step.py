@@ -448,9 +448,11 @@ def _chunk_sums(problem: Problem, compositions: tuple, split: Split,
 
 
 def _rank_base(problem: Problem, plan: Plan, rank: int, split: Split,
-               links: dict[str, GroupLinks]) -> tuple[_ChunkSums, float, "HeldParams"]:
-    """(layer sums, pipeline-send time, parameters held) of a rank; shared by equal ranks."""
-    stages = _rank_stages(plan, rank)
+               links: dict[str, GroupLinks], stages: tuple | None = None
+               ) -> tuple[_ChunkSums, float, "HeldParams"]:
+    """(layer sums, pipeline-send time, parameters held) of a rank running ``stages`` (default:
+    its chunks of the plan's layout); shared by equal ranks."""
+    stages = stages or _rank_stages(plan, rank)
     key = ("rank", stages, split, plan.recompute, plan.recompute_num_layers, links["tp"],
            links["pp"], links["cp"])
     cached = problem._cache.get(key)
@@ -488,12 +490,13 @@ def held_params(problem: Problem, plan: Plan, sums: _ChunkSums,
                       sums.weight_bytes + WEIGHT_BYTES * tied)
 
 
-def _rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLinks]) -> _RankCost:
+def _rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLinks],
+               stages: tuple | None = None) -> _RankCost:
     split = Split(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel, mbs=plan.micro_batch_size,
                   flash=problem.flash_attention)
-    sums, pp_comm_s, holds = _rank_base(problem, plan, rank, split, links)
-    experts, ep_comm_s = (_rank_experts(problem, plan, rank, split, links) if plan.ep > 1
-                          else (0.0, 0.0))
+    sums, pp_comm_s, holds = _rank_base(problem, plan, rank, split, links, stages)
+    experts, ep_comm_s = (_rank_experts(problem, plan, rank, split, links, stages)
+                          if plan.ep > 1 else (0.0, 0.0))
     holds = holds.without(experts * (plan.ep - 1), experts * (plan.ep - 1))  # 1/ep of experts
     params = holds.count
     states = _model_states(problem, plan, holds.without(experts, experts), experts)
@@ -525,9 +528,10 @@ def _model_states(problem: Problem, plan: Plan, dense: HeldParams, experts: floa
 
 
 def _rank_experts(problem: Problem, plan: Plan, rank: int, split: Split,
-                  links: dict[str, GroupLinks]) -> tuple[float, float]:
+                  links: dict[str, GroupLinks], stages: tuple | None = None
+                  ) -> tuple[float, float]:
     """(expert parameters one GPU holds, EP all-to-all seconds per micro-batch) of a rank."""
-    stages = _rank_stages(plan, rank)
+    stages = stages or _rank_stages(plan, rank)
     key = ("experts", stages, split, plan.ep, plan.recompute, plan.recompute_num_layers,
            links["ep"])
     cached = problem._cache.get(key)
@@ -779,6 +783,40 @@ def _evaluate(problem: Problem, plan: Plan) -> _Evaluation:
     opt_s = (_optimizer_time(problem, plan, trained, experts)
              + _offload_param_time(problem, plan, params))
     return _Evaluation(pipe + dp_s + opt_s, pipe, dp_s, opt_s, groups, costs)
+
+
+@dataclass(frozen=True, slots=True)
+class RankProfile:
+    """One pipeline rank's share of a step: what the partition model tabulates."""
+
+    micro_batch_s: float
+    after_s: float
+    """Its gradient reduction and optimizer step, as if it were the plan's slowest rank."""
+    memory_bytes: float
+
+
+def rank_profile(problem: Problem, plan: Plan, rank: int, stage: tuple[int, int]) -> RankProfile:
+    """Costs of pipeline rank ``rank`` running the one chunk ``stage = (first, num)`` under the
+    plan's degrees and switches (``plan``'s own stages are not read): the terms ``_evaluate``
+    takes the max or sum of over ranks."""
+    links = _plan_links(problem, plan)
+    cost = _rank_cost(problem, plan, rank, links, (stage,))
+    experts = cost.expert_params
+    sync_s = _dp_time(problem, plan, cost.params, links["dp"], backward_s=cost.backward_s,
+                      compute_s=plan.num_microbatches * cost.compute_s, gathers=cost.gathers,
+                      experts=(experts, links["expert_dp"]) if experts else None,
+                      trained=cost.trained)
+    optimizer_s = (_optimizer_time(problem, plan, cost.trained, experts)
+                   + _offload_param_time(problem, plan, cost.params))
+    return RankProfile(cost.micro_batch_s, sync_s + optimizer_s, cost.memory)
+
+
+def pipeline_total_s(problem: Problem, plan: Plan) -> float:
+    """Sum over the pipeline ranks of their micro-batch times (the ``total_s`` of
+    ``pipeline_time``)."""
+    evaluation = _evaluate(problem, plan)
+    return sum(c.micro_batch_s * len(ranks) for ranks, c in zip(evaluation.groups,
+                                                                  evaluation.costs))
 
 
 def step_and_peak(problem: Problem, plan: Plan) -> tuple[float, float]:

@@ -1,0 +1,264 @@
+"""CP-SAT choice of the layer-to-stage partition: how many transformer blocks each pipeline stage
+runs, for one shape and one setting of the switches, in the steps of OR-Tools'
+``examples/python/line_balancing_sat.py`` (read the problem, a greedy hint, the model, solve,
+re-evaluate the answer).
+
+Read problem
+    B blocks over p stages (one chunk per rank, vpp = 1), m micro-batches. For stage s running c
+    blocks (the embedding with the first, the final norm, head and loss with the last) the cost
+    model (``costmodels.step.rank_profile``) gives, in whole ns, its micro-batch time
+    ``t[s][c]`` and what it adds after the pipeline drains ``e[s][c]`` (its gradient reduction
+    and optimizer step), and its memory against the limit (whole MiB, as the table compares).
+    A stage's costs then depend on its position and count only, which holds when all blocks are
+    alike (``uniform``): the model is built for those; other models keep the menu of
+    ``space.stage_variants`` (``space.split_is_chosen``). Counts run up from 1 while the stage fits and, with m > 1, while
+    ``t[s][c]`` is at most the slowest stage the hint's objective allows (below).
+Greedy hint
+    The balanced split (``space.balanced_stages``), when its counts are in the table; its
+    objective caps the slowest stage: (m - 1) T + sum t + E <= hint and sum t >= sum_s t[s][1]
+    give T <= (hint - sum_s t[s][1]) / (m - 1), so larger counts cannot be in a better answer.
+
+Decision variables
+    ``x[s][c]`` (bool): stage s runs c blocks; T the slowest stage, E the largest post-drain
+    term (integers, ns).
+
+Constraints (one ``add_<family>`` each, every constraint named)
+    1. one count per stage: ``sum_c x[s][c] == 1``                      → add_one_count()
+    2. composition: ``sum_s sum_c c x[s][c] == B``                      → add_composition()
+    3. memory: ``x[s][c] == 0`` where stage s with c blocks is over the limit → add_memory()
+    4. slowest: ``T == max_s sum_c t[s][c] x[s][c]``, ``E == max_s sum_c e[s][c] x[s][c]``
+                                                                         → add_slowest()
+
+Objective
+    ``(m - 1) T + sum_s sum_c t[s][c] x[s][c] + E``: 1F1B (``costmodels.pipeline``) plus the
+    slowest post-drain term, the step as ``costmodels.groups`` writes it for node groups.
+
+Solve and re-evaluate
+    One worker and a fixed seed (same input, same partition). The integer objective differs
+    from ``estimate()``'s float step by the rounding of each term and by the post-drain term
+    (which ``estimate()`` takes from the rank with most parameters rather than stage by stage),
+    so every solution within ``WINDOW`` of the optimum is enumerated (at most ``POOL`` of them)
+    and re-evaluated with ``step_and_peak``; the fastest in whole µs, then least memory, then the
+    lexicographically first counts, is the answer (the table's and the brute force's order).
+    ``tests/search/test_partition.py`` checks it against every composition on small cases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from autoplan.costmodels.step import (
+    Problem, limit_mib, memory_mib, rank_profile,
+)
+from autoplan.graph.layer_graph import LayerGraph
+from autoplan.plan import Plan, Stage
+from autoplan.search.space import (
+    balanced_stages, block_counts, split_is_chosen, stages_of_counts,
+)
+
+NS = 1e9
+RANDOM_SEED = 0
+POOL = 64
+"""Most near-optimal partitions re-evaluated in floats."""
+WINDOW = 0.002
+"""Share of the optimum within which partitions are re-evaluated: the post-drain term that the
+model takes stage by stage is a few per mille of a step where the split moves it."""
+TIME_LIMIT_S = 5.0
+
+
+@dataclass(frozen=True)
+class StageTable:
+    """Per stage, {count: (t ns, e ns)} for the counts that fit."""
+
+    costs: tuple[dict[int, tuple[int, int]], ...]
+    num_blocks: int
+    num_microbatches: int
+
+
+def _canonical_stage(graph: LayerGraph, rank: int, pp: int, count: int) -> tuple[int, int]:
+    """Layers of a stage at ``rank`` with ``count`` blocks: the first from layer 0, the last to
+    the end, a middle one from the second block (alike blocks cost the same anywhere)."""
+    blocks, end = graph.block_indices(), len(graph.layers)
+    if rank == 0:
+        return 0, blocks[0] + count if pp > 1 else end
+    if rank == pp - 1:
+        first = blocks[-1] - count + 1
+        return first, end - first
+    return blocks[1], count
+
+
+def _stage_cost(problem: Problem, plan: Plan, rank: int, count: int,
+                memory: bool = True) -> tuple[int, int] | None:
+    """(t, e) of a stage in ns, None when over the memory limit (``memory``)."""
+    stage = _canonical_stage(problem.graph, rank, plan.pp, count)
+    profile = rank_profile(problem, plan, rank, stage)
+    if memory and memory_mib(profile.memory_bytes) > limit_mib(problem):
+        return None
+    return round(profile.micro_batch_s * NS), round(profile.after_s * NS)
+
+
+def read_problem(problem: Problem, plan: Plan, hint: tuple[int, ...], *,
+                 memory: bool = True) -> StageTable:
+    """Tabulate each stage's costs per block count (see the module docstring); ``memory``
+    False tabulates counts over the limit too."""
+    pp, total, m = plan.pp, len(problem.graph.block_indices()), plan.num_microbatches
+    most = total - (pp - 1)
+    ones = [_stage_cost(problem, plan, s, 1, memory) for s in range(pp)]
+    cap = None
+    if m > 1 and all(ones):
+        hinted = [_stage_cost(problem, plan, s, c, memory) for s, c in enumerate(hint)]
+        if all(hinted):
+            cap = (_objective(hinted, m) - sum(t for t, _ in ones)) / (m - 1)
+    costs = []
+    for s in range(pp):
+        row: dict[int, tuple[int, int]] = {}
+        for count in range(1, most + 1):
+            cost = ones[s] if count == 1 else _stage_cost(problem, plan, s, count, memory)
+            if cost is None or cap is not None and cost[0] > cap:
+                break  # more blocks only take longer and need more memory
+            row[count] = cost
+        costs.append(row)
+    return StageTable(tuple(costs), total, m)
+
+
+def _objective(costs: list[tuple[int, int]], m: int) -> int:
+    times = [t for t, _ in costs]
+    return (m - 1) * max(times) + sum(times) + max(e for _, e in costs)
+
+
+class PartitionModel:
+    """The CP-SAT model over one stage table."""
+
+    def __init__(self, table: StageTable) -> None:
+        self.table = table
+        self.model = cp_model.CpModel()
+        self.x = [{c: self.model.new_bool_var(f"x_{s}_{c}") for c in row}
+                  for s, row in enumerate(table.costs)]
+        top_t = max((t for row in table.costs for t, _ in row.values()), default=0)
+        top_e = max((e for row in table.costs for _, e in row.values()), default=0)
+        self.slowest = self.model.new_int_var(0, top_t, "slowest")
+        self.after = self.model.new_int_var(0, top_e, "after")
+        self.add_one_count()
+        self.add_composition()
+        self.add_memory()
+        self.add_slowest()
+        self.objective = self.add_objective()
+
+    def stage_time(self, s: int) -> cp_model.LinearExpr:
+        return cp_model.LinearExpr.weighted_sum(
+            list(self.x[s].values()), [t for t, _ in self.table.costs[s].values()])
+
+    def add_one_count(self) -> None:
+        """Each stage runs exactly one number of blocks."""
+        for s, row in enumerate(self.x):
+            self.model.add_exactly_one(list(row.values())).with_name(f"one_count_{s}")
+
+    def add_composition(self) -> None:
+        """The stages' counts add up to the model's blocks."""
+        terms = [(var, c) for row in self.x for c, var in row.items()]
+        self.model.add(cp_model.LinearExpr.weighted_sum([v for v, _ in terms],
+                                                          [c for _, c in terms])
+                       == self.table.num_blocks).with_name("composition")
+
+    def add_memory(self) -> None:
+        """Counts over a stage's memory limit are never tabulated (``read_problem`` stops at
+        the first, memory grows with blocks); a stage left with no count makes the model
+        infeasible, which this states."""
+        for s, row in enumerate(self.x):
+            if not row:
+                self.model.add_bool_or([]).with_name(f"memory_{s}")
+
+    def add_slowest(self) -> None:
+        """T and E are the largest stage time and post-drain term (equalities, so that each
+        split is one solution when they are enumerated)."""
+        stages = range(len(self.x))
+        self.model.add_max_equality(self.slowest, [self.stage_time(s) for s in stages]
+                                    ).with_name("slowest")
+        self.model.add_max_equality(self.after, [cp_model.LinearExpr.weighted_sum(
+            list(self.x[s].values()), [e for _, e in self.table.costs[s].values()])
+            for s in stages]).with_name("after")
+
+    def add_objective(self) -> cp_model.LinearExpr:
+        m = self.table.num_microbatches
+        objective = ((m - 1) * self.slowest + self.after
+                     + sum(self.stage_time(s) for s in range(len(self.x))))
+        self.model.minimize(objective)
+        return objective
+
+    def add_hint(self, counts: tuple[int, ...]) -> None:
+        for s, row in enumerate(self.x):
+            for c, var in row.items():
+                self.model.add_hint(var, c == counts[s])
+
+    def counts(self, solver) -> tuple[int, ...]:
+        return tuple(next(c for c, var in row.items() if solver.boolean_value(var))
+                     for row in self.x)
+
+    def solve(self) -> tuple[int, list[tuple[int, ...]]]:
+        """The optimum and every solution within WINDOW of it (at most POOL); none without
+        solving where the counts that fit cannot add up to the blocks."""
+        costs, total = self.table.costs, self.table.num_blocks
+        if not all(costs) or sum(max(row) for row in costs) < total:
+            return 0, []
+        solver = _solver()
+        status = solver.solve(self.model)
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return 0, []
+        best = round(solver.objective_value)
+        self.model.clear_objective()
+        self.model.clear_hints()
+        self.model.add(self.objective <= best + int(best * WINDOW) + len(self.x) + 1
+                       ).with_name("near_optimum")
+        pool = _Pool(self)
+        enumerate_ = _solver()
+        enumerate_.parameters.enumerate_all_solutions = True
+        enumerate_.solve(self.model, pool)
+        return best, sorted(pool.found)
+
+
+class _Pool(cp_model.CpSolverSolutionCallback):
+    def __init__(self, model: PartitionModel) -> None:
+        super().__init__()
+        self.partition, self.found = model, set()
+
+    def on_solution_callback(self) -> None:
+        self.found.add(self.partition.counts(self))
+        if len(self.found) >= POOL:
+            self.stop_search()
+
+
+def _solver() -> cp_model.CpSolver:
+    """One worker, fixed seed. The model is a few hundred booleans solved thousands of times
+    a search: probing, linearization and symmetry detection cost more than they find here
+    (5-12 ms a solve instead of 20-45 ms, measured on the Llama-3-8B pp = 2 tables)."""
+    solver = cp_model.CpSolver()
+    solver.parameters.random_seed = RANDOM_SEED
+    solver.parameters.num_workers = 1
+    solver.parameters.max_time_in_seconds = TIME_LIMIT_S
+    solver.parameters.cp_model_probing_level = 0
+    solver.parameters.linearization_level = 0
+    solver.parameters.symmetry_level = 0
+    return solver
+
+
+def applies(problem: Problem, pp: int, vpp: int) -> bool:
+    """Whether the model chooses this shape's split: a pipeline of one chunk per rank over
+    blocks that are all alike, on a homogeneous cluster."""
+    return problem.cluster.is_homogeneous and split_is_chosen(problem.graph, pp, vpp)
+
+
+def near_optimal_splits(problem: Problem, plan: Plan, *, memory: bool = True
+                        ) -> list[tuple[Stage, ...]]:
+    """The stages of every split within WINDOW of the model's optimum for ``plan``'s degrees
+    and switches (``applies`` must hold), lexicographically by block counts, for the caller to
+    re-evaluate; empty when no split fits. ``memory=False`` ignores the limit (for bounds)."""
+    graph = problem.graph
+    hint = block_counts(graph, balanced_stages(graph, plan.pp))
+    table = read_problem(problem, plan, hint, memory=memory)
+    model = PartitionModel(table)
+    if all(c in row for c, row in zip(hint, table.costs)):
+        model.add_hint(hint)
+    _, pool = model.solve()
+    return [stages_of_counts(graph, counts) for counts in pool]
