@@ -11,12 +11,15 @@ Read problem
     and optimizer step), and its memory against the limit (whole MiB, as the table compares).
     A stage's costs then depend on its position and count only, which holds when all blocks are
     alike (``uniform``): the model is built for those; other models keep the menu of
-    ``space.stage_variants`` (``space.split_is_chosen``). Counts run up from 1 while the stage fits and, with m > 1, while
-    ``t[s][c]`` is at most the slowest stage the hint's objective allows (below).
+    ``space.stage_variants`` (``space.split_is_chosen``). A stage's counts run up to the
+    largest that fits and, with m > 1, whose ``t[s][c]`` is at most the slowest stage the
+    hint's objective allows (below; binary search, both grow with c), and down to what the
+    other stages' largest leave.
 Greedy hint
     The balanced split (``space.balanced_stages``), when its counts are in the table; its
-    objective caps the slowest stage: (m - 1) T + sum t + E <= hint and sum t >= sum_s t[s][1]
-    give T <= (hint - sum_s t[s][1]) / (m - 1), so larger counts cannot be in a better answer.
+    objective caps the slowest stage: (m - 1) T + S + E <= hint, with S = sum t the same for
+    every split (alike blocks), gives T <= (hint - S) / (m - 1), so larger counts cannot be in
+    a better answer.
 
 Decision variables
     ``x[s][c]`` (bool): stage s runs c blocks; T the slowest stage, E the largest post-drain
@@ -102,25 +105,54 @@ def _stage_cost(problem: Problem, plan: Plan, rank: int, count: int,
 def read_problem(problem: Problem, plan: Plan, hint: tuple[int, ...], *,
                  memory: bool = True) -> StageTable:
     """Tabulate each stage's costs per block count (see the module docstring); ``memory``
-    False tabulates counts over the limit too."""
+    False tabulates counts over the limit too. A stage's time and memory grow with its count,
+    so its largest admissible count is found by binary search, and its smallest is what the
+    other stages' largest leave."""
     pp, total, m = plan.pp, len(problem.graph.block_indices()), plan.num_microbatches
-    most = total - (pp - 1)
-    ones = [_stage_cost(problem, plan, s, 1, memory) for s in range(pp)]
-    cap = None
-    if m > 1 and all(ones):
-        hinted = [_stage_cost(problem, plan, s, c, memory) for s, c in enumerate(hint)]
-        if all(hinted):
-            cap = (_objective(hinted, m) - sum(t for t, _ in ones)) / (m - 1)
+    memo: dict[tuple[int, int], tuple[int, int] | None] = {}
+
+    def cost(s: int, c: int):
+        if (s, c) not in memo:
+            memo[s, c] = _stage_cost(problem, plan, s, c, memory)
+        return memo[s, c]
+
+    cap = _slowest_cap(problem, plan, hint, cost)
+    admissible = lambda s, c: cost(s, c) is not None and (  # noqa: E731
+        cap is None or cost(s, c)[0] <= cap)
+    highest = [_largest(lambda c, s=s: admissible(s, c), total - (pp - 1)) for s in range(pp)]
     costs = []
     for s in range(pp):
-        row: dict[int, tuple[int, int]] = {}
-        for count in range(1, most + 1):
-            cost = ones[s] if count == 1 else _stage_cost(problem, plan, s, count, memory)
-            if cost is None or cap is not None and cost[0] > cap:
-                break  # more blocks only take longer and need more memory
-            row[count] = cost
-        costs.append(row)
+        lowest = max(1, total - (sum(highest) - highest[s]))
+        costs.append({c: cost(s, c) for c in range(lowest, highest[s] + 1)})
     return StageTable(tuple(costs), total, m)
+
+
+def _slowest_cap(problem: Problem, plan: Plan, hint: tuple[int, ...], cost) -> float | None:
+    """The slowest stage a split better than the hint can have: (m - 1) T + S + E <= hint, E >=
+    0, and the stages' times sum to the same S for every split (alike blocks; the ends and
+    each stage's sends are fixed), up to one unit of rounding per stage. None with m = 1 or a
+    hint that does not fit."""
+    m = plan.num_microbatches
+    hinted = [cost(s, c) for s, c in enumerate(hint)]
+    if m == 1 or not all(hinted):
+        return None
+    times = sum(t for t, _ in hinted)
+    return (_objective(hinted, m) - times + len(hint) + 1) / (m - 1)
+
+
+def _largest(admissible, most: int) -> int:
+    """The largest c in 1..most with ``admissible(c)`` (a predicate true up to some count),
+    0 when none."""
+    low, high = 1, most
+    if not admissible(1):
+        return 0
+    while low < high:
+        middle = (low + high + 1) // 2
+        if admissible(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def _objective(costs: list[tuple[int, int]], m: int) -> int:
@@ -202,6 +234,9 @@ class PartitionModel:
         costs, total = self.table.costs, self.table.num_blocks
         if not all(costs) or sum(max(row) for row in costs) < total:
             return 0, []
+        if all(len(row) == 1 for row in costs):  # one split left: nothing to choose
+            only = tuple(next(iter(row)) for row in costs)
+            return (0, [only]) if sum(only) == total else (0, [])
         solver = _solver()
         status = solver.solve(self.model)
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
