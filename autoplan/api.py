@@ -34,9 +34,14 @@ from autoplan.graph.sandbox import run_guarded
 from autoplan.graph.trace import trace_model
 from autoplan.inference import InferencePlacement
 from autoplan.inference import place_for_inference as inference_placement
-from autoplan.capabilities import RUNTIMES, can_run, missing, pinned_features
+from autoplan.capabilities import (
+    RUNTIMES, can_run, missing, pinned_features, require_in_backward_runtime,
+    require_no_accumulation,
+)
 from autoplan.frameworks import AUTO, compare, runtimes_to_search
-from autoplan.plan import CalibrationNote, ModelInfo, Plan, Result, SolverInfo, TrainingInfo
+from autoplan.plan import (
+    CalibrationNote, LoraInfo, ModelInfo, Plan, Result, SolverInfo, TrainingInfo,
+)
 from autoplan.plugins.importers import ImportedRun, read_run  # noqa: F401 (API)
 from autoplan.search.hetero import solve_on_groups
 from autoplan.search.solver import solve_search
@@ -207,14 +212,18 @@ def runtime_with(runtime: RuntimeProfile, settings: Mapping[str, Any] | None) ->
 
 def _training(seq_len: int, global_batch: int, precision: str, runtime: str,
               attention: str, optimizer: str | None = None,
-              frozen_dtype: str | None = None) -> TrainingSpec:
+              frozen_dtype: str | None = None,
+              optimizer_in_backward: bool = False) -> TrainingSpec:
+    if optimizer_in_backward:
+        require_in_backward_runtime(_choice(Runtime, runtime, "--runtime"))
     return validated(TrainingSpec, {
         "seq_len": seq_len, "global_batch": global_batch,
         "precision": _choice(Precision, precision, "--precision"),
         "runtime": _choice(Runtime, runtime, "--runtime"),
         "attention": _choice(AttentionKernel, attention, "attention"),
         "optimizer": _choice(Optimizer, optimizer or "adamw", "--optimizer"),
-        "frozen_dtype": frozen_dtype and _choice(FrozenDtype, frozen_dtype, "--frozen-dtype")},
+        "frozen_dtype": frozen_dtype and _choice(FrozenDtype, frozen_dtype, "--frozen-dtype"),
+        "optimizer_in_backward": optimizer_in_backward},
         "training settings")
 
 
@@ -257,13 +266,15 @@ def _result(problem: Problem, model: Model, cluster: LoadedCluster, plan: Plan, 
             "rope_theta", "rope_scaling_type", "rope_scaling_factor", "norm_eps")}
            if dims else {}),
         **_moe_info(graph),
+        **({"lora": LoraInfo(**dataclasses.asdict(graph.lora))} if graph.lora else {}),
     )
     training = TrainingInfo(seq_len=problem.training.seq_len,
                             global_batch=problem.training.global_batch,
                             precision=problem.training.precision.value,
                             runtime=problem.training.runtime.value,
                             optimizer=problem.training.optimizer.value,
-                            frozen_dtype=problem.training.frozen_storage.value)
+                            frozen_dtype=problem.training.frozen_storage.value,
+                            optimizer_in_backward=problem.training.optimizer_in_backward)
     return Result(plan=plan, estimate=est, solver=info, model=model_info, cluster=cluster.spec,
                   training=training, calibration=calibration_note(profile, problem, plan))
 
@@ -281,7 +292,8 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
           bounds=None, max_gpus: int | None = None, tp_within_node: bool | None = None,
           forbid_offload: bool | None = None, options=None, profile=None,
           num_workers: int = 1, runners_up: bool = True, optimizer: str | None = None,
-          frozen_dtype: str | None = None, headroom: float | None = None) -> Result:
+          frozen_dtype: str | None = None, headroom: float | None = None,
+          optimizer_in_backward: bool | None = None) -> Result:
     """The best plan that fits (fastest by default), with its estimate, the solver's status
     and the best plan of each other (TP, PP) shape.
 
@@ -315,6 +327,8 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
         optimizer: ``"adamw"`` (default), ``"adamw8bit"`` (bitsandbytes) or ``"sgd"``.
         frozen_dtype: storage of the frozen Linear weights: ``"bf16"``, ``"fp16"``, ``"int8"``
             or ``"nf4"`` (QLoRA); default: the training precision.
+        optimizer_in_backward: step each parameter as its gradient is complete (torchtune's
+            ``optimizer_in_bwd``; FSDP runtime only, one micro-batch per step).
 
     Raises:
         InfeasibleError: nothing qualifies; the message names the conflicting requirements.
@@ -348,6 +362,9 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
                                    mem_limit=mem_limit, profile=profile,
                                    optimizer=optimizer or opts.optimizer,
                                    frozen_dtype=frozen_dtype or opts.frozen_dtype,
+                                   optimizer_in_backward=(
+                                       opts.optimizer_in_backward if optimizer_in_backward is None
+                                       else optimizer_in_backward),
                                    headroom=solve_headroom(headroom, opts))
         return _solve_problems(problems, model, cluster, pinned, num_workers=num_workers,
                                time_limit_s=max(share, MIN_SHARE_S), profile=profile,
@@ -377,8 +394,10 @@ def _priced_elsewhere(result: Result, model: Model, cluster: LoadedCluster, *, m
         if other.value == t.runtime or not can_run(RUNTIMES[other], result.plan, t.precision,
                                                    uneven=_uneven_chunks(result.plan, model, t)):
             continue
+        if t.optimizer_in_backward and not RUNTIMES[other].optimizer_in_backward:
+            continue
         training = _training(t.seq_len, t.global_batch, t.precision, other.value, attention,
-                             t.optimizer, t.frozen_dtype)
+                             t.optimizer, t.frozen_dtype, t.optimizer_in_backward)
         problem = make_problem(model, cluster, training, mem_limit, profile=profile)
         out[other.value] = estimate_plan(problem, result.plan)
     return out
@@ -417,7 +436,8 @@ def _solve_problems(problems: list[Problem], model: Model, cluster: LoadedCluste
 def _batch_problems(model: Model, cluster: LoadedCluster, batches: list[int] | None, pins: Pins,
                     *, seq_len: int, precision: str, runtime: str, attention: str,
                     mem_limit, profile=None, optimizer: str | None = None,
-                    frozen_dtype: str | None = None, headroom: float = 0.0) -> list[Problem]:
+                    frozen_dtype: str | None = None, headroom: float = 0.0,
+                    optimizer_in_backward: bool = False) -> list[Problem]:
     """One problem per allowed global batch whose pins are legal (all checked if none is)."""
     if not batches:
         raise ConstraintError("give --global-batch (or global_batch in --options).")
@@ -425,7 +445,7 @@ def _batch_problems(model: Model, cluster: LoadedCluster, batches: list[int] | N
     problems, errors = [], []
     for batch in batches:
         training = _training(seq_len, batch, precision, runtime, attention, optimizer,
-                             frozen_dtype)
+                             frozen_dtype, optimizer_in_backward)
         problem = make_problem(model, cluster, training, mem_limit, profile=profile,
                                headroom=headroom)
         try:
@@ -559,23 +579,25 @@ def estimate(model, cluster, plan_or_pins, *, seq_len: int | None = None,
              global_batch: int | None = None, mem_limit=None, precision: str | None = None,
              runtime: str | None = None, attention: str = "flash", profile=None,
              runtime_settings: Mapping[str, Any] | None = None, optimizer: str | None = None,
-             frozen_dtype: str | None = None) -> Result:
+             frozen_dtype: str | None = None, optimizer_in_backward: bool = False) -> Result:
     """Evaluate one plan: a Plan, pins completed with documented defaults, or an
     :class:`ImportedRun` read from a Megatron-LM, DeepSpeed or torchtitan configuration
     (``read_run(path)``), which may also supply the sequence length and global batch.
     ``profile`` replaces the compute profile as in :func:`solve`; ``runtime_settings`` fields
-    of the runtime's profile (:func:`runtime_with`); ``optimizer`` and ``frozen_dtype`` as in
-    :func:`solve`."""
+    of the runtime's profile (:func:`runtime_with`); ``optimizer``, ``frozen_dtype`` and
+    ``optimizer_in_backward`` as in :func:`solve`."""
     start = time.perf_counter()
     model, cluster, profile = load_model(model), load_cluster(cluster), _loaded_profile(profile)
     run = plan_or_pins if isinstance(plan_or_pins, ImportedRun) else None
     seq_len, global_batch, precision, runtime = _settings(run, seq_len, global_batch, precision,
                                                          runtime)
     training = _training(seq_len, global_batch, precision, runtime, attention, optimizer,
-                         frozen_dtype)
+                         frozen_dtype, optimizer_in_backward)
     problem = make_problem(model, cluster, training, mem_limit, profile=profile,
                            runtime_settings=runtime_settings)
     plan = _plan_for(problem, cluster, model, plan_or_pins)
+    if optimizer_in_backward:
+        require_no_accumulation(plan)
     est = estimate_plan(problem, plan)
     info = SolverInfo(status="ESTIMATE", objective=est.step_time_s, bound=est.step_time_s, gap=0.0,
                       wall_time_s=time.perf_counter() - start)
@@ -786,7 +808,7 @@ def explain(result: Result | str | Path, model, *, pins=None, profile=None):
                             "output of `autoplan solve --json` and explain that.")
     t = result.training
     training = _training(t.seq_len, t.global_batch, t.precision, t.runtime, "flash",
-                         t.optimizer, t.frozen_dtype)
+                         t.optimizer, t.frozen_dtype, t.optimizer_in_backward)
     cluster = load_cluster(result.cluster)
     require_homogeneous(cluster.cluster, "explain")
     model = load_model(model)

@@ -26,6 +26,14 @@ Facts, from the frameworks' own code (the versions installed as test dependencie
   (``--use-megatron-fsdp``, ZeRO-3), interleaving (``--num-virtual-stages-per-pipeline-rank``)
   and uneven layouts, both rank orders, CP, EP (needs SP with TP), partial recompute; no
   parameter offload (``--optimizer-cpu-offload`` moves optimizer state only).
+- torchtune 0.6.1 (``recipes/*.py``): FSDP2 ``fully_shard`` on every rank of its distributed
+  recipes ("DDP is currently not supported"), resharding after forward or not
+  (``fsdp_reshard_after_forward``), CPU offload as CPUOffloadPolicy (``fsdp_cpu_offload``);
+  TP (``tensor_parallel_dim``) in ``full_finetune_distributed`` only, Colwise/Rowwise without
+  sequence parallelism (``base_llama_tp_plan``); no pipeline, context or expert parallelism;
+  activation checkpointing of whole blocks; ``optimizer_in_bwd`` in its full fine-tune recipes,
+  which raise on gradient accumulation; LoRA and QLoRA recipes; bf16 only ("full fp16 training
+  is not supported with this recipe").
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from autoplan.errors import ConstraintError
 from autoplan.plan import Offload, Plan, PipelineSchedule
 from autoplan.training import DEFAULT_PLACEMENT, KNOWN_PLACEMENTS, Pins, Runtime
 
@@ -67,6 +76,9 @@ class Capabilities:
     """TP always comes with sequence parallelism: torchtitan's parallelize plan (``apply_tp``:
     norms ``SequenceParallel``, attention/MLP inputs ``Shard(1)`` -> ``Replicate``, outputs back
     to ``Shard(1)``) has no TP without SP."""
+    optimizer_in_backward: bool = False
+    """Steps each parameter's optimizer from its post-accumulate-grad hook (torchtune's
+    ``optimizer_in_bwd``); a runtime that has it prices gradients as one layer's."""
 
 
 MEGATRON_TARGET = Capabilities(
@@ -156,36 +168,102 @@ ACCELERATE_TARGET = Capabilities(
 """What some accelerate backend runs; which one runs a plan is ``plugins.accelerate``'s
 backend choice (each backend's own limits are checked there)."""
 
+TORCHTUNE_TARGET = Capabilities(
+    name="torchtune", zero_stages=(0, 2, 3), pipeline_zero_stages=(0, 2, 3), zero3_with_tp=True,
+    offloads=(Offload.PARAMS,), interleaving=False, uneven_interleaving=False,
+    placements=(DEFAULT_PLACEMENT,), zero_bubble=False, context_parallel=False,
+    expert_parallel=False, expert_parallel_with_tp=False, expert_parallel_needs_sharding=False,
+    ep_with_tp_needs_sp=False, sequence_parallel=False, partial_recompute=False,
+    node_groups=False, precisions=("bf16",), pipeline_needs_microbatches=False,
+    optimizer_in_backward=True,
+    notes={"zero1": "its data parallelism is FSDP2 sharding, which shards gradients too; "
+                    "re-plan with --zero 2 or 3",
+           "offload_optimizer": "its CPU offload (fsdp_cpu_offload, FSDP2's CPUOffloadPolicy) "
+                                "moves parameters, gradients and optimizer state together; "
+                                "re-plan with --offload params --zero 3",
+           "sequence_parallel": "its tensor-parallel plan (base_llama_tp_plan) has no sequence "
+                                "parallelism; re-plan with --no-sp (on a runtime that has TP "
+                                "without SP) or --tp 1",
+           "partial_recompute": "enable_activation_checkpointing wraps every block; re-plan "
+                                "without --recompute-num-layers (recompute_num_layers)",
+           "precision": "its recipes train in bf16 only (dtype=bf16)"})
+"""Which recipe, and what it cannot run beyond this table (pipelines, DDP, TP in LoRA recipes,
+selective recompute, an int8 base), is ``plugins.torchtune``'s."""
+
 TARGETS: dict[str, Capabilities] = {
     "megatron": MEGATRON_TARGET, "deepspeed": DEEPSPEED_TARGET, "torchtitan": TORCHTITAN_TARGET,
-    "colossalai": COLOSSALAI_TARGET, "torchrun": TORCHRUN_TARGET, "accelerate": ACCELERATE_TARGET}
+    "colossalai": COLOSSALAI_TARGET, "torchrun": TORCHRUN_TARGET, "accelerate": ACCELERATE_TARGET,
+    "torchtune": TORCHTUNE_TARGET}
 
 RUNTIME_TARGET = {Runtime.MEGATRON: "megatron", Runtime.DEEPSPEED: "deepspeed",
                   Runtime.FSDP: "torchtitan"}
 """The export target that runs each runtime's plans."""
 
 TARGET_RUNTIME = {"megatron": Runtime.MEGATRON, "deepspeed": Runtime.DEEPSPEED,
-                  "torchtitan": Runtime.FSDP, "torchrun": Runtime.FSDP}
+                  "torchtitan": Runtime.FSDP, "torchrun": Runtime.FSDP, "torchtune": Runtime.FSDP}
 """The runtime whose cost model prices a target's files (torchrun's train.py is FSDP2 and
-torch.distributed.pipelining, like torchtitan). accelerate is priced as its chosen backend;
+torch.distributed.pipelining, like torchtitan; torchtune's recipes are FSDP2). accelerate is priced as its chosen backend;
 Colossal-AI has no cost model of its own."""
 
 RUNTIMES: dict[Runtime, Capabilities] = {
     Runtime.MEGATRON: replace(MEGATRON_TARGET, zero_stages=(0, 1), pipeline_zero_stages=(0, 1)),
     Runtime.DEEPSPEED: DEEPSPEED_TARGET,
     Runtime.FSDP: replace(TORCHTITAN_TARGET, name="FSDP", zero_stages=(0, 2, 3),
-                          offloads=(Offload.PARAMS,), uneven_interleaving=False),
+                          offloads=(Offload.PARAMS,), uneven_interleaving=False,
+                          optimizer_in_backward=True),
 }
 """What the search proposes per runtime: its target's table, narrowed to what the cost model
 prices. Megatron-LM's ZeRO is its distributed optimizer (ZeRO-1; Megatron-FSDP is not
 modelled); FSDP's ZeRO is SHARD_GRAD_OP (2) and FULL_SHARD (3), its offload CPUOffloadPolicy
 (parameters too, so ZeRO-3 with parameter offload); sequence parallelism comes with every TP
 plan of FSDP (``tp_implies_sp``) and is a searched choice on Megatron-LM only; uneven
-interleaving is searched for Megatron-LM only."""
+interleaving is searched for Megatron-LM only. The optimizer in backward is priced on FSDP only:
+torchtune's FSDP2 recipes have it (the ``torchtune`` target); torchtitan 0.3, DeepSpeed and
+Megatron-LM step after the whole backward."""
 
 
 def runtime_caps(runtime: Runtime) -> Capabilities:
     return RUNTIMES[runtime]
+
+
+def require_in_backward_runtime(runtime: Runtime) -> None:
+    """Refuse an optimizer in backward on a runtime that has none.
+
+    Raises:
+        ConstraintError: naming the runtimes that have it.
+    """
+    if not RUNTIMES[runtime].optimizer_in_backward:
+        have = [r for r in Runtime if RUNTIMES[r].optimizer_in_backward]
+        raise ConstraintError(
+            f"--optimizer-in-backward --runtime {runtime.value}: {RUNTIMES[runtime].name} steps "
+            f"the optimizer after the whole backward (it has no per-parameter step in backward); "
+            f"{names(have)} {'has' if len(have) == 1 else 'have'} it (torchtune's "
+            f"optimizer_in_bwd). Use --runtime {have[0].value} (or auto) or leave "
+            "--optimizer-in-backward unset.")
+
+
+def accumulation_gap(plan: Plan) -> str | None:
+    """Why the optimizer cannot step in backward with ``plan``, or None: torchtune raises
+    "Gradient accumulation is not supported with optimizer in bwd" when
+    gradient_accumulation_steps > 1 (each gradient is applied and freed as it is complete, so
+    there is nothing to accumulate into)."""
+    if plan.num_microbatches == 1:
+        return None
+    return (f"the optimizer in backward cannot accumulate gradients over "
+            f"{plan.num_microbatches} micro-batches per step; make micro-batch x DP equal the "
+            f"global batch ({plan.global_batch_size})")
+
+
+def require_no_accumulation(plan: Plan) -> None:
+    """Refuse a plan that accumulates gradients under an optimizer in backward.
+
+    Raises:
+        ConstraintError: saying what to change.
+    """
+    gap = accumulation_gap(plan)
+    if gap:
+        raise ConstraintError(f"--optimizer-in-backward: {gap}, or leave "
+                              "--optimizer-in-backward unset.")
 
 
 def _zero_gaps(caps: Capabilities, plan: Plan) -> list[tuple[str, str]]:

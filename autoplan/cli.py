@@ -41,6 +41,7 @@ class ExportTarget(str, Enum):
     accelerate = "accelerate"
     colossalai = "colossalai"
     torchrun = "torchrun"
+    torchtune = "torchtune"
     all = "all"
 
 
@@ -120,6 +121,10 @@ OPTIMIZER = typer.Option(None, "--optimizer", help="adamw (default), adamw8bit (
                          "8-bit states) or sgd (with momentum).")
 FROZEN_DTYPE = typer.Option(None, "--frozen-dtype", help="Storage of frozen Linear weights: "
                             "bf16, fp16, int8 or nf4 (QLoRA 4-bit; default: --precision).")
+IN_BACKWARD = typer.Option(None, "--optimizer-in-backward/--no-optimizer-in-backward",
+                           help="Step each parameter as soon as its gradient is complete and free "
+                           "it (torchtune's optimizer_in_bwd): gradients of one layer, not the "
+                           "model's; FSDP runtime, no gradient accumulation.")
 PROFILE = typer.Option(None, "--profile", help="A profile YAML from `autoplan calibrate`: "
                        "replaces the catalog's compute efficiencies (or, from `calibrate "
                        "--runs`, the parameters fitted to your runs).")
@@ -158,7 +163,7 @@ def solve(
     mem_limit: Optional[str] = MEM_LIMIT, runtime: Optional[str] = RUNTIME,
     precision: Optional[str] = PRECISION, profile: Optional[Path] = PROFILE,
     optimizer: Optional[str] = OPTIMIZER, frozen_dtype: Optional[str] = FROZEN_DTYPE,
-    as_json: bool = JSON,
+    optimizer_in_backward: Optional[bool] = IN_BACKWARD, as_json: bool = JSON,
     headroom: Optional[float] = typer.Option(
         None, "--headroom", help="Fraction of each GPU's memory plans leave free (default 0.05)."),
     time_limit: float = typer.Option(api.DEFAULT_TIME_LIMIT_S, "--time-limit", min=0.1,
@@ -169,7 +174,8 @@ def solve(
     explain: bool = typer.Option(False, "--explain", help="Also say why this plan (see `explain`)."),
     options: Optional[Path] = typer.Option(
         None, "--options", help="YAML of objective, pins, bounds, mem_limit, headroom, max_gpus, "
-        "global_batch, tp_within_node, forbid_offload, optimizer, frozen_dtype, trace_timeout; "
+        "global_batch, tp_within_node, forbid_offload, optimizer, frozen_dtype, "
+        "optimizer_in_backward, trace_timeout; "
         "flags given here win."),
     objective: Optional[str] = typer.Option(
         None, "--objective", help="time (default), gpus, cost, or a lexicographic list: gpus,time."),
@@ -194,7 +200,8 @@ def solve(
         current = _run(lambda: api.estimate(
             model, cluster, _read_run(from_file), seq_len=seq_len, global_batch=global_batch,
             mem_limit=mem_limit, runtime=runtime, precision=precision, profile=profile,
-            optimizer=optimizer, frozen_dtype=frozen_dtype))
+            optimizer=optimizer, frozen_dtype=frozen_dtype,
+            optimizer_in_backward=bool(optimizer_in_backward)))
         training = current.training
         seq_len, global_batch = training.seq_len, training.global_batch
         runtime, precision = training.runtime, training.precision
@@ -204,7 +211,7 @@ def solve(
         mem_limit=mem_limit, time_limit_s=time_limit, runtime=runtime, precision=precision,
         objective=terms, min_tokens_per_s=min_tokens_per_s, price_per_gpu_hour=price,
         options=options, profile=profile, optimizer=optimizer, frozen_dtype=frozen_dtype,
-        headroom=headroom))
+        headroom=headroom, optimizer_in_backward=optimizer_in_backward))
     if explain:
         explanation = _run(lambda: api.explain(result, model, pins=pins, profile=profile))
     # Written (or refused) before anything is printed: a refusal leaves stdout empty.
@@ -234,6 +241,7 @@ def estimate(
     mem_limit: Optional[str] = MEM_LIMIT, runtime: Optional[str] = RUNTIME,
     precision: Optional[str] = PRECISION, profile: Optional[Path] = PROFILE,
     optimizer: Optional[str] = OPTIMIZER, frozen_dtype: Optional[str] = FROZEN_DTYPE,
+    optimizer_in_backward: Optional[bool] = IN_BACKWARD,
     as_json: bool = JSON, trace_timeout: Optional[float] = TRACE_TIMEOUT,
 ) -> None:
     """Evaluate one plan. Unset dimensions default to tp=pp=cp=1, dp = the most GPUs left that
@@ -251,7 +259,7 @@ def estimate(
     result = _run(lambda: api.estimate(
         model, cluster, plan(), seq_len=seq_len, global_batch=global_batch, mem_limit=mem_limit,
         runtime=runtime, precision=precision, profile=profile, optimizer=optimizer,
-        frozen_dtype=frozen_dtype))
+        frozen_dtype=frozen_dtype, optimizer_in_backward=bool(optimizer_in_backward)))
     _emit(result, as_json)
 
 

@@ -325,16 +325,18 @@ def _fully_trained(graph: LayerGraph) -> LayerGraph:
 
 
 def fine_tuning_savings(problem: Problem, result: Result) -> str | None:
-    """The plan's memory and step against the same plan training every parameter with AdamW
-    and the weights in the training precision; None when that is what the plan does."""
+    """The plan's memory and step against the same plan training every parameter with AdamW,
+    stepped after backward, and the weights in the training precision; None when that is what
+    the plan does."""
     training = problem.training
     if (problem.graph.num_trainable_params == problem.graph.num_params
-            and training.optimizer is Optimizer.ADAMW
+            and training.optimizer is Optimizer.ADAMW and not training.optimizer_in_backward
             and training.frozen_storage.value == training.precision.value):
         return None
     full = replace(problem, graph=_fully_trained(problem.graph), _cache={},
                    training=training.model_copy(update={"optimizer": Optimizer.ADAMW,
-                                                        "frozen_dtype": None}))
+                                                        "frozen_dtype": None,
+                                                        "optimizer_in_backward": False}))
     mine, theirs = result.estimate, estimate(full, result.plan)
     saved = {part: theirs.memory_breakdown_gib[part] - mine.memory_breakdown_gib[part]
              for part in ("weights", "gradients", "optimizer")}
@@ -344,7 +346,9 @@ def fine_tuning_savings(problem: Problem, result: Result) -> str | None:
             f"{theirs.step_time_s:.3f} s per step), this fine-tune saves "
             f"{saved['gradients']:.1f} GiB of gradients, {saved['optimizer']:.1f} GiB of "
             f"optimizer state and {saved['weights']:.1f} GiB of weights per GPU, and "
-            f"{1 - mine.step_time_s / theirs.step_time_s:.0%} of the step")
+            f"{1 - mine.step_time_s / theirs.step_time_s:.0%} of the step"
+            + (" (the optimizer steps in backward: one layer's gradients at a time, not the "
+               "model's)" if training.optimizer_in_backward else ""))
 
 
 def frameworks(result: Result) -> list[str]:

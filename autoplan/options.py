@@ -16,6 +16,7 @@ Example::
     forbid_offload: true
     optimizer: adamw8bit         # adamw (default), adamw8bit or sgd
     frozen_dtype: nf4            # frozen Linear weights: bf16, fp16, int8, nf4 (QLoRA)
+    optimizer_in_backward: true  # step each parameter in backward (FSDP; no accumulation)
     trace_timeout: 300           # seconds model.py may take to import and trace (default 120)
 """
 
@@ -72,6 +73,7 @@ class SolveOptions(BaseModel):
     forbid_offload: bool = False
     optimizer: Optimizer | None = None
     frozen_dtype: FrozenDtype | None = None
+    optimizer_in_backward: bool = False
     trace_timeout: float | None = Field(default=None, gt=0)
 
 

@@ -258,6 +258,17 @@ class ShapeRunnerUp(BaseModel):
     plan: str | None = None  # its one-line description (one_line); None in older plan JSON
 
 
+class LoraInfo(BaseModel):
+    """A PEFT LoRA model's adapters (``peft_config``): rank, alpha, dropout and the Linears
+    (last name component, e.g. ``q_proj``) that carry them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    rank: int
+    alpha: float
+    dropout: float
+    targets: tuple[str, ...]
+
+
 class ModelInfo(OmitsDefaults):
     """What exporters need to know of the traced model, carried in the plan JSON so that
     ``autoplan export PLAN_JSON`` needs no model.py."""
@@ -289,13 +300,16 @@ class ModelInfo(OmitsDefaults):
     rope_scaling_type: str | None = None  # e.g. "llama3"; None: no scaling
     rope_scaling_factor: float | None = None
     norm_eps: float | None = None  # epsilon of the norms (--norm-epsilon)
+    lora: LoraInfo | None = None
+    """A PEFT LoRA model's adapters (torchtune's lora_rank, lora_alpha, target modules); None,
+    and left out of the JSON, for other models."""
 
     _omitted_defaults: ClassVar[dict[str, object]] = {
         "num_experts": None, "moe_top_k": None, "rope_theta": None, "rope_scaling_type": None,
-        "rope_scaling_factor": None, "norm_eps": None}
+        "rope_scaling_factor": None, "norm_eps": None, "lora": None}
 
 
-class TrainingInfo(BaseModel):
+class TrainingInfo(OmitsDefaults):
     """The training settings the plan was made for."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -306,6 +320,11 @@ class TrainingInfo(BaseModel):
     optimizer: str = "adamw"
     frozen_dtype: str | None = None
     """How frozen Linear weights are stored (bf16, fp16, int8, nf4); None in older files."""
+    optimizer_in_backward: bool = False
+    """The optimizer steps each parameter in backward (TrainingSpec.optimizer_in_backward);
+    left out of the JSON when false."""
+
+    _omitted_defaults: ClassVar[dict[str, object]] = {"optimizer_in_backward": False}
 
 
 class RuntimeOption(BaseModel):

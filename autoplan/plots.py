@@ -6,6 +6,7 @@ function writes one file (the suffix picks PNG or SVG) and returns its path.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -185,45 +186,161 @@ def _plan_title(result: Result) -> str:
 
 def rank_coordinates(result: Result, rank: int) -> dict[str, int]:
     """The (tp, cp, dp, pp) coordinates of a global rank under the plan's placement (innermost
-    axis first: with tp-cp-dp-pp, consecutive ranks form a TP group)."""
+    axis first: with tp-cp-dp-pp, consecutive ranks form a TP group), and ``ep`` when the plan
+    has expert parallelism: Megatron-core folds each stage's cp x dp replicas into ep x
+    expert-dp with ep innermost (parallel_state.py, ``expert_decoder_rank_generator``), so the
+    EP rank is the replica index ``cp + CP * dp`` modulo EP."""
     p = result.plan
     sizes = {"tp": p.tp, "cp": p.cp, "dp": p.dp, "pp": p.pp}
     coords = {}
     for axis in p.placement.split("-"):
         coords[axis] = rank % sizes[axis]
         rank //= sizes[axis]
+    if p.ep > 1:
+        coords["ep"] = (coords["cp"] + p.cp * coords["dp"]) % p.ep
     return coords
+
+
+AXIS_LETTERS = {"tp": "T", "cp": "C", "dp": "D", "ep": "E"}
+AXIS_NAMES = {"tp": "TP", "cp": "CP", "dp": "DP", "ep": "EP"}
+
+
+@dataclass(frozen=True)
+class GpuBox:
+    """One GPU of the placement picture: where it sits and what it is told."""
+
+    rank: int
+    node: int
+    gpu: int
+    coords: dict[str, int]
+    label: str
+
+
+@dataclass(frozen=True)
+class ClusterLayout:
+    """What ``plan_on_cluster`` draws: the nodes shown (every pipeline stage among them) and a
+    box per GPU on them; ``note`` says what was left out."""
+
+    gpus_per_node: int
+    nodes: int
+    shown: tuple[int, ...]
+    boxes: tuple[GpuBox, ...]
+    note: str
+
+
+def _degrees(result: Result) -> dict[str, int]:
+    """The plan's degrees other than PP that are not 1, in label order."""
+    p = result.plan
+    sizes = {"tp": p.tp, "cp": p.cp, "dp": p.dp, "ep": p.ep}
+    return {axis: size for axis, size in sizes.items() if size > 1}
+
+
+def _gpu_label(rank: int, coords: dict[str, int], degrees: dict[str, int]) -> str:
+    """Rank, then stage and every coordinate whose degree is not 1: ``rank 9 / S1 T1 C0 D2``."""
+    others = "".join(f" {AXIS_LETTERS[axis]}{coords[axis]}" for axis in degrees)
+    return f"rank {rank}\nS{coords['pp']}{others}"
+
+
+def _nodes_to_show(stage_of_node: list[set[int]], max_nodes: int) -> tuple[tuple[int, ...], str]:
+    """All nodes when they are few; else the first ``max_nodes`` if they hold every stage, else
+    the first nodes of each stage, as many per stage as ``max_nodes`` allows (at least one: a
+    pipeline usually spans the cluster stage by stage, and every stage must appear)."""
+    nodes = len(stage_of_node)
+    if nodes <= max_nodes:
+        return tuple(range(nodes)), ""
+    stages = sorted(set().union(*stage_of_node))
+    if set().union(*stage_of_node[:max_nodes]) == set(stages):
+        return tuple(range(max_nodes)), f"first {max_nodes} of {nodes} nodes"
+    per_stage = max(1, max_nodes // len(stages))
+    shown = sorted({n for s in stages
+                    for n in [n for n, held in enumerate(stage_of_node) if s in held][:per_stage]})
+    first = "the first node" if per_stage == 1 else f"the first {per_stage} nodes"
+    note = f"{len(shown)} of {nodes} nodes: {first} of each of the {len(stages)} pipeline stages"
+    return tuple(shown), note
+
+
+def plan_layout(result: Result, *, gpus_per_node: int | None = None,
+                max_nodes: int = 16) -> ClusterLayout:
+    """Place every rank on its node and GPU (ranks fill nodes in order) and pick the nodes to
+    draw, so that every pipeline stage appears however large the cluster."""
+    p = result.plan
+    per_node = gpus_per_node or (result.cluster or {}).get("gpus_per_node") or min(8, p.world_size)
+    nodes = -(-p.world_size // per_node)
+    coords = [rank_coordinates(result, rank) for rank in range(p.world_size)]
+    stage_of_node = [set() for _ in range(nodes)]
+    for rank, c in enumerate(coords):
+        stage_of_node[rank // per_node].add(c["pp"])
+    shown, note = _nodes_to_show(stage_of_node, max_nodes)
+    degrees = _degrees(result)
+    boxes = tuple(GpuBox(rank, node, gpu, coords[rank], _gpu_label(rank, coords[rank], degrees))
+                  for node in shown for gpu in range(per_node)
+                  if (rank := node * per_node + gpu) < p.world_size)
+    return ClusterLayout(per_node, nodes, shown, boxes, note)
+
+
+def _stage_colours(pp: int) -> list:
+    """Distinct colours per stage: matplotlib's qualitative maps up to 20 stages, then turbo."""
+    if pp <= 20:
+        cmap = plt.get_cmap("tab10" if pp <= 10 else "tab20")
+        return [cmap(s) for s in range(pp)]
+    cmap = plt.get_cmap("turbo")
+    return [cmap(0.1 + 0.8 * s / (pp - 1)) for s in range(pp)]
+
+
+def _stage_layers(result: Result, stage: int) -> str:
+    """The layers (LayerGraph indices) pipeline rank ``stage`` runs: one range, or with VPP its
+    chunks ``c * pp + stage`` (Megatron's interleaving), the first three listed."""
+    p = result.plan
+    chunks = [p.stages[c * p.pp + stage] for c in range(p.vpp)]
+    ranges = [f"{st.first_layer}-{st.first_layer + st.num_layers - 1}" for st in chunks]
+    return ", ".join(ranges[:3]) + (f" ... ({len(ranges)} chunks)" if len(ranges) > 3 else "")
+
+
+def _stage_legend(result: Result, colours: list) -> list:
+    """One patch per pipeline stage naming its layers, and the TP-group outline."""
+    handles = [Rectangle((0, 0), 1, 1, color=colours[s],
+                         label=f"stage {s}: layers {_stage_layers(result, s)}")
+               for s in range(result.plan.pp)]
+    if result.plan.tp > 1:
+        handles.append(Rectangle((0, 0), 1, 1, fill=False, edgecolor="black", linewidth=1.5,
+                                 label=f"one TP group ({result.plan.tp} GPUs)"))
+    return handles
+
+
+def _key_line(result: Result) -> str:
+    """What the letters in a box mean, for the degrees this plan has."""
+    names = ", ".join(f"{AXIS_LETTERS[a]} = {AXIS_NAMES[a]} rank" for a in _degrees(result))
+    chunks = f" of {result.plan.vpp} interleaved chunks" if result.plan.vpp > 1 else ""
+    return f"S = pipeline stage{chunks} (colour)" + (f", {names}" if names else "")
 
 
 def plan_on_cluster(result: Result, path: str | Path, *, gpus_per_node: int | None = None,
                     max_nodes: int = 16) -> Path:
-    """One row per node, one box per GPU: colour = pipeline stage, text = TP group and DP rank.
-    Clusters larger than ``max_nodes`` show their first nodes only."""
+    """One row per node shown, one box per GPU: colour = pipeline stage, text = rank and every
+    coordinate (:func:`plan_layout` picks the nodes: every stage appears)."""
     p = result.plan
-    per_node = gpus_per_node or (result.cluster or {}).get("gpus_per_node") or min(8, p.world_size)
-    nodes = -(-p.world_size // per_node)
-    shown = min(nodes, max_nodes)
-    fig, ax = plt.subplots(figsize=(0.8 * per_node + 1.5, 0.5 * shown + 1.2))
-    colours = plt.get_cmap("tab20" if p.pp > 10 else "tab10")
-    for rank in range(min(p.world_size, shown * per_node)):
-        node, gpu = divmod(rank, per_node)
-        c = rank_coordinates(result, rank)
-        ax.add_patch(Rectangle((gpu, -node), 0.92, 0.85, color=colours(c["pp"] % colours.N)))
-        ax.text(gpu + 0.46, -node + 0.42, f"S{c['pp']}\nT{c['tp']} D{c['dp']}", ha="center",
-                va="center", fontsize=6)
-        if c["tp"] == 0 and p.tp > 1 and p.placement.startswith("tp") and gpu + p.tp <= per_node:
-            ax.add_patch(Rectangle((gpu - 0.04, -node - 0.04), p.tp - 0.04, 0.93, fill=False,
+    layout = plan_layout(result, gpus_per_node=gpus_per_node, max_nodes=max_nodes)
+    per_node, rows = layout.gpus_per_node, len(layout.shown)
+    colours = _stage_colours(p.pp)
+    fig, ax = plt.subplots(figsize=(0.85 * per_node + 3.5, 0.55 * rows + 1.4))
+    row_of = {node: row for row, node in enumerate(layout.shown)}
+    for box in layout.boxes:
+        y = -row_of[box.node]
+        ax.add_patch(Rectangle((box.gpu, y), 0.92, 0.85, color=colours[box.coords["pp"]]))
+        ax.text(box.gpu + 0.46, y + 0.42, box.label, ha="center", va="center", fontsize=6.5)
+        if box.coords["tp"] == 0 and p.tp > 1 and p.placement.startswith("tp") and box.gpu + p.tp <= per_node:
+            ax.add_patch(Rectangle((box.gpu - 0.04, y - 0.04), p.tp - 0.04, 0.93, fill=False,
                                    edgecolor="black", linewidth=1.5))
     ax.set_xlim(-0.1, per_node)
-    ax.set_ylim(-shown + 0.9, 1)
-    ax.set_yticks([-n + 0.42 for n in range(shown)])
-    ax.set_yticklabels([f"node {n}" for n in range(shown)], fontsize=7)
+    ax.set_ylim(-rows + 0.9, 1)
+    ax.set_yticks([-row + 0.42 for row in range(rows)])
+    ax.set_yticklabels([f"node {n}" for n in layout.shown], fontsize=7)
     ax.set_xticks([g + 0.46 for g in range(per_node)])
     ax.set_xticklabels([f"GPU {g}" for g in range(per_node)], fontsize=7)
-    more = f" (first {shown} of {nodes} nodes)" if shown < nodes else ""
-    ax.set_title(_plan_title(result) + "\nS = pipeline stage, T = TP rank (a black box per TP "
-                 f"group), D = DP rank{more}",
-                 fontsize=8)
+    note = f"\n{layout.note}" if layout.note else ""
+    ax.set_title(f"{_plan_title(result)}\n{_key_line(result)}{note}", fontsize=8)
+    ax.legend(handles=_stage_legend(result, colours), fontsize=6, loc="upper left",
+              bbox_to_anchor=(1.0, 1.0), ncol=-(-p.pp // 24))
     for spine in ax.spines.values():
         spine.set_visible(False)
     return _save(fig, path)

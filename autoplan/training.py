@@ -59,7 +59,8 @@ class AttentionKernel(str, Enum):
 
 class TrainingSpec(BaseModel):
     """One training step: sequence length, global batch (sequences), precision, runtime, the
-    optimizer and how frozen weights are stored (None: in the training precision)."""
+    optimizer, whether it steps in backward, and how frozen weights are stored (None: in the
+    training precision)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     seq_len: int = Field(ge=1)
@@ -69,6 +70,11 @@ class TrainingSpec(BaseModel):
     attention: AttentionKernel = AttentionKernel.FLASH
     optimizer: Optimizer = Optimizer.ADAMW
     frozen_dtype: FrozenDtype | None = None
+    optimizer_in_backward: bool = False
+    """Each parameter is stepped, and its gradient freed, as soon as its gradient is complete
+    (torchtune's ``optimizer_in_bwd``: one optimizer per parameter, stepped from a
+    ``register_post_accumulate_grad_hook``), so gradients of about one layer exist at a time;
+    no gradient accumulation (one micro-batch per step)."""
 
     @property
     def frozen_storage(self) -> FrozenDtype:

@@ -24,6 +24,7 @@ tensor lies between a column- and a row-parallel Linear and by SP elsewhere (Kor
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from autoplan.costmodels.compute import Split
@@ -81,21 +82,25 @@ class ModelStates:
 def model_state_bytes(num_params: float, *, zero_stage: int, dp: int, offload: Offload,
                       runtime: RuntimeProfile, trained: float | None = None,
                       weight_bytes: float | None = None,
-                      optimizer: Optimizer = Optimizer.ADAMW) -> ModelStates:
+                      optimizer: Optimizer = Optimizer.ADAMW,
+                      grads_held: float | None = None) -> ModelStates:
     """Model-state bytes on one GPU holding ``num_params`` parameters (before ZeRO sharding),
     ``trained`` of them requiring grad (default: all), whose weights take ``weight_bytes`` as
-    stored (default: 2 bytes each)."""
+    stored (default: 2 bytes each). ``grads_held``: the trained parameters whose gradients
+    exist at once (default: all trained, kept until the optimizer step; with the optimizer in
+    backward, the largest layer's: :func:`in_backward_grads_held`)."""
     trained = num_params if trained is None else trained
+    grads_held = trained if grads_held is None else grads_held
     weight_bytes = WEIGHT_BYTES * num_params if weight_bytes is None else weight_bytes
     optimizer_per_param = runtime.master_bytes + optimizer_state_bytes(optimizer, runtime)
     shard = dp if zero_stage >= 1 else 1
     weights = weight_bytes / (dp if zero_stage >= 3 else 1)
-    gradients = runtime.grad_bytes * trained / (dp if zero_stage >= 2 else 1)
+    gradients = runtime.grad_bytes * grads_held / (dp if zero_stage >= 2 else 1)
     optimizer = optimizer_per_param * trained / shard
     if offload is not Offload.NONE:
         optimizer = 0.0
     else:
-        gradients += runtime.fp32_grad_bytes * trained / shard
+        gradients += runtime.fp32_grad_bytes * grads_held / shard
     if offload is Offload.PARAMS:
         weights = 0.0
     return ModelStates(weights, gradients, optimizer)
@@ -110,6 +115,17 @@ def layer_trained_on_gpu(layer: Layer, tp: int) -> float:
     """Trainable parameters of a layer one TP rank holds."""
     replicated = layer.trainable_params - layer.trainable_sharded
     return layer.trainable_sharded / tp + replicated
+
+
+def in_backward_grads_held(layers: Iterable[Layer], tp: int) -> float:
+    """Trained parameters whose gradients one GPU holds at once when the optimizer steps in
+    backward: the largest layer's. torchtune's ``optimizer_in_bwd`` registers a
+    ``register_post_accumulate_grad_hook`` per parameter that steps that parameter's optimizer
+    and sets its ``.grad`` to None, so a gradient lives from its accumulation to its hook;
+    FSDP2 reduce-scatters a unit's (layer's) gradients together and then runs the hooks of
+    its sharded parameters (torch ``_fsdp_collectives.foreach_reduce``), so the gradients of
+    one layer are alive at once, not the whole model's."""
+    return max((layer_trained_on_gpu(layer, tp) for layer in layers), default=0.0)
 
 
 def layer_weight_bytes(layer: Layer, tp: int, frozen_dtype: FrozenDtype) -> float:

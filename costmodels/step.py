@@ -23,7 +23,8 @@ from autoplan.costmodels.compute import LayerTime, Split, layer_time
 from autoplan.costmodels.memory import (
     WEIGHT_BYTES, ModelStates, in_flight_chunks, layer_activation_bytes, layer_params_on_gpu,
     allocator_slack_bytes, layer_trained_on_gpu, layer_weight_bytes, loss_peak_bytes,
-    model_state_bytes, backward_working_bytes, optimizer_step_bytes, zero3_buffer_bytes,
+    model_state_bytes, in_backward_grads_held, backward_working_bytes, optimizer_step_bytes,
+    zero3_buffer_bytes,
 )
 from autoplan.costmodels.pipeline import pipeline_time
 from autoplan.costmodels.profiles import ComputeProfile, RuntimeProfile, compute_profile
@@ -515,10 +516,12 @@ def _model_states(problem: Problem, plan: Plan, dense: HeldParams, experts: floa
     EP split (``experts``, 0 when ep = 1; priced as trained) over the dp*cp/ep ranks that hold
     the same ones."""
     optimizer = problem.training.optimizer
+    held = (in_backward_grads_held(problem.graph.layers, plan.tp)
+            if problem.training.optimizer_in_backward else None)
     states = model_state_bytes(dense.count, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp,
                                offload=plan.offload, runtime=problem.runtime,
                                trained=dense.trained, weight_bytes=dense.weight_bytes,
-                               optimizer=optimizer)
+                               optimizer=optimizer, grads_held=held)
     if not experts:
         return states
     own = model_state_bytes(experts, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp // plan.ep,

@@ -7,7 +7,7 @@ are used directly.
 
 Launchers that want the settings rather than files use the per-target functions:
 ``megatron_args``, ``deepspeed_config``, ``torchtitan_overrides``, ``accelerate_config``,
-``colossalai_plugin_kwargs``.
+``colossalai_plugin_kwargs``, ``torchtune_overrides``.
 """
 
 from __future__ import annotations
@@ -27,11 +27,13 @@ from autoplan.plugins.exporter import Exporter
 from autoplan.files import refuse_existing, write_errors_as, write_files
 from autoplan.plugins.megatron import megatron_args
 from autoplan.plugins.torchtitan import torchtitan_overrides
+from autoplan.plugins.torchtune import torchtune_overrides
 
 logger = logging.getLogger(__name__)
 
 GROUP = "autoplan.exporters"
-BUILTIN = ("megatron", "deepspeed", "torchtitan", "accelerate", "colossalai", "torchrun")
+BUILTIN = ("megatron", "deepspeed", "torchtitan", "accelerate", "colossalai", "torchrun",
+           "torchtune")
 
 
 def discover() -> dict[str, Exporter]:
@@ -128,4 +130,4 @@ def export_plan(result: Result, target: str, out_dir: Path, *, force: bool = Fal
 __all__ = ["EXPORTERS", "Exporter", "discover", "export_plan", "render_all", "render_targets",
            "refused_targets", "priced_for", "megatron_args",
            "deepspeed_config", "torchtitan_overrides", "accelerate_config",
-           "colossalai_plugin_kwargs"]
+           "colossalai_plugin_kwargs", "torchtune_overrides"]

@@ -21,4 +21,9 @@ def capability_problems(result: Result, target: str) -> list[str]:
     require_target_placement(result, caps.name, caps.placements, places_groups=caps.node_groups)
     plan = result.plan
     uneven = plan.vpp > 1 and result.model is not None and len(set(blocks_per_stage(result))) > 1
-    return plan_gaps(caps, plan, precision(result), uneven=uneven)
+    gaps = plan_gaps(caps, plan, precision(result), uneven=uneven)
+    if result.training is not None and result.training.optimizer_in_backward \
+            and not caps.optimizer_in_backward:
+        gaps.append("it has no optimizer step in backward (planned with "
+                    "--optimizer-in-backward; export to torchtune, or re-plan without it)")
+    return gaps

@@ -167,7 +167,7 @@ def require_target_placement(result: Result, target: str,
             f"--placement {orders[0]}.")
 
 
-def _rendezvous_lines(nodes: Nodes) -> list[str]:
+def rendezvous_lines(nodes: Nodes) -> list[str]:
     """Shell lines that set MASTER_ADDR, MASTER_PORT and NODE_RANK (overridable from the
     environment); node ranks follow the host order of cluster.yaml."""
     lines = [f"NNODES={nodes.num_nodes}", f"NPROC_PER_NODE={nodes.gpus_per_node}"]
@@ -249,7 +249,7 @@ def torchrun_script(result: Result, *, header: str, required: dict[str, str],
     lines += [f': "${{{name}:?{why}}}"' for name, why in required.items()]
     lines += [f"export {name}={shlex.quote(value)}"
               for name, value in {**nccl_environment(nodes), **env}.items()]
-    lines += _rendezvous_lines(nodes) + read_args_lines(args_file)
+    lines += rendezvous_lines(nodes) + read_args_lines(args_file)
     lines += [
         'exec torchrun --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE" \\',
         '  --node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\',

@@ -40,17 +40,21 @@ def require_model(result: Result) -> ModelInfo:
 
 
 def fine_tuning_line(result: Result) -> str | None:
-    """What trains and what is frozen, when not everything trains or the optimizer or the
-    frozen weights' storage is not the default; None for a plain full training."""
+    """What trains and what is frozen, when not everything trains or the optimizer (or its
+    step in backward) or the frozen weights' storage is not the default; None for a plain
+    full training."""
     model, training = result.model, result.training
     if model is None or training is None or model.num_trainable_params is None:
         return None
     frozen = model.num_params - model.num_trainable_params
-    if not frozen and training.optimizer == "adamw":
+    if not frozen and training.optimizer == "adamw" and not training.optimizer_in_backward:
         return None
     share = model.num_trainable_params / model.num_params if model.num_params else 0.0
     line = (f"Trains {model.num_trainable_params:,} parameters ({share:.2%}) with "
             f"{training.optimizer}")
+    if training.optimizer_in_backward:
+        line += " stepped in backward (each gradient applied and freed as it is complete: " \
+                "one layer's gradients held, no gradient accumulation)"
     if frozen:
         line += f"; {frozen:,} frozen (no gradients, no optimizer state), stored in " \
                 f"{training.frozen_dtype or training.precision}"

@@ -4,8 +4,10 @@ in CI (``CI=true``), so the framework-validator tests can never be skipped silen
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 import types
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +25,20 @@ def require(module: str, *, extra: str = CI_EXTRA) -> types.ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as error:
-        message = f"{module} is not importable ({error}); pip install -e '.[{extra}]'"
-        if extra == CI_EXTRA and in_ci():
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message, allow_module_level=True)
+        _missing(f"{module} is not importable ({error})", extra)
+
+
+def require_installed(distribution: str, *, extra: str = CI_EXTRA) -> Path:
+    """The folder an installed distribution's files lie under (its site-packages), found
+    without importing it (torchtune's import takes seconds); missing: as :func:`require`."""
+    try:
+        return Path(importlib.metadata.distribution(distribution).locate_file(""))
+    except importlib.metadata.PackageNotFoundError as error:
+        _missing(f"{distribution} is not installed ({error})", extra)
+
+
+def _missing(message: str, extra: str):
+    message += f"; pip install -e '.[{extra}]'"
+    if extra == CI_EXTRA and in_ci():
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message, allow_module_level=True)

@@ -7,6 +7,7 @@ picture stays readable at thousands of GPUs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import networkx as nx
@@ -22,13 +23,28 @@ SUMMARY_MAX_NODES = 32
 ONE_GIB = 2**30
 
 _LAYER = {"gpu": 0, "cpu": 1, "nvswitch": 1, "nvlink": 1, "pcie": 1, "nic": 2, "node": 2,
-          "leaf": 3, "single-switch": 3, "block": 3, "spine": 4}
+          "block": 2, "leaf": 3, "single-switch": 3, "spine": 4}
 _COLOUR = {"gpu": "#76b900", "nic": "#4f81bd", "leaf": "#c0504d", "spine": "#8064a2",
-           "single-switch": "#c0504d", "cpu": "#f79646", "node": "#76b900", "block": "#76b900"}
+           "single-switch": "#c0504d", "cpu": "#f79646", "node": "#9bbb59", "block": "#9bbb59",
+           "nvswitch": "#7f7f7f", "nvlink": "#7f7f7f", "pcie": "#7f7f7f"}
+_KIND_NAME = {"gpu": "GPU", "nvswitch": "NVSwitch of a node", "nvlink": "NVLink mesh of a node",
+              "pcie": "PCIe switch of a node", "cpu": "host (CPU memory)", "nic": "NIC",
+              "single-switch": "network switch", "leaf": "leaf switch", "spine": "spine switch",
+              "node": "node (its GPUs, switch and NICs)", "block": "block of nodes"}
+_SWITCH_NAME = {"nvswitch": "NVSwitch", "nvlink": "NVLink", "pcie": "PCIe sw"}
+_ROLE_COLOUR = {"intra-node": "#76b900", "host link": "#f79646", "NIC to node switch": "#999999",
+                "network": "#4f81bd", "leaf to spine": "#8064a2"}
+EDGE_LABELS_ALL_UP_TO = 12
+"""Label every edge of a drawing with at most this many; past it, one edge of each kind of link
+(same role, same bandwidth), so the numbers stay readable."""
 
 
 def _gbs(bps: float | None) -> str:
-    return "-" if bps is None else f"{bps / 1e9:,.0f} GB/s"
+    """GB/s, whole above 10 (300 GB/s), three digits below (10 Gb/s Ethernet: 1.25 GB/s)."""
+    if bps is None:
+        return "-"
+    gbs = bps / 1e9
+    return f"{gbs:,.0f} GB/s" if gbs >= 10 else f"{gbs:.3g} GB/s"
 
 
 def probe_groups(cluster: Cluster) -> list[tuple[str, int, int]]:
@@ -110,14 +126,18 @@ def summarised_graph(cluster: Cluster, graph: nx.Graph) -> nx.Graph:
     small = nx.Graph(name=graph.name)
     for vertex, data in graph.nodes(data=True):
         name = owner(vertex, data)
-        kind = data["kind"] if name == vertex else ("block" if by_block else "node")
-        small.add_node(name, kind=kind)
+        if name == vertex:
+            small.add_node(name, kind=data["kind"])
+            continue
+        kind = "block" if by_block else "node"
+        first, last = small.nodes[name]["nodes"] if name in small else (data["node"], data["node"])
+        small.add_node(name, kind=kind, nodes=(min(first, data["node"]), max(last, data["node"])))
     for u, v, data in graph.edges(data=True):
         a, b = owner(u, graph.nodes[u]), owner(v, graph.nodes[v])
         if a == b:
             continue
         previous = small.edges[a, b]["bandwidth"] if small.has_edge(a, b) else 0.0
-        small.add_edge(a, b, bandwidth=previous + data["bandwidth"])
+        small.add_edge(a, b, bandwidth=previous + data["bandwidth"], link=data["link"])
     return small
 
 
@@ -140,30 +160,157 @@ def _layered_layout(graph: nx.Graph) -> dict:
     return pos
 
 
-def draw_png(cluster: Cluster, path: str | Path) -> Path:
-    """Write a PNG of the topology (summarised for large clusters) with matplotlib's Agg backend."""
-    import matplotlib
+@dataclass(frozen=True)
+class TopologyDrawing:
+    """What ``topo --png`` draws: the graph (summarised past FULL_DRAWING_MAX_GPUS), where each
+    vertex sits, its label, the bandwidth written on edges, and the legend's entries."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    graph: nx.Graph
+    positions: dict[str, tuple[float, float]]
+    vertex_labels: dict[str, str]
+    edge_labels: dict[tuple[str, str], str]
+    legend: tuple[tuple[str, str, str], ...]
+    """(marker 'vertex', 'link' or 'note', colour, text)."""
+    title: str
 
+
+def _group_at(cluster: Cluster, node: int) -> Cluster:
+    """The (homogeneous) group that global node ``node`` belongs to."""
+    for group in cluster.groups or (cluster,):
+        if node < group.num_nodes:
+            return group
+        node -= group.num_nodes
+    raise ValueError(f"node {node} is past the cluster's last node")
+
+
+def _vertex_label(cluster: Cluster, vertex: str, data: dict) -> str:
+    """A reader's name for a graph vertex (``switch:3`` -> ``node 3 NVSwitch``)."""
+    kind, parts = data["kind"], vertex.split(":")[1:]
+    if kind == "gpu":
+        return f"GPU {parts[1]}" if cluster.num_nodes == 1 else f"GPU {parts[0]}:{parts[1]}"
+    if kind in _SWITCH_NAME:
+        return f"node {parts[0]}\n{_SWITCH_NAME[kind]}"
+    if kind == "cpu":
+        return f"host {parts[0]}"
+    if kind == "nic":
+        return f"NIC {parts[0]}:{parts[1]}"
+    if kind in ("node", "block"):
+        first, last = data["nodes"]
+        gpus = sum(_group_at(cluster, n).gpus_per_node for n in range(first, last + 1))
+        where = f"node {first}" if first == last else f"nodes {first}-{last}"
+        return f"{where}\n{gpus} GPUs"
+    if kind == "single-switch":
+        return "network\nswitch"
+    return {"leaf": "leaf", "spine": "spine"}[kind] + " " + ":".join(parts)
+
+
+def _link_role(graph: nx.Graph, u: str, v: str) -> str:
+    """What an edge joins, by its ends' kinds: a GPU to its node's switch, the host, a NIC to the
+    node switch, a node (NIC or summarised node) to the network, a leaf to a spine."""
+    kinds = {graph.nodes[u]["kind"], graph.nodes[v]["kind"]}
+    if "gpu" in kinds:
+        return "intra-node"
+    if "cpu" in kinds:
+        return "host link"
+    if "nic" in kinds and kinds & _SWITCH_NAME.keys():
+        return "NIC to node switch"
+    return "leaf to spine" if kinds == {"leaf", "spine"} else "network"
+
+
+def _edge_labels(graph: nx.Graph) -> dict[tuple[str, str], str]:
+    """Bandwidth per direction on every edge of a small drawing, else on the first edge of each
+    kind of link (same role, same bandwidth): the legend gives them all."""
+    edges = list(graph.edges(data=True))
+    seen, labels = set(), {}
+    for u, v, data in edges:
+        key = (_link_role(graph, u, v), data["bandwidth"])
+        if len(edges) <= EDGE_LABELS_ALL_UP_TO or key not in seen:
+            labels[(u, v)] = _gbs(data["bandwidth"])
+        seen.add(key)
+    return labels
+
+
+def _legend(graph: nx.Graph, summarised: bool) -> tuple[tuple[str, str, str], ...]:
+    """One entry per kind of vertex drawn, one per kind of link with its link name(s) and
+    bandwidth(s)."""
+    kinds = dict.fromkeys(d["kind"] for _, d in graph.nodes(data=True))
+    entries = [("vertex", _COLOUR.get(k, "#7f7f7f"), _KIND_NAME.get(k, k)) for k in kinds]
+    roles: dict[str, tuple[set, set]] = {}
+    for u, v, data in graph.edges(data=True):
+        names, bandwidths = roles.setdefault(_link_role(graph, u, v), (set(), set()))
+        names.add(data.get("link") or "")
+        bandwidths.add(data["bandwidth"])
+    for role, (names, bandwidths) in roles.items():
+        figures = ", ".join(_gbs(b) for b in sorted(bandwidths))
+        entries.append(("link", _ROLE_COLOUR[role], f"{role} ({', '.join(sorted(names))}): {figures}"))
+    note = ("GB/s per direction; a summarised vertex's edge adds up its links" if summarised
+            else "GB/s per direction, per link")
+    entries.append(("note", "white", note))
+    return tuple(entries)
+
+
+def _hardware_line(cluster: Cluster) -> str:
+    """Per kind of node: GPUs, intra-node link and NICs (what a summarised drawing hides)."""
+    lines = []
+    for g in cluster.groups or (cluster,):
+        nics = f", {g.nics_per_node} x {g.inter.name} NIC {_gbs(g.inter.bandwidth_Bps)}" if g.inter else ""
+        name = f"{g.name}: " if cluster.groups else ""
+        lines.append(f"{name}{g.num_nodes} x {g.gpus_per_node} {g.gpu.name}, {g.intra.name} "
+                     f"{_gbs(g.intra.bandwidth_Bps)} per GPU{nics}")
+    return "\n".join(lines)
+
+
+def topology_drawing(cluster: Cluster) -> TopologyDrawing:
+    """Lay out the topology graph for ``topo --png`` (summarised for large clusters)."""
     graph = build_topology(cluster)
     full = cluster.num_gpus <= FULL_DRAWING_MAX_GPUS
     shown = graph if full else summarised_graph(cluster, graph)
     for vertex, data in shown.nodes(data=True):
         data["layer"] = _LAYER.get(data["kind"], 2)
-    pos = _layered_layout(shown)
-    fig, ax = plt.subplots(figsize=(min(40, 4 + 0.25 * shown.number_of_nodes()), 6))
+    nodes = f"{cluster.num_nodes} node{'s' if cluster.num_nodes != 1 else ''}"
+    title = (f"{cluster.name}: {nodes}, {cluster.num_gpus} GPUs" + ("" if full else " (summarised)")
+             + "\n" + _hardware_line(cluster))
+    return TopologyDrawing(
+        graph=shown, positions=_layered_layout(shown),
+        vertex_labels={v: _vertex_label(cluster, v, d) for v, d in shown.nodes(data=True)},
+        edge_labels=_edge_labels(shown), legend=_legend(shown, summarised=not full), title=title)
+
+
+def _legend_handles(drawing: TopologyDrawing) -> list:
+    from matplotlib.lines import Line2D
+
+    style = {"vertex": {"marker": "o", "linestyle": "", "markersize": 8},
+             "link": {"linewidth": 2}, "note": {"linestyle": ""}}
+    return [Line2D([], [], color=colour, label=text, **style[marker])
+            for marker, colour, text in drawing.legend]
+
+
+def draw_png(cluster: Cluster, path: str | Path) -> Path:
+    """Write a PNG of the topology (summarised for large clusters) with matplotlib's Agg backend:
+    labelled vertices, bandwidths on edges, a legend of vertex and link kinds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    drawing = topology_drawing(cluster)
+    shown = drawing.graph
+    layers = [d["layer"] for _, d in shown.nodes(data=True)]
+    widest = max(layers.count(layer) for layer in set(layers))
+    fig, ax = plt.subplots(figsize=(min(40, 4 + 0.65 * widest), 6.5))
     colours = [_COLOUR.get(d["kind"], "#7f7f7f") for _, d in shown.nodes(data=True)]
-    nx.draw_networkx(shown, pos, ax=ax, node_color=colours, node_size=120 if full else 400,
-                     with_labels=not full or shown.number_of_nodes() <= 40, font_size=6,
-                     edge_color="#999999")
-    if not full:
-        labels = {(u, v): _gbs(d["bandwidth"]) for u, v, d in shown.edges(data=True)}
-        if len(labels) <= 80:
-            nx.draw_networkx_edge_labels(shown, pos, edge_labels=labels, ax=ax, font_size=5)
-    ax.set_title(f"{cluster.name}: {cluster.num_nodes} nodes, {cluster.num_gpus} GPUs"
-                 + ("" if full else " (summarised)"))
+    edge_colours = [_ROLE_COLOUR[_link_role(shown, u, v)] for u, v in shown.edges()]
+    nx.draw_networkx_nodes(shown, drawing.positions, ax=ax, node_color=colours, node_size=160)
+    nx.draw_networkx_edges(shown, drawing.positions, ax=ax, edge_color=edge_colours, alpha=0.7)
+    above = {v: (x, y + 0.08) for v, (x, y) in drawing.positions.items()}
+    nx.draw_networkx_labels(shown, above, labels=drawing.vertex_labels, ax=ax, font_size=6,
+                            verticalalignment="bottom")
+    nx.draw_networkx_edge_labels(shown, drawing.positions, edge_labels=drawing.edge_labels, ax=ax,
+                                 font_size=5, rotate=False)
+    ax.set_ylim(min(layers) - 0.3, max(layers) + 0.5)  # room for the top row's labels
+    ax.set_title(drawing.title, fontsize=9)
+    ax.legend(handles=_legend_handles(drawing), fontsize=7, loc="upper left",
+              bbox_to_anchor=(1.0, 1.0))
     ax.axis("off")
     path = Path(path)
     with replacing(path) as tmp:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from autoplan.graph.layer_graph import (
-    Gemm, Layer, LayerGraph, LayerKind, ModelDims, OpSacBytes, TpSplit,
+    Gemm, Layer, LayerGraph, LayerKind, LoraSpec, ModelDims, OpSacBytes, TpSplit,
 )
 from autoplan.graph.provenance import LayerStats, SacSave
 
@@ -297,9 +297,25 @@ def _rope(model: nn.Module) -> tuple[float | None, str | None, float | None]:
     return None, None, None
 
 
+def lora_spec(model: nn.Module) -> LoraSpec | None:
+    """The active LoRA adapter of a PEFT model (``peft_config[active_adapter]``: ``r``,
+    ``lora_alpha``, ``lora_dropout``) and the Linears that carry it (modules with
+    ``lora_A``/``lora_B`` dictionaries, peft/tuners/lora/layer.py); None for other models."""
+    configs = getattr(model, "peft_config", None)
+    active = getattr(model, "active_adapter", None)
+    config = configs.get(active) if isinstance(configs, dict) and isinstance(active, str) else None
+    if config is None or not hasattr(config, "lora_alpha"):
+        return None
+    targets = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                      if isinstance(getattr(module, "lora_A", None), nn.ModuleDict)
+                      and active in module.lora_A})
+    return LoraSpec(rank=int(config.r), alpha=float(config.lora_alpha),
+                    dropout=float(config.lora_dropout), targets=tuple(targets))
+
+
 def build_graph(run: TraceRun, *, name: str, seq_len: int) -> LayerGraph:
     layers = _layers(run)
     dims = _dims(run, layers, seq_len)
     divisors = tuple(sorted({dims.num_heads, dims.num_kv_heads})) if dims else ()
     return LayerGraph(name=name, layers=tuple(layers), seq_len=seq_len, dims=dims,
-                      tp_divisors=divisors)
+                      tp_divisors=divisors, lora=lora_spec(run.model))

@@ -179,6 +179,17 @@ class ModelDims:
 
 
 @dataclass(frozen=True, slots=True)
+class LoraSpec:
+    """A PEFT LoRA model's adapters, as its ``peft_config`` and modules state them: rank,
+    alpha, dropout and the names (last component) of the Linears that carry adapters."""
+
+    rank: int
+    alpha: float
+    dropout: float
+    targets: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class LayerGraph:
     """The traced model: its layers in execution order and the traced sequence length."""
 
@@ -187,6 +198,7 @@ class LayerGraph:
     seq_len: int
     dims: ModelDims | None = None
     tp_divisors: tuple[int, ...] = field(default=())  # counts TP must divide (heads, KV heads)
+    lora: LoraSpec | None = None  # a PEFT LoRA model's adapters
 
     @property
     def num_params(self) -> int:

@@ -30,6 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from autoplan.errors import ModelFileError
 from autoplan.graph.assemble import LOSS_SEGMENT, START_SEGMENT, build_graph
 from autoplan.graph.blocks import Chain, find_chain, replay
+from autoplan.graph.inputs import default_inputs
 from autoplan.graph.layer_graph import LayerGraph
 from autoplan.graph.loader import ModelSource, build_on_meta
 from autoplan.graph.moe import find_moe, patch_moe
@@ -132,7 +133,7 @@ def _run(source: ModelSource, *, seq_len: int, precision: str) -> TraceRun:
         tracker.record_saved(t)
         return t
 
-    inputs = _example_inputs(source, seq_len, _DTYPES[precision])
+    inputs = _example_inputs(source, model, seq_len, _DTYPES[precision])
     try:
         with torch.device("meta"), FlopCounterMode(display=False) as counter:
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -185,24 +186,29 @@ def _trace_error(source: ModelSource, err: Exception) -> ModelFileError:
         "make such branches depend on shapes or config.")
 
 
-def _example_inputs(source: ModelSource, seq_len: int, dtype: torch.dtype) -> Any:
-    """Meta inputs for one sample: token ids ``[1, seq_len]`` unless model.py says otherwise
-    (a tensor, a tuple of positional inputs or a dict of keyword inputs)."""
+def _example_inputs(source: ModelSource, model: nn.Module, seq_len: int, dtype: torch.dtype) -> Any:
+    """Meta inputs for one sample: model.py's ``example_inputs`` (a tensor, a tuple of positional
+    inputs or a dict of keyword inputs), else built from forward's signature (``inputs.py``)."""
     with torch.device("meta"):
         if source.example_inputs is None:
-            return torch.zeros(1, seq_len, dtype=torch.long)
-        try:
-            inputs = source.example_inputs(1, seq_len)
-        except Exception as err:
-            raise ModelFileError(
-                f"{source.name}: example_inputs(1, {seq_len}) raised {type(err).__name__}: {err}."
-            ) from None
+            inputs = default_inputs(source.name, model, 1, seq_len)
+        else:
+            inputs = _user_inputs(source, seq_len)
     cast = lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
     if isinstance(inputs, dict):
         return {k: cast(v) for k, v in inputs.items()}
     if isinstance(inputs, (tuple, list)):
         return tuple(cast(t) for t in inputs)
     return cast(inputs)
+
+
+def _user_inputs(source: ModelSource, seq_len: int) -> Any:
+    try:
+        return source.example_inputs(1, seq_len)
+    except Exception as err:
+        raise ModelFileError(
+            f"{source.name}: example_inputs(1, {seq_len}) raised {type(err).__name__}: {err}."
+        ) from None
 
 
 def _loss(source: ModelSource, output: Any, inputs: Any) -> torch.Tensor:

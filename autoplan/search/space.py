@@ -346,6 +346,14 @@ def cp_options(training: TrainingSpec, pinned: int | None) -> list[int]:
     return options
 
 
+def micro_batch_options(per_rank: int, training: TrainingSpec) -> list[int]:
+    """Micro-batches that split a data-parallel rank's ``per_rank`` sequences; only all of them
+    at once when the optimizer steps in backward (it cannot accumulate gradients)."""
+    if training.optimizer_in_backward:
+        return [per_rank] if per_rank <= MAX_MICRO_BATCH else []
+    return [b for b in divisors(per_rank) if b <= MAX_MICRO_BATCH]
+
+
 def shapes(graph: LayerGraph, *, world: int, gpus_per_node: int, training: TrainingSpec,
            pins: Pins, bounds: Bounds | None = None, every_dp: bool = False) -> list[Shape]:
     """All legal (tp, pp, dp, cp, mbs, vpp) on at most ``world`` GPUs for the global batch,
@@ -358,7 +366,7 @@ def shapes(graph: LayerGraph, *, world: int, gpus_per_node: int, training: Train
             for dp in dp_options(training.global_batch, world // (tp * pp * cp), pins.dp,
                                  every=every_dp):
                 per_rank = training.global_batch // dp
-                for mbs in [b for b in divisors(per_rank) if b <= MAX_MICRO_BATCH]:
+                for mbs in micro_batch_options(per_rank, training):
                     if pins.mbs is not None and mbs != pins.mbs or (
                             pp > 1 and caps.pipeline_needs_microbatches and per_rank // mbs < pp):
                         continue
@@ -555,6 +563,14 @@ def check_pins(graph: LayerGraph, *, world: int, training: TrainingSpec, pins: P
         raise ConstraintError(
             f"--global-batch {training.global_batch} is not divisible by dp*mbs = "
             f"{pins.dp * pins.mbs}; change --mbs or --global-batch.")
+    if (training.optimizer_in_backward and pins.mbs is not None and pins.dp is not None
+            and pins.mbs * pins.dp != training.global_batch):
+        raise ConstraintError(
+            f"--optimizer-in-backward with --dp {pins.dp} --mbs {pins.mbs}: "
+            f"{training.global_batch // (pins.dp * pins.mbs)} micro-batches per step would "
+            "accumulate gradients, which a step in backward cannot (torchtune: \"Gradient "
+            "accumulation is not supported with optimizer in bwd\"); make dp*mbs equal "
+            "--global-batch or leave --optimizer-in-backward unset.")
     if pins.recompute_num_layers is not None and pins.recompute not in (None, Recompute.FULL):
         raise ConstraintError(
             f"--recompute-num-layers {pins.recompute_num_layers} needs --recompute full (it "
