@@ -5,15 +5,13 @@ model.py -> LayerGraph, cluster.yaml -> Cluster, then Problem -> CP-SAT -> Plan 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import time
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-import torch
 from pydantic import ValidationError
 
 from autoplan.cluster.spec import Cluster, load_cluster_spec, require_homogeneous, resolve
@@ -22,16 +20,14 @@ from autoplan.costmodels.profiles import (ComputeProfile, RuntimeProfile, comput
                                           runtime_profile)
 from autoplan.costmodels.groups import check_groups, on_groups_in_order
 from autoplan.costmodels.parameters import with_parameters
-from autoplan.costmodels.step import Problem
+from autoplan.costmodels.problem import Problem
 from autoplan.costmodels.step import estimate as estimate_plan
 from autoplan.errors import (AutoplanError, ClusterSpecError, ConstraintError, ExportError,
-                             ModelFileError, NoPlanInTimeError, OutputExistsError, PlanFileError)
+                             NoPlanInTimeError, OutputExistsError, PlanFileError)
 from autoplan.files import check_writable_folder, refuse_existing, write_errors_as
 from autoplan.graph.layer_graph import LayerGraph
-from autoplan.graph.loader import ModelSource, load_model_source
 from autoplan.graph.sandbox import DEFAULT_TIME_LIMIT_S as DEFAULT_TRACE_TIME_LIMIT_S
-from autoplan.graph.sandbox import run_guarded
-from autoplan.graph.trace import trace_model
+from autoplan.graph.model import Model, load_model
 from autoplan.inference import InferencePlacement
 from autoplan.inference import place_for_inference as inference_placement
 from autoplan.capabilities import (
@@ -43,71 +39,23 @@ from autoplan.plan import (
     CalibrationNote, LoraInfo, ModelInfo, Plan, Result, SolverInfo, TrainingInfo,
 )
 from autoplan.plugins.importers import ImportedRun, read_run  # noqa: F401 (API)
+from autoplan.report import trace_document  # noqa: F401 (API)
 from autoplan.search.hetero import solve_on_groups
-from autoplan.search.solver import solve_search
-from autoplan.search.space import (
-    balanced_stages, check_ep, check_pins, check_tp, dp_options,
-    pipeline_schedule,
-)
+from autoplan.search.defaults import check_plan_matches, plan_from_pins, with_implied_sp
+from autoplan.search.space import check_ep, check_pins, check_tp
 from autoplan.run_profile import RunsProfile
-from autoplan.options import (as_options, global_batches, mem_limit_bytes, merge_options,
-                              options_mem_limit, solve_headroom, validated)
+from autoplan.options import (SolveOptions, as_options, global_batches, mem_limit_bytes,
+                              merge_options, options_mem_limit, solve_headroom, validated)
 from autoplan.training import (
-    DEFAULT_PLACEMENT, AttentionKernel, Constraints, FrozenDtype, Optimizer, Pins, Precision,
+    DEFAULT_TIME_LIMIT_S, AttentionKernel, Constraints, FrozenDtype, Optimizer, Pins, Precision,
     Runtime, TrainingSpec,
 )
 
-DEFAULT_TIME_LIMIT_S = 60.0
+if TYPE_CHECKING:
+    from autoplan.explain import Explanation
+
 MIN_SHARE_S = 0.05
 """The least time one runtime's search gets (it then returns its hint or runs out of time)."""
-
-
-@functools.cache
-def _warm_up() -> None:
-    """Trace a one-Linear model here once, so torch's lazy imports (about 1.5 s) happen before
-    the sandbox forks and every child inherits them."""
-    module = types.ModuleType("autoplan_warm_up")
-    module.build_model = lambda: torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
-    module.example_inputs = lambda batch, seq_len: torch.zeros(batch, seq_len, 8)
-    trace_model(load_model_source(module), seq_len=4)
-
-
-def _trace_origin(origin: Path | types.ModuleType, seq_len: int, precision: str) -> LayerGraph:
-    """Import model.py and trace it (run inside the sandbox's child process)."""
-    return trace_model(load_model_source(origin), seq_len=seq_len, precision=precision)
-
-
-@dataclass
-class Model:
-    """A model.py (a path or an imported module); traces are cached per (sequence length,
-    precision) and run in a guarded child process, since model.py is user code."""
-
-    origin: Path | types.ModuleType
-    trace_time_limit_s: float = DEFAULT_TRACE_TIME_LIMIT_S
-    _traces: dict[tuple[int, str], LayerGraph] = field(default_factory=dict, repr=False)
-    _source: ModelSource | None = field(default=None, repr=False)
-
-    @property
-    def name(self) -> str:
-        if isinstance(self.origin, types.ModuleType):
-            return self.origin.__name__
-        return self.origin.stem
-
-    @property
-    def source(self) -> ModelSource:
-        """model.py imported into this process (for runners that build the real model)."""
-        if self._source is None:
-            self._source = load_model_source(self.origin)
-        return self._source
-
-    def trace(self, seq_len: int, precision: str = "bf16") -> LayerGraph:
-        key = (seq_len, precision)
-        if key not in self._traces:
-            _warm_up()
-            self._traces[key] = run_guarded(
-                _trace_origin, self.origin, seq_len, precision, what=f"tracing {self.name}",
-                time_limit_s=self.trace_time_limit_s)
-        return self._traces[key]
 
 
 @dataclass(frozen=True)
@@ -116,23 +64,6 @@ class LoadedCluster:
 
     cluster: Cluster
     spec: dict
-
-
-def load_model(path_or_module: str | Path | types.ModuleType | Model, *,
-               trace_time_limit_s: float = DEFAULT_TRACE_TIME_LIMIT_S) -> Model:
-    """A model.py (path) or an imported module defining ``build_model()``. Nothing of it runs
-    here: it is imported and traced in a guarded child process when first traced."""
-    if isinstance(path_or_module, Model):
-        return path_or_module
-    if isinstance(path_or_module, types.ModuleType):
-        return Model(path_or_module, trace_time_limit_s)
-    if not isinstance(path_or_module, (str, Path)):
-        raise ModelFileError(f"model: expected the path of a model.py, an imported module or a "
-                             f"Model; got {type(path_or_module).__name__}.")
-    path = Path(path_or_module)
-    if not path.is_file():
-        raise ModelFileError(f"{path}: no such file; pass the path of a model.py.")
-    return Model(path, trace_time_limit_s)
 
 
 def load_cluster(path_or_dict: str | Path | Mapping | LoadedCluster) -> LoadedCluster:
@@ -148,9 +79,17 @@ def load_cluster(path_or_dict: str | Path | Mapping | LoadedCluster) -> LoadedCl
 
 
 Profile = ComputeProfile | RunsProfile
+ModelLike = str | Path | types.ModuleType | Model
+"""A model.py path, an imported module defining build_model(), or a loaded Model."""
+ClusterLike = str | Path | Mapping[str, Any] | LoadedCluster
+"""A cluster.yaml path, an equivalent mapping, or a loaded cluster."""
+ProfileLike = str | Path | Profile | None
+PinsLike = Mapping[str, Any] | Pins | None
+MemLimit = str | float | None
+"""A memory cap per GPU: ``"72GiB"`` or bytes."""
 
 
-def _loaded_profile(profile: str | Path | Profile | None) -> Profile | None:
+def loaded_profile(profile: str | Path | Profile | None) -> Profile | None:
     """A --profile: None, an already loaded one, or the path of its YAML."""
     if profile is None or isinstance(profile, (ComputeProfile, RunsProfile)):
         return profile
@@ -174,7 +113,7 @@ def make_problem(model: Model, cluster: LoadedCluster, training: TrainingSpec,
     heterogeneous cluster), or, fitted to runs, the parameters it names
     (costmodels.parameters); ``runtime_settings`` replaces fields of the runtime's profile
     (see :func:`runtime_with`); ``headroom`` the fraction of the limit plans must leave free."""
-    profile = _loaded_profile(profile)
+    profile = loaded_profile(profile)
     graph = model.trace(training.seq_len, training.precision.value)
     if not cluster.cluster.is_homogeneous and not graph.block_indices():
         raise ConstraintError(
@@ -285,12 +224,16 @@ def _moe_info(graph: LayerGraph) -> dict:
     return {"num_experts": moe[0].num_experts, "moe_top_k": moe[0].top_k} if moe else {}
 
 
-def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_limit=None,
+def solve(model: ModelLike, cluster: ClusterLike, *, seq_len: int,
+          global_batch: int | list[int] | Mapping[str, int] | None = None,
+          pins: PinsLike = None, mem_limit: MemLimit = None,
           time_limit_s: float | None = None, precision: str | None = None,
-          runtime: str | None = None, attention: str = "flash", objective=None,
+          runtime: str | None = None, attention: str = "flash",
+          objective: str | list[str] | None = None,
           min_tokens_per_s: float | None = None, price_per_gpu_hour: float | None = None,
-          bounds=None, max_gpus: int | None = None, tp_within_node: bool | None = None,
-          forbid_offload: bool | None = None, options=None, profile=None,
+          bounds: Mapping[str, Any] | None = None, max_gpus: int | None = None,
+          tp_within_node: bool | None = None, forbid_offload: bool | None = None,
+          options: SolveOptions | str | Path | None = None, profile: ProfileLike = None,
           num_workers: int = 1, runners_up: bool = True, optimizer: str | None = None,
           frozen_dtype: str | None = None, headroom: float | None = None,
           optimizer_in_backward: bool | None = None) -> Result:
@@ -335,7 +278,7 @@ def solve(model, cluster, *, seq_len: int, global_batch=None, pins=None, mem_lim
     """
     opts = as_options(options)
     model = load_model(model, trace_time_limit_s=opts.trace_timeout or DEFAULT_TRACE_TIME_LIMIT_S)
-    cluster, profile = load_cluster(cluster), _loaded_profile(profile)
+    cluster, profile = load_cluster(cluster), loaded_profile(profile)
     batches = global_batches(global_batch if global_batch is not None else opts.global_batch)
     seq_len, _, precision, runtime = _settings(None, seq_len, (batches or [0])[0], precision,
                                                runtime, default_runtime=AUTO)
@@ -423,6 +366,8 @@ def _solve_problems(problems: list[Problem], model: Model, cluster: LoadedCluste
                                 max_gpus=constraints.max_gpus)
         return _result(found.problem, model, cluster, found.plan, found.estimate, found.info,
                        profile)
+    from autoplan.search.solve import solve_search  # CP-SAT: loaded by the commands that solve
+
     solution = solve_search(problems, constraints.pins, time_limit_s=time_limit_s,
                             objective=constraints.objective, bounds=constraints.bounds,
                             max_gpus=constraints.max_gpus, num_workers=num_workers)
@@ -459,77 +404,12 @@ def _batch_problems(model: Model, cluster: LoadedCluster, batches: list[int] | N
     return problems
 
 
-def plan_from_pins(problem: Problem, pins: Pins, *, first: int | None = None,
-                   last: int | None = None) -> Plan:
-    """A fully pinned plan; unpinned dimensions take the defaults tp=pp=cp=1, dp = the largest
-    degree that divides the global batch and fits the remaining GPUs, mbs=1, ZeRO-0, no
-    recompute, no SP, no interleaving, no offload, balanced stages."""
-    world = problem.cluster.num_gpus
-    tp, pp, cp = pins.tp or 1, pins.pp or 1, pins.cp or 1
-    mbs, vpp = pins.mbs or 1, pins.vpp or 1
-    batch = problem.training.global_batch
-    fitting = dp_options(batch, world // (tp * pp * cp), pins.dp)
-    dp = fitting[-1] if fitting else pins.dp or 0
-    if not dp or tp * pp * dp * cp > world or batch % (dp * mbs):
-        raise ConstraintError(
-            f"the plan tp={tp} pp={pp} dp={dp or '?'} cp={cp} mbs={mbs} does not fit {world} "
-            f"GPUs and a global batch of {batch}: tp*pp*dp*cp must not exceed the GPU count and "
-            "the global batch must divide by dp*mbs.")
-    ep = pins.ep or 1
-    if (dp * cp) % ep:
-        raise ConstraintError(
-            f"--ep {ep} does not divide dp*cp = {dp * cp} (dp={dp} cp={cp}): expert-parallel "
-            "ranks are carved out of the data-parallel replicas. Pin a --dp that --ep divides.")
-    caps = RUNTIMES[problem.training.runtime]
-    sp = pins.sp if pins.sp is not None else tp > 1 and (  # Megatron needs SP with EP and TP
-        ep > 1 and caps.ep_with_tp_needs_sp or caps.tp_implies_sp)
-    return Plan(
-        tp=tp, pp=pp, dp=dp, cp=cp, zero_stage=pins.zero or 0, micro_batch_size=mbs,
-        global_batch_size=batch, num_microbatches=batch // (dp * mbs),
-        recompute=pins.recompute or ("full" if pins.recompute_num_layers else "none"),
-        recompute_num_layers=pins.recompute_num_layers, sequence_parallel=bool(sp), vpp=vpp,
-        offload=pins.offload or "none", world_size=tp * pp * dp * cp,
-        placement=pins.placement or DEFAULT_PLACEMENT, ep=ep,
-        stages=balanced_stages(problem.graph, pp, vpp, first=first, last=last),
-        pipeline_schedule=pipeline_schedule(problem.training.runtime, vpp),
-    )
-
-
 def _check_ep_cluster(cluster: LoadedCluster, ep: int | None) -> None:
     """Expert parallelism is costed on clusters of one kind of node only."""
     if ep not in (None, 1) and not cluster.cluster.is_homogeneous:
         raise ConstraintError(
             f"--ep {ep}: expert parallelism is not modelled on a cluster of several node groups "
             "yet; leave --ep unset or plan on one node group.")
-
-
-def check_plan_matches(problem: Problem, plan: Plan, model: Model,
-                       info: ModelInfo | None = None) -> None:
-    """Refuse a plan made for another model: its stages must cover the traced layers and the
-    model section of its JSON (``info``, when there is one) must count the same parameters.
-
-    Raises:
-        ConstraintError: saying what differs.
-    """
-    graph = problem.graph
-    if info is not None and info.num_params != graph.num_params:
-        raise ConstraintError(
-            f"the plan was made for {info.name} ({info.num_params:,} parameters) but "
-            f"{model.name} has {graph.num_params:,}: the plan does not match the model. Pass "
-            "the model.py it was solved for, or solve this model afresh.")
-    if plan.num_layers != len(graph.layers):
-        raise ConstraintError(
-            f"the plan's stages cover {plan.num_layers} layers but {model.name} traces into "
-            f"{len(problem.graph.layers)} (embedding, blocks, head and loss each count): the "
-            "plan does not match the model (was it made for another model?). Pass the "
-            "model.py it was solved for, or solve this model afresh.")
-
-
-def _with_implied_sp(problem: Problem, plan: Plan) -> Plan:
-    """The plan as its runtime runs it: torchtitan shards the sequence whenever TP > 1."""
-    if plan.tp > 1 and not plan.sequence_parallel and RUNTIMES[problem.training.runtime].tp_implies_sp:
-        return plan.model_copy(update={"sequence_parallel": True})
-    return plan
 
 
 def _plan_for(problem: Problem, cluster: LoadedCluster, model: Model, plan_or_pins) -> Plan:
@@ -546,7 +426,7 @@ def _plan_for(problem: Problem, cluster: LoadedCluster, model: Model, plan_or_pi
             check_ep(problem.graph, problem.training, Pins(
                 ep=plan_or_pins.ep, dp=plan_or_pins.dp, cp=plan_or_pins.cp, tp=plan_or_pins.tp,
                 sp=plan_or_pins.sequence_parallel))
-        plan_or_pins = _with_implied_sp(problem, plan_or_pins)
+        plan_or_pins = with_implied_sp(problem, plan_or_pins)
         if plan_or_pins.stage_groups is not None:
             check_groups(problem, plan_or_pins)
         elif not cluster.cluster.is_homogeneous:
@@ -575,9 +455,11 @@ def _settings(run: ImportedRun | None, seq_len, global_batch, precision, runtime
             runtime or (run.runtime if run else default_runtime))
 
 
-def estimate(model, cluster, plan_or_pins, *, seq_len: int | None = None,
-             global_batch: int | None = None, mem_limit=None, precision: str | None = None,
-             runtime: str | None = None, attention: str = "flash", profile=None,
+def estimate(model: ModelLike, cluster: ClusterLike,
+             plan_or_pins: Plan | PinsLike | ImportedRun, *, seq_len: int | None = None,
+             global_batch: int | None = None, mem_limit: MemLimit = None,
+             precision: str | None = None, runtime: str | None = None,
+             attention: str = "flash", profile: ProfileLike = None,
              runtime_settings: Mapping[str, Any] | None = None, optimizer: str | None = None,
              frozen_dtype: str | None = None, optimizer_in_backward: bool = False) -> Result:
     """Evaluate one plan: a Plan, pins completed with documented defaults, or an
@@ -587,7 +469,7 @@ def estimate(model, cluster, plan_or_pins, *, seq_len: int | None = None,
     of the runtime's profile (:func:`runtime_with`); ``optimizer``, ``frozen_dtype`` and
     ``optimizer_in_backward`` as in :func:`solve`."""
     start = time.perf_counter()
-    model, cluster, profile = load_model(model), load_cluster(cluster), _loaded_profile(profile)
+    model, cluster, profile = load_model(model), load_cluster(cluster), loaded_profile(profile)
     run = plan_or_pins if isinstance(plan_or_pins, ImportedRun) else None
     seq_len, global_batch, precision, runtime = _settings(run, seq_len, global_batch, precision,
                                                          runtime)
@@ -629,40 +511,8 @@ def _first_problem(err: ValidationError) -> str:
     return f"{where + ': ' if where else ''}{item['msg']}{problems}"
 
 
-def trace_document(graph: LayerGraph, batch: int = 1) -> dict:
-    """The ``autoplan trace --json`` document for ``batch`` sequences (figures per sample in the
-    graph scale linearly with the batch)."""
-    layers = [{
-        "name": l.name, "kind": l.kind.value, "params": l.num_params,
-        "trainable_params": l.trainable_params,
-        "fwd_flops": l.fwd_flops * batch, "bwd_flops": l.bwd_flops * batch,
-        "activation_bytes": l.activation_bytes * batch + l.attention_internal_bytes * batch,
-        "boundary_bytes": l.boundary_bytes * batch,
-        "tp_split": {g.name: g.split.value for g in l.gemms},
-    } for l in graph.layers]
-    return {"model": graph.name, "seq_len": graph.seq_len, "batch": batch,
-            "num_params": graph.num_params, "num_trainable_params": graph.num_trainable_params, "fwd_flops": graph.fwd_flops * batch,
-            "bwd_flops": graph.bwd_flops * batch, "layers": layers,
-            "tp_constraints": tp_constraints(graph)}
-
-
-VOCAB_PAD_MULTIPLE = 128
-"""Megatron-LM pads the vocabulary to a multiple of 128 x TP (--make-vocab-size-divisible-by)."""
-
-
-def tp_constraints(graph: LayerGraph) -> dict:
-    """What a TP degree must respect: it divides the attention heads and KV heads; the
-    vocabulary is padded to a multiple of 128 x tp (the padded size per TP degree is listed)."""
-    vocab = graph.dims.vocab_size if graph.dims else 0
-    multiple = VOCAB_PAD_MULTIPLE
-    return {"divides": list(graph.tp_divisors),
-            "vocab_size": vocab,
-            "padded_vocab": {tp: -(-vocab // (multiple * tp)) * multiple * tp
-                             for tp in (1, 2, 4, 8) if vocab}}
-
-
-def place_for_inference(model, cluster, *, context_len: int, batch: int = 1,
-                        mem_limit=None) -> InferencePlacement:
+def place_for_inference(model: ModelLike, cluster: ClusterLike, *, context_len: int,
+                        batch: int = 1, mem_limit: MemLimit = None) -> InferencePlacement:
     """A Hugging Face ``device_map`` (module name -> GPU index) that fits the model for
     inference with ``context_len`` tokens of KV cache, and the predicted time per token."""
     if context_len < 1 or batch < 1:
@@ -675,7 +525,7 @@ def place_for_inference(model, cluster, *, context_len: int, batch: int = 1,
                                mem_limit_bytes=mem_limit_bytes(mem_limit, cluster.cluster))
 
 
-def verify(model, plan_or_result: Plan | Result | str | Path, *, steps: int = 5,
+def verify(model: ModelLike, plan_or_result: Plan | Result | str | Path, *, steps: int = 5,
            seq_len: int | None = None, trace_time_limit_s: float | None = None) -> dict:
     """Train ``plan_or_result`` on CPU, one gloo process per rank, next to a single-process
     reference with the same weights and batches; return losses and per-rank memory.
@@ -694,7 +544,7 @@ def verify(model, plan_or_result: Plan | Result | str | Path, *, steps: int = 5,
     Raises:
         VerifyError: the plan cannot run here, or a rank failed.
     """
-    from autoplan.costmodels.step import Problem as _Problem
+    from autoplan.costmodels.problem import Problem as _Problem
     from autoplan.verify.memory import FP32_ADAM, predicted_rank_bytes
     from autoplan.verify.runner import verify_plan
     from autoplan.verify.tp_check import local_tp_problem
@@ -732,64 +582,8 @@ def verify(model, plan_or_result: Plan | Result | str | Path, *, steps: int = 5,
                        predicted_bytes=predicted_rank_bytes(problem, plan), notes=notes)
 
 
-def sweep(model, cluster, *, over, base=None, time_limit_s: float | None = None,
-          workers: int | None = None, price_per_gpu_hour: float | dict | None = None,
-          train_tokens: float | None = None, ray_address: str | None = None,
-          progress=None, profile=None) -> dict:
-    """Solve every point of a grid of inputs and mark the Pareto fronts (see autoplan.sweep).
-
-    Args:
-        model: a path to model.py, an imported module, or a loaded :class:`Model`; traced once
-            per sequence length and precision here, the traces shipped to the workers.
-        cluster: the base cluster (path, mapping or loaded); points change nodes, gpu, links.
-        over: the swept inputs, ``{"nodes": [1, 2, 4], "seq_len": [2048, 4096]}`` or ``Axes``.
-        base: inputs held fixed (``{"seq_len": 4096, "global_batch": 512, "zero": 1}``).
-        workers: processes (default: the machine's cores).
-        price_per_gpu_hour: $ per GPU-hour, one price or ``{gpu name: price}``.
-        train_tokens: tokens of the run whose time-to-train and cost the fronts use.
-        ray_address: run the points as Ray tasks there (``local`` starts Ray here).
-        progress: ``callback(done, total)`` after each point.
-        profile: a calibration profile every point is solved with (as :func:`solve`).
-
-    Returns:
-        The ``sweep --json`` document: ``{"points": [{"inputs", "plan", "estimate", "solver",
-        "metrics", "fronts", "pareto"}, ...]}``; an infeasible point has ``plan: None`` and
-        ``error``.
-    """
-    from autoplan import sweep as sweeps
-
-    start = time.perf_counter()
-    model, cluster = load_model(model), load_cluster(cluster)
-    require_homogeneous(cluster.cluster, "sweep")
-    axes = over if isinstance(over, sweeps.Axes) else validated(sweeps.Axes, over, "over")
-    base = base if isinstance(base, sweeps.PointInputs) else validated(
-        sweeps.PointInputs, base or {}, "base")
-    inputs = sweeps.points(base, axes)
-    rows = sweeps.run_points(model, cluster, inputs,
-                             time_limit_s=time_limit_s or DEFAULT_TIME_LIMIT_S, workers=workers,
-                             ray_address=ray_address, progress=progress,
-                             profile=_loaded_profile(profile))
-    return sweeps.document(
-        inputs, rows, model_name=model.name, wall_time_s=time.perf_counter() - start,
-        price_per_gpu_hour=price_per_gpu_hour or sweeps.DEFAULT_PRICE_PER_GPU_HOUR,
-        train_tokens=train_tokens or sweeps.DEFAULT_TRAIN_TOKENS)
-
-
-def sweep_file(path: str | Path, *, workers: int | None = None, ray_address: str | None = None,
-               progress=None, profile=None, trace_time_limit_s: float | None = None) -> dict:
-    """Run a sweep YAML (examples/sweeps/*.yaml); ``trace_time_limit_s`` as in :func:`load_model`."""
-    from autoplan import sweep as sweeps
-
-    spec = sweeps.load_sweep_spec(path)
-    model = load_model(spec.model,
-                       trace_time_limit_s=trace_time_limit_s or DEFAULT_TRACE_TIME_LIMIT_S)
-    return sweep(model, spec.cluster, over=spec.over, base=spec.base,
-                 time_limit_s=spec.time_limit_s, workers=workers,
-                 price_per_gpu_hour=spec.price_per_gpu_hour, train_tokens=spec.train_tokens,
-                 ray_address=ray_address, progress=progress, profile=profile)
-
-
-def explain(result: Result | str | Path, model, *, pins=None, profile=None):
+def explain(result: Result | str | Path, model: ModelLike, *, pins: PinsLike = None,
+            profile: ProfileLike = None) -> Explanation:
     """Why a plan: binding constraint, runners-up per (TP, PP), what-ifs, warnings.
 
     Args:
@@ -812,7 +606,7 @@ def explain(result: Result | str | Path, model, *, pins=None, profile=None):
     cluster = load_cluster(result.cluster)
     require_homogeneous(cluster.cluster, "explain")
     model = load_model(model)
-    profile = _loaded_profile(profile)
+    profile = loaded_profile(profile)
     problem = make_problem(model, cluster, training,
                            result.estimate.memory_limit_gib * 2**30, profile=profile)
     check_plan_matches(problem, result.plan, model, result.model)
@@ -821,44 +615,6 @@ def explain(result: Result | str | Path, model, *, pins=None, profile=None):
     if note is None or not note.warnings:
         return explanation
     return explanation.model_copy(update={"warnings": [*explanation.warnings, *note.warnings]})
-
-
-def write_sweep(doc: dict, folder: str | Path, *, force: bool = False) -> list[Path]:
-    """sweep.csv, sweep.json and the sweep figures (PNG) into ``folder``, each written
-    atomically.
-
-    Raises:
-        OutputExistsError: one of them exists and ``force`` is false (nothing is written).
-    """
-    from autoplan import plots
-    from autoplan import sweep as sweeps
-
-    folder = Path(folder)
-    figures = any(p["plan"] for p in doc["points"])
-    check_sweep_out(folder, force=force)
-    with write_errors_as(OutputExistsError):
-        folder.mkdir(parents=True, exist_ok=True)
-        written = [sweeps.write_csv(doc, folder / "sweep.csv"),
-                   sweeps.write_json(doc, folder / "sweep.json")]
-        if figures:
-            written += plots.sweep_figures(doc, folder)
-    return written
-
-
-def check_sweep_out(folder: str | Path, *, force: bool = False) -> None:
-    """Refuse a ``folder`` that is a file or cannot be written, or (without ``force``) holds
-    any file :func:`write_sweep` may write (called before the sweep runs, so a refusal costs
-    nothing).
-
-    Raises:
-        OutputExistsError: saying what is wrong, naming the files.
-    """
-    from autoplan import plots
-
-    check_writable_folder(Path(folder))
-    if not force:
-        names = ["sweep.csv", "sweep.json", *(f"{n}.png" for n in plots.SWEEP_FIGURES)]
-        refuse_existing([Path(folder) / name for name in names])
 
 
 def check_export_out(folder: str | Path) -> None:
@@ -919,7 +675,8 @@ def draw_topology(cluster: LoadedCluster, path: str | Path, *, force: bool = Fal
         return draw_png(cluster.cluster, path)
 
 
-def calibrate_runs(runs: list[str | Path], out: str | Path, *, model=None, cluster=None,
+def calibrate_runs(runs: list[str | Path], out: str | Path, *, model: ModelLike | None = None,
+                   cluster: ClusterLike | None = None,
                    force: bool = False, leave_one_out: bool = True) -> RunsProfile:
     """Fit the global physical parameters (costmodels.parameters) to measured runs and write
     the profile YAML to ``out`` (autoplan.run_profile).

@@ -228,7 +228,7 @@ def measure(device: str = "cpu", *, quick: bool = False) -> MeasuredProfile:
     for m, n, k in QUICK_GEMM_SHAPES if quick else GEMM_SHAPES:
         a = torch.randn(m, k, device=device, dtype=dtype)
         b = torch.randn(k, n, device=device, dtype=dtype)
-        points.append(GemmPoint(m=m, n=n, k=k, seconds=_timed(lambda: a @ b, repeats, sync)))
+        points.append(GemmPoint(m=m, n=n, k=k, seconds=_timed(lambda a=a, b=b: a @ b, repeats, sync)))
     size = QUICK_COPY_BYTES if quick else COPY_BYTES
     src = torch.empty(size // 2, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)

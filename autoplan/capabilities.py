@@ -39,6 +39,7 @@ Facts, from the frameworks' own code (the versions installed as test dependencie
 from __future__ import annotations
 
 from collections.abc import Callable
+from importlib.metadata import entry_points
 from dataclasses import dataclass, field, replace
 
 from autoplan.errors import ConstraintError
@@ -220,10 +221,6 @@ plan of FSDP (``tp_implies_sp``) and is a searched choice on Megatron-LM only; u
 interleaving is searched for Megatron-LM only. The optimizer in backward is priced on FSDP only:
 torchtune's FSDP2 recipes have it (the ``torchtune`` target); torchtitan 0.3, DeepSpeed and
 Megatron-LM step after the whole backward."""
-
-
-def runtime_caps(runtime: Runtime) -> Capabilities:
-    return RUNTIMES[runtime]
 
 
 def require_in_backward_runtime(runtime: Runtime) -> None:
@@ -415,3 +412,16 @@ def lack_reason(runtime: Runtime, lacking: list[Feature]) -> str:
         parts.append(f"{feature.flags} --runtime {runtime.value}: {RUNTIMES[runtime].name} has "
                      f"no {feature.label}; {have}")
     return "; ".join(parts)
+
+
+EXPORTER_GROUP = "autoplan.exporters"
+"""The entry-point group export targets register under (autoplan's own in pyproject.toml)."""
+BUILTIN_TARGETS = ("megatron", "deepspeed", "torchtitan", "accelerate", "colossalai", "torchrun",
+                   "torchtune")
+"""The targets autoplan ships, used when it runs from a source tree without installed metadata."""
+
+
+def target_names() -> list[str]:
+    """The export targets' names, without importing them (the CLI's choices): the entry points
+    of ``autoplan.exporters``, else the built-ins."""
+    return sorted({ep.name for ep in entry_points(group=EXPORTER_GROUP)} or BUILTIN_TARGETS)

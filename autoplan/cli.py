@@ -9,17 +9,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.console import Console
 
-from autoplan import api
+from autoplan.capabilities import target_names
 from autoplan.errors import AutoplanError, PlanFileError
+from autoplan.graph.sandbox import DEFAULT_TIME_LIMIT_S as DEFAULT_TRACE_TIME_LIMIT_S
+from autoplan.graph.trace_cache import DISABLE_ENV as NO_CACHE_ENV
 from autoplan.plan import Offload, Recompute, Result
+from autoplan.training import DEFAULT_TIME_LIMIT_S
+
+if TYPE_CHECKING:
+    from autoplan.plugins.importers import ImportedRun
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan tensor/pipeline/data parallelism for training a PyTorch model.")
@@ -30,19 +37,43 @@ stdout = Console(width=None if sys.stdout.isatty() else PIPED_WIDTH)
 stderr = Console(stderr=True)
 
 
+@app.callback()
+def _global_options(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Say on stderr what happened: "
+                                 "the trace (or its cache), the shapes the search bounded, "
+                                 "expanded and pruned, and why it stopped."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Trace model.py afresh: neither "
+                                  "read nor write the trace cache (~/.cache/autoplan)."),
+) -> None:
+    """Plan tensor/pipeline/data parallelism for training a PyTorch model."""
+    _log_to_stderr(verbose)
+    if no_cache:
+        os.environ[NO_CACHE_ENV] = "1"
+
+
+def _log_to_stderr(verbose: bool) -> None:
+    """With ``verbose``, autoplan's info lines on the current stderr through one handler
+    (replaced on each call, so repeated in-process invocations do not print twice); without,
+    logging as it was (warnings through the root logger)."""
+    package = logging.getLogger("autoplan")
+    for handler in [h for h in package.handlers if getattr(h, "autoplan_cli", False)]:
+        package.removeHandler(handler)
+    package.setLevel(logging.INFO if verbose else logging.NOTSET)
+    package.propagate = not verbose
+    if verbose:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        handler.autoplan_cli = True
+        package.addHandler(handler)
+
+
 class ZeroChoice(str, Enum):
     Z0, Z1, Z2, Z3 = "0", "1", "2", "3"
 
 
-class ExportTarget(str, Enum):
-    megatron = "megatron"
-    deepspeed = "deepspeed"
-    torchtitan = "torchtitan"
-    accelerate = "accelerate"
-    colossalai = "colossalai"
-    torchrun = "torchrun"
-    torchtune = "torchtune"
-    all = "all"
+ExportTarget = Enum("ExportTarget", [(name, name) for name in [*target_names(), "all"]], type=str)
+"""The targets of --to and --export: every exporter registered under the ``autoplan.exporters``
+entry points (a third-party one too), and all."""
 
 
 MODEL = typer.Argument(..., help="model.py defining build_model().")
@@ -132,11 +163,12 @@ JSON = typer.Option(False, "--json", help="Print one JSON document and nothing e
 TRACE_TIMEOUT = typer.Option(
     None, "--trace-timeout", min=0.1, metavar="SECONDS",
     help=f"Stop importing and tracing model.py after this long (default "
-         f"{api.DEFAULT_TRACE_TIME_LIMIT_S:g} s).")
+         f"{DEFAULT_TRACE_TIME_LIMIT_S:g} s).")
 
 
-def _read_run(path: Path) -> api.ImportedRun:
+def _read_run(path: Path) -> ImportedRun:
     """The setup of --from FILE; what was inferred from fields it leaves out goes to stderr."""
+    from autoplan import api  # here, not at the top: --help imports no stage
     run = api.read_run(path)
     for note in run.notes:
         stderr.print(f"note: {path.name}: {note}", highlight=False, soft_wrap=True)
@@ -146,6 +178,7 @@ def _read_run(path: Path) -> api.ImportedRun:
 def _model(path: Path, trace_timeout: Optional[float]):
     """model.py with --trace-timeout when given; else the path (the options file's
     trace_timeout, or the default, then applies)."""
+    from autoplan import api  # here, not at the top: --help imports no stage
     if trace_timeout is None:
         return path
     return _run(lambda: api.load_model(path, trace_time_limit_s=trace_timeout))
@@ -166,7 +199,7 @@ def solve(
     optimizer_in_backward: Optional[bool] = IN_BACKWARD, as_json: bool = JSON,
     headroom: Optional[float] = typer.Option(
         None, "--headroom", help="Fraction of each GPU's memory plans leave free (default 0.05)."),
-    time_limit: float = typer.Option(api.DEFAULT_TIME_LIMIT_S, "--time-limit", min=0.1,
+    time_limit: float = typer.Option(DEFAULT_TIME_LIMIT_S, "--time-limit", min=0.1,
                                      help="Solver time limit in seconds; the best plan so far is returned."),
     export: Optional[ExportTarget] = typer.Option(None, "--export", help="Also write launch files."),
     out: Optional[Path] = typer.Option(None, "--out", help="Folder for --export."),
@@ -188,6 +221,7 @@ def solve(
     """Find the fastest plan that fits in memory (or the fewest GPUs, or the cheapest, with
     --objective); given options pin those dimensions. With --from, also price the setup you run
     now and say what to change."""
+    from autoplan import api  # here, not at the top: --help imports no stage
     pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload, recompute_num_layers,
                  placement, ep)
     if export is not None:  # before the solve, which may take minutes
@@ -246,6 +280,7 @@ def estimate(
 ) -> None:
     """Evaluate one plan. Unset dimensions default to tp=pp=cp=1, dp = the most GPUs left that
     divide the global batch, mbs=1, ZeRO-0, no recompute, no SP, no interleaving, no offload."""
+    from autoplan import api  # here, not at the top: --help imports no stage
     pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload, recompute_num_layers,
                  placement, ep)
 
@@ -272,6 +307,7 @@ def trace(
     trace_timeout: Optional[float] = TRACE_TIMEOUT,
 ) -> None:
     """Print the traced layer table of a model."""
+    from autoplan import api  # here, not at the top: --help imports no stage
     graph = _run(lambda: api.load_model(_model(model, trace_timeout)).trace(seq_len))
     document = api.trace_document(graph, batch)
     if as_json:
@@ -314,6 +350,7 @@ def export_cmd(
     force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
 ) -> None:
     """Write launch files for a plan saved from `solve --json`."""
+    from autoplan import api  # here, not at the top: --help imports no stage
     result = _run(lambda: api.load_result(plan_json))
     _run(lambda: api.check_export_out(out))
     _print_written(_export(result, to, out, force), _refused(result, to))
@@ -326,6 +363,7 @@ def topo(
     force: bool = typer.Option(False, "--force", help="Overwrite an existing --png file."),
 ) -> None:
     """Check a cluster.yaml and show its topology: hardware, fabric, group bandwidths."""
+    from autoplan import api  # here, not at the top: --help imports no stage
     from autoplan.cluster.render import render_summary
     loaded = _run(lambda: api.load_cluster(cluster))
     render_summary(loaded.cluster, stdout)
@@ -342,6 +380,7 @@ def verify_cmd(
 ) -> None:
     """Run a plan on CPU (one gloo process per rank) next to a single-process reference and
     compare losses and per-rank memory."""
+    from autoplan import api  # here, not at the top: --help imports no stage
     document = _run(lambda: api.verify(model, plan_json, steps=steps,
                                        trace_time_limit_s=trace_timeout))
     if as_json:
@@ -371,7 +410,7 @@ def sweep_cmd(
     ray: Optional[str] = typer.Option(None, "--ray", help="Ray address (or local) to run the points on."),
     price: Optional[float] = typer.Option(None, "--gpu-hour-price", help="$ per GPU-hour (default 2)."),
     train_tokens: Optional[float] = typer.Option(None, "--train-tokens", help="Tokens of the run (default 1e12)."),
-    time_limit: float = typer.Option(api.DEFAULT_TIME_LIMIT_S, "--time-limit", min=0.1),
+    time_limit: float = typer.Option(DEFAULT_TIME_LIMIT_S, "--time-limit", min=0.1),
     out: Optional[Path] = typer.Option(None, "--out", help="Folder for sweep.csv, sweep.json and plots."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing files in --out."),
     profile: Optional[Path] = PROFILE,
@@ -383,7 +422,7 @@ def sweep_cmd(
     from autoplan import sweep as sweeps
 
     if out is not None:  # before the sweep, which may take minutes
-        _run(lambda: api.check_sweep_out(out, force=force))
+        _run(lambda: sweeps.check_sweep_out(out, force=force))
     base = {k: v for k, v in {"seq_len": seq_len, "global_batch": global_batch,
                               "mem_limit": mem_limit, "runtime": runtime,
                               "precision": precision}.items() if v is not None}
@@ -391,17 +430,17 @@ def sweep_cmd(
         task = bar.add_task("solving points", total=None)
         progress = lambda done, total: bar.update(task, completed=done, total=total)  # noqa: E731
         if cluster is None:
-            doc = _run(lambda: api.sweep_file(source, workers=workers, ray_address=ray,
+            doc = _run(lambda: sweeps.sweep_file(source, workers=workers, ray_address=ray,
                                               progress=progress, profile=profile,
                                               trace_time_limit_s=trace_timeout))
         else:
-            doc = _run(lambda: api.sweep(
+            doc = _run(lambda: sweeps.sweep(
                 _model(source, trace_timeout), cluster, over=_run(lambda: sweeps.parse_over(over)), base=base,
                 time_limit_s=time_limit, workers=workers, price_per_gpu_hour=price,
                 train_tokens=train_tokens, ray_address=ray, progress=progress,
                 profile=profile))
     if out is not None:
-        for path in _run(lambda: api.write_sweep(doc, out, force=force)):
+        for path in _run(lambda: sweeps.write_sweep(doc, out, force=force)):
             stderr.print(f"wrote {path}")
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
@@ -419,6 +458,7 @@ def explain_cmd(
     as_json: bool = JSON, trace_timeout: Optional[float] = TRACE_TIMEOUT,
 ) -> None:
     """Why this plan: binding constraint, runners-up per TP/PP shape, what-ifs and warnings."""
+    from autoplan import api  # here, not at the top: --help imports no stage
     result = _run(lambda: api.load_result(plan_json))
     _emit_explanation(_run(lambda: api.explain(result, _model(model, trace_timeout),
                                                profile=profile)), as_json)
@@ -445,6 +485,7 @@ def infer_cmd(
     trace_timeout: Optional[float] = TRACE_TIMEOUT,
 ) -> None:
     """Inference placement: a Hugging Face device_map and the predicted time per generated token."""
+    from autoplan import api  # here, not at the top: --help imports no stage
     placement = _run(lambda: api.place_for_inference(_model(model, trace_timeout), cluster, context_len=context_len,
                                                      batch=batch, mem_limit=mem_limit))
     if as_json:
@@ -485,6 +526,7 @@ def calibrate_cmd(
     """Measure GEMM throughput, memory bandwidth and (several GPUs) all-reduce bandwidth here
     and write a profile for `solve`/`estimate --profile`; with --runs, fit the cost model's
     global parameters to your measured runs instead."""
+    from autoplan import api  # here, not at the top: --help imports no stage
     from autoplan.calibrate import bus_bandwidth_Bps
     if runs:
         profile = _run(lambda: api.calibrate_runs(runs, out, model=model, cluster=cluster,

@@ -1,6 +1,6 @@
 """Why this plan: the binding constraint, the runners-up, what-ifs and a practitioner's warnings.
 
-Everything here reads the solver's own tables (``search.solver.Table``) for the same problem,
+Everything here reads the solver's own tables (``search.table.Table``) for the same problem,
 so "the runner-up is 12% slower" is a statement about the same cost model and the same order
 that picked the plan, and an explanation costs a few solves, not an enumeration:
 runners-up are the solver's exact best plan per other (TP, PP) shape; what binds is read from
@@ -18,21 +18,21 @@ from pydantic import BaseModel, ConfigDict
 from autoplan.capabilities import RUNTIMES
 from autoplan.cluster.topology import GroupLinks
 from autoplan.costmodels.comm import SLOW_NETWORK_BPS
-from autoplan.costmodels.step import (
-    Problem, axis_links, estimate, limit_mib, memory_mib, peak_moments,
-)
+from autoplan.costmodels.problem import Problem, limit_mib, memory_mib
+from autoplan.costmodels.placement import axis_links
+from autoplan.costmodels.step import estimate, peak_moments
 from autoplan.graph.layer_graph import LayerGraph
 from autoplan.plan import Offload, OmitsDefaults, Plan, Result, one_line
 from autoplan.plugins.colossalai_tp import compare_tp_modes
 from autoplan.search.runners_up import best_by_shape
-from autoplan.search.solver import Table
+from autoplan.search.table import Table
 from autoplan.training import Optimizer, Pins, Runtime
-from autoplan.units import format_seconds
+from autoplan.units import format_excess, format_seconds, gib_digits
 
 POOR_SCALING = 0.7
 """Per-GPU throughput under 70% of one node's: a healthy run scales close to linearly."""
 LOW_HEADROOM = 0.05
-"""Memory counts as binding for the chosen plan when it is within 5% of the limit."""
+"""Within 5% of the limit a plan's memory is shown with what is left to spare."""
 ZERO3_TRAFFIC = 3
 """ZeRO-3 moves parameter bytes three times per step: all-gather forward, all-gather backward,
 reduce-scatter gradients (Rajbhandari et al. 2020, sec. 7.2.2)."""
@@ -129,25 +129,31 @@ def _describe_links(problem: Problem, links: GroupLinks) -> str:
 
 
 def binding(table: Table, problem: Problem, row: int, pins: Pins) -> str:
-    """Memory binds when a faster candidate (in the solver's order) exists that does not fit;
-    say which stage of it overflows."""
+    """What keeps the plan from being faster: its own memory when it does not fit; the pins
+    (or whoever chose it) when a faster plan fits; memory when the faster candidates of the
+    solver's order all overflow (say which stage of the nearest miss); else nothing."""
     est = table.estimate(row)
-    free = Table.build(replace(problem, mem_limit_bytes=UNLIMITED_BYTES, _cache={}), pins,
+    worst = max(range(len(est.stage_memory_gib)), key=lambda s: est.stage_memory_gib[s])
+    own = (f"the plan's fullest GPU is on pipeline stage {worst} at "
+           f"{_against_limit(est.peak_memory_gib, est.memory_limit_gib)}, its peak during "
+           f"{peak_moments(problem, table.plans[row])[worst]}")
+    best = best_row(table)
+    if not table.fits(row):
+        other = (_faster_fit(table, best, row) if best is not None
+                 else "no plan fits under these pins")
+        return f"memory: the plan does not fit: {own}; {other}."
+    if best is not None and table.key(best) < table.key(row):
+        return (f"pins: {_faster_fit(table, best, row)}, so what binds is the choice of this "
+                f"plan (pinned or estimated), not memory; {own}.")
+    free = Table.build(replace(problem, mem_limit_bytes=UNLIMITED_BYTES), pins,
                        bound_key=table.key(row))
     fastest = min(range(len(free)), key=free.order)
-    worst = max(range(len(est.stage_memory_gib)), key=lambda s: est.stage_memory_gib[s])
-    own = (f"the plan's fullest GPU is on pipeline stage {worst} at {est.peak_memory_gib:.1f} "
-           f"of {est.memory_limit_gib:.1f} GiB, its peak during "
-           f"{peak_moments(problem, table.plans[row])[worst]}")
     if free.key(fastest) >= table.key(row):
         return f"nothing binds: the plan is the fastest candidate even ignoring memory; {own}."
     limit = limit_mib(problem)
     fest = free.estimate(fastest)
-    if memory_mib(free.peak_bytes[fastest]) <= limit:
-        return (f"pins: the fastest candidate, {one_line(free.plans[fastest])}, would take "
-                f"{fest.step_time_s:.3f} s and fits, but the pins exclude it; {own}.")
     faster = [r for r in range(len(free)) if free.key(r) < table.key(row)
-              and memory_mib(free.peak_bytes[r]) > limit]
+              and memory_mib(free.peak_bytes[r]) > limit]  # all of them: the plan is the best fit
     nearest = min(faster, key=lambda r: (free.peak_bytes[r], free.order(r)))
     nest = free.estimate(nearest)
     stage = max(range(len(nest.stage_memory_gib)), key=lambda s: nest.stage_memory_gib[s])
@@ -155,21 +161,44 @@ def binding(table: Table, problem: Problem, row: int, pins: Pins) -> str:
     return (f"memory: {len(faster)} faster candidates do not fit (the fastest, "
             f"{one_line(free.plans[fastest])}, {1 - fest.step_time_s / est.step_time_s:.1%} "
             f"faster, needs {fest.peak_memory_gib:.0f} GiB); the nearest miss, "
-            f"{one_line(free.plans[nearest])}, would take {nest.step_time_s:.3f} s "
+            f"{one_line(free.plans[nearest])}, would take {format_seconds(nest.step_time_s)} "
             f"({1 - nest.step_time_s / est.step_time_s:.1%} faster) but needs "
             f"{_over(nest.peak_memory_gib, limit_gib)} on pipeline stage {stage}; {own}.")
 
 
+def _faster_fit(table: Table, best: int, row: int) -> str:
+    """The solver's choice ``best`` against ``row``, as a clause."""
+    best_s, row_s = table.step_times_s[best], table.step_times_s[row]
+    relation = (f"{1 - best_s / row_s:.1%} less than this plan's {format_seconds(row_s)}"
+                if best_s <= row_s else
+                f"{best_s / row_s - 1:.1%} more than this plan's {format_seconds(row_s)}")
+    return (f"the fastest plan that fits, {one_line(table.plans[best])}, needs "
+            f"{table.peak_bytes[best] / 2**30:.1f} GiB and takes {format_seconds(best_s)}, "
+            f"{relation}")
+
+
 def _over(need_gib: float, limit_gib: float) -> str:
-    """``81.3 GiB (limit 80.0 GiB)`` with as many decimals as it takes for the two to differ
-    (a near miss is over by MiBs, which one decimal rounds away), and the excess."""
-    digits = 1
-    while digits < 4 and f"{need_gib:.{digits}f}" == f"{limit_gib:.{digits}f}":
-        digits += 1
-    excess = (need_gib - limit_gib) * 1024
-    return (f"{need_gib:.{digits}f} GiB (limit {limit_gib:.1f} GiB, "
-            f"{excess:,.0f} MiB over)" if excess < 1024 else
-            f"{need_gib:.{digits}f} GiB (limit {limit_gib:.1f} GiB)")
+    """``81.3 GiB (limit 80.0 GiB)`` with as many decimals as it takes for the two to differ,
+    and under a GiB over the excess in MiB."""
+    need = f"{need_gib:.{gib_digits(need_gib, limit_gib)}f} GiB (limit {limit_gib:.1f} GiB"
+    if need_gib - limit_gib >= 1:
+        return need + ")"
+    return f"{need}, {format_excess(need_gib, limit_gib)} over)"
+
+
+def _against_limit(used_gib: float, limit_gib: float) -> str:
+    """``43.7 of 76.0 GiB``; within LOW_HEADROOM of the limit with the digits that differ and
+    what is left (``79.96 of 80.0 GiB, 41 MiB to spare``), over it by how much."""
+    if used_gib > limit_gib:
+        return (f"{used_gib:.{gib_digits(used_gib, limit_gib)}f} of {limit_gib:.1f} GiB, "
+                f"{format_excess(used_gib, limit_gib)} over the limit")
+    if used_gib < limit_gib * (1 - LOW_HEADROOM):
+        return f"{used_gib:.1f} of {limit_gib:.1f} GiB"
+    spare_mib = (limit_gib - used_gib) * 1024
+    if spare_mib < 1:
+        return f"{limit_gib:.1f} GiB, all of the limit (under 1 MiB to spare)"
+    left = f"{spare_mib / 1024:.1f} GiB" if spare_mib >= 1024 else f"{spare_mib:,.0f} MiB"
+    return f"{used_gib:.{gib_digits(used_gib, limit_gib)}f} of {limit_gib:.1f} GiB, {left} to spare"
 
 
 def bottleneck(problem: Problem, result: Result) -> str:
@@ -178,7 +207,7 @@ def bottleneck(problem: Problem, result: Result) -> str:
     parts = dict(est.time_breakdown_s)
     compute = parts.pop("compute", 0.0)
     part, seconds = max(parts.items(), key=lambda kv: kv[1])
-    share = f"{seconds:.3f} s, {seconds / est.step_time_s:.0%} of the step"
+    share = f"{format_seconds(seconds)}, {seconds / est.step_time_s:.0%} of the step"
     head = (f"compute is {compute / est.step_time_s:.0%} of the step (MFU {est.mfu:.0%}); "
             "the largest other part is ")
     if part in ("tp_comm", "cp_comm", "dp_comm", "pp_comm"):
@@ -214,7 +243,7 @@ def runners_up(table: Table, chosen: int, *, count: int = 8) -> list[RunnerUp]:
 
 
 def _with_cluster(problem: Problem, **changes) -> Problem:
-    return replace(problem, cluster=replace(problem.cluster, **changes), _cache={})
+    return replace(problem, cluster=replace(problem.cluster, **changes))
 
 
 def _what_if(change: str, problem: Problem, pins: Pins, chosen: Plan, base_s: float) -> WhatIf:
@@ -230,7 +259,7 @@ def _what_if(change: str, problem: Problem, pins: Pins, chosen: Plan, base_s: fl
 
 def what_ifs(problem: Problem, chosen: Plan, base_s: float, pins: Pins) -> list[WhatIf]:
     """Re-solve with 1.5x memory, 2x intra-node and 2x inter-node bandwidth."""
-    more = replace(problem, mem_limit_bytes=problem.mem_limit_bytes * 1.5, _cache={})
+    more = replace(problem, mem_limit_bytes=problem.mem_limit_bytes * 1.5)
     out = [_what_if(f"1.5x GPU memory ({problem.mem_limit_bytes * 1.5 / 2**30:.0f} GiB)", more,
                     pins, chosen, base_s)]
     cluster = problem.cluster
@@ -333,7 +362,7 @@ def fine_tuning_savings(problem: Problem, result: Result) -> str | None:
             and training.optimizer is Optimizer.ADAMW and not training.optimizer_in_backward
             and training.frozen_storage.value == training.precision.value):
         return None
-    full = replace(problem, graph=_fully_trained(problem.graph), _cache={},
+    full = replace(problem, graph=_fully_trained(problem.graph),
                    training=training.model_copy(update={"optimizer": Optimizer.ADAMW,
                                                         "frozen_dtype": None,
                                                         "optimizer_in_backward": False}))
@@ -343,7 +372,7 @@ def fine_tuning_savings(problem: Problem, result: Result) -> str | None:
     fits = "fits" if theirs.feasible else "does not fit"
     return (f"against training all {problem.graph.num_params:,} parameters with AdamW in "
             f"{training.precision.value} ({theirs.peak_memory_gib:.1f} GiB, {fits}; "
-            f"{theirs.step_time_s:.3f} s per step), this fine-tune saves "
+            f"{format_seconds(theirs.step_time_s)} per step), this fine-tune saves "
             f"{saved['gradients']:.1f} GiB of gradients, {saved['optimizer']:.1f} GiB of "
             f"optimizer state and {saved['weights']:.1f} GiB of weights per GPU, and "
             f"{1 - mine.step_time_s / theirs.step_time_s:.0%} of the step"
@@ -364,7 +393,7 @@ def frameworks(result: Result) -> list[str]:
             out.append(f"{name}: no plan ({option.reason})")
             continue
         out.append(f"{name}: {option.step_time_s / base - 1:+.1%} per step "
-                   f"({option.step_time_s:.3f} s, {one_line(option.plan)}, "
+                   f"({format_seconds(option.step_time_s)}, {one_line(option.plan)}, "
                    f"{option.peak_memory_gib:.1f} GiB)")
     return out
 
@@ -377,7 +406,7 @@ def explain_plan(problem: Problem, result: Result, pins: Pins = Pins()) -> Expla
     best = best_row(table)
     if best is not None and table.step_times_s[best] < result.estimate.step_time_s * (1 - 1e-6):
         notes.append(f"not the fastest fitting plan: {one_line(table.plans[best])} takes "
-                     f"{table.step_times_s[best]:.3f} s; was the plan pinned?")
+                     f"{format_seconds(table.step_times_s[best])}; was the plan pinned?")
     return Explanation(
         plan=one_line(result.plan), step_time_s=result.estimate.step_time_s,
         binding=binding(table, problem, chosen, pins), bottleneck=bottleneck(problem, result),
@@ -398,15 +427,15 @@ def render(explanation: Explanation, console) -> None:
     console.print(f"[bold]bottleneck:[/] {e.bottleneck}", soft_wrap=True)
     table = RichTable(title="Runners-up (best plan of each other TP x PP shape)",
                       title_justify="left")
-    for column in ("TP", "PP", "plan", "step s", "slower", "GiB"):
+    for column in ("TP", "PP", "plan", "step", "vs this plan", "GiB"):
         table.add_column(column, justify="left" if column == "plan" else "right")
     for u in e.runners_up:
         table.add_row(str(u.tp), str(u.pp), u.plan if u.fits else f"[red]nothing fits[/] ({u.plan})",
-                      f"{u.step_time_s:.3f}", f"{u.slower_by:+.0%}", f"{u.peak_memory_gib:.1f}")
+                      format_seconds(u.step_time_s), f"{u.slower_by:+.0%}", f"{u.peak_memory_gib:.1f}")
     console.print(table)
     for w in e.what_ifs:
         outcome = ("nothing fits" if w.plan is None else
-                   f"{w.step_time_s:.3f} s ({w.speedup:+.0%})"
+                   f"{format_seconds(w.step_time_s)} ({w.speedup:+.0%} speed vs this plan)"
                    + (f", plan becomes {w.plan}" if w.plan_changes else ", same plan"))
         console.print(f"[bold]what if[/] {w.change}: {outcome}", soft_wrap=True)
     if e.fine_tuning:

@@ -27,7 +27,7 @@ from scipy.linalg import qr
 from scipy.optimize import least_squares
 
 from autoplan.costmodels.parameters import parameter, parameter_values, with_parameters
-from autoplan.costmodels.step import Problem
+from autoplan.costmodels.problem import Problem
 from autoplan.costmodels.step import estimate as estimate_plan
 from autoplan.plan import Plan
 

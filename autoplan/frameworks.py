@@ -144,8 +144,8 @@ def _no_runtime(options: list[RuntimeOption], errors: list[AutoplanError],
     if len(options) == 1 and options[0].status == "UNSUPPORTED":
         return InfeasibleError(f"{options[0].reason}. Change --runtime (or use auto) or leave "
                                "those options unset.")
-    text = "; ".join(o.reason if o.status == "UNSUPPORTED" else
-                     f"--runtime {o.runtime}: {o.reason}" for o in options)
+    text = "; ".join((o.reason if o.status == "UNSUPPORTED" else
+                      f"--runtime {o.runtime}: {o.reason}").rstrip(".") for o in options)
     if any(o.status in ("UNSUPPORTED", "INFEASIBLE") for o in options):
         return InfeasibleError(f"no runtime has a plan: {text}.")
     if errors and all(isinstance(e, NoPlanInTimeError) for e in errors):

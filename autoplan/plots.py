@@ -18,7 +18,7 @@ from matplotlib.patches import Rectangle  # noqa: E402
 
 from autoplan.files import replacing  # noqa: E402
 from autoplan.plan import Result, one_line  # noqa: E402
-from autoplan.sweep import FRONTS  # noqa: E402
+from autoplan.sweep.fronts import FRONTS  # noqa: E402
 
 TIME_PARTS = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble", "optimizer")
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "other")

@@ -9,10 +9,11 @@ from rich.text import Text
 from autoplan.capabilities import RUNTIMES
 from autoplan.cluster.spec import load_cluster_spec, resolve
 from autoplan.costmodels.comm import network_note, slow_link_note
+from autoplan.graph.layer_graph import LayerGraph
 from autoplan.plan import Plan, Result, degrees
 from autoplan.plugins.summary import fine_tuning_line
 from autoplan.training import Runtime
-from autoplan.units import format_count, format_seconds
+from autoplan.units import format_count, format_flops, format_seconds
 
 
 def _kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
@@ -116,11 +117,11 @@ def _tightest(e) -> int:
 def _breakdown_table(title: str, values: dict[str, float], unit: str, total: float) -> Table:
     table = Table(title=title, title_justify="left")
     table.add_column("part")
-    table.add_column(unit, justify="right")
+    table.add_column("time" if unit == "s" else unit, justify="right")
     table.add_column("share", justify="right")
     for name, value in values.items():
         share = value / total if total else 0.0
-        table.add_row(name.replace("_", " "), f"{value:.3f}" if unit == "s" else f"{value:.2f}",
+        table.add_row(name.replace("_", " "), format_seconds(value) if unit == "s" else f"{value:.2f}",
                       f"{share:.0%}")
     return table
 
@@ -136,13 +137,13 @@ def solver_text(result: Result) -> Text:
     goal = "" if s.objective_terms == ("time",) else (
         f" for {' then '.join(s.objective_terms)}: {s.objective:.4g} {s.objective_unit}")
     if s.status == "OPTIMAL":
-        line = f"Solver: OPTIMAL (proven){goal} in {s.wall_time_s:.2f} s"
+        line = f"Solver: OPTIMAL (proven){goal} in {format_seconds(s.wall_time_s)}"
     elif s.status == "ESTIMATE":
-        line = f"Estimate of the given plan (no search) in {s.wall_time_s:.2f} s"
+        line = f"Estimate of the given plan (no search) in {format_seconds(s.wall_time_s)}"
     else:
         unit = s.objective_unit
         line = (f"Solver: {s.status}: best found {s.objective:.4g} {unit}, bound "
-                f"{s.bound:.4g} {unit}, gap {s.gap:.1%} after {s.wall_time_s:.2f} s")
+                f"{s.bound:.4g} {unit}, gap {s.gap:.1%} after {format_seconds(s.wall_time_s)}")
     return Text(line, style="bold green" if s.status == "OPTIMAL" else "bold yellow")
 
 
@@ -194,7 +195,7 @@ def _plan_words(plan: Plan) -> str:
 def frameworks_table(result: Result) -> Table:
     """The best plan of each runtime (and its ZeRO-2 and ZeRO-3 plans where both fit)."""
     table = Table(title="Best plan per framework", title_justify="left")
-    for column in ("framework", "step s", "vs chosen", "peak GiB", "GPUs", "plan",
+    for column in ("framework", "step", "vs chosen", "peak GiB", "GPUs", "plan",
                    "model code"):
         table.add_column(column, justify="left" if column in ("framework", "plan", "model code")
                          else "right")
@@ -208,7 +209,7 @@ def frameworks_table(result: Result) -> Table:
         if plan is None:
             table.add_row(name, "-", "-", "-", "-", f"no plan: {reason}", "-")
             continue
-        table.add_row(name, f"{step:.3f}", f"{step / base - 1:+.1%}", f"{peak:.1f}",
+        table.add_row(name, format_seconds(step), f"{step / base - 1:+.1%}", f"{peak:.1f}",
                       str(plan.world_size), _plan_words(plan), model_code(runtime, plan))
     return table
 
@@ -287,10 +288,10 @@ def runners_up_table(result: Result, count: int = 6) -> Table:
     """The best plan of each other (TP, PP) shape and how much slower it is."""
     table = Table(title="Runners-up (best plan of each other TP x PP shape)",
                   title_justify="left")
-    for column in ("plan", "step s", "slower"):
+    for column in ("plan", "step", "slower"):
         table.add_column(column, justify="left" if column == "plan" else "right")
     for u in result.runners_up[:count]:
-        table.add_row(u.plan or f"TP{u.tp} x PP{u.pp} x DP{u.dp}", f"{u.step_time_s:.3f}",
+        table.add_row(u.plan or f"TP{u.tp} x PP{u.pp} x DP{u.dp}", format_seconds(u.step_time_s),
                       f"{u.slower_by:+.1%}")
     return table
 
@@ -299,7 +300,7 @@ def render_trace(document: dict, console: Console) -> None:
     """Print the layer table of ``autoplan trace``."""
     table = Table(title=f"{document['model']}: seq {document['seq_len']}, batch {document['batch']}",
                   title_justify="left")
-    for column in ("layer", "kind", "params", "fwd GFLOP", "bwd GFLOP", "act MiB", "boundary MiB",
+    for column in ("layer", "kind", "params", "fwd FLOP", "bwd FLOP", "act MiB", "boundary MiB",
                    "TP split"):
         table.add_column(column, justify="left" if column in ("layer", "kind", "TP split") else "right")
     for layer in document["layers"]:
@@ -307,16 +308,16 @@ def render_trace(document: dict, console: Console) -> None:
         for split in layer["tp_split"].values():
             splits[split] = splits.get(split, 0) + 1
         table.add_row(
-            layer["name"], layer["kind"], f"{layer['params']:,}", f"{layer['fwd_flops'] / 1e9:.1f}",
-            f"{layer['bwd_flops'] / 1e9:.1f}", f"{layer['activation_bytes'] / 2**20:.1f}",
+            layer["name"], layer["kind"], f"{layer['params']:,}", format_flops(layer["fwd_flops"]),
+            format_flops(layer["bwd_flops"]), f"{layer['activation_bytes'] / 2**20:.1f}",
             f"{layer['boundary_bytes'] / 2**20:.1f}",
             ", ".join(f"{n} {s}" for s, n in splits.items()) or "-")
     console.print(table)
     trainable = document.get("num_trainable_params", document["num_params"])
     frozen = f" ({trainable:,} trainable)" if trainable != document["num_params"] else ""
     console.print(f"total: {document['num_params']:,} parameters{frozen}, "
-                  f"{document['fwd_flops'] / 1e12:.2f} TFLOP forward, "
-                  f"{document['bwd_flops'] / 1e12:.2f} TFLOP backward")
+                  f"{format_flops(document['fwd_flops'])} forward, "
+                  f"{format_flops(document['bwd_flops'])} backward")
 
 
 _COMPARED = (("tp", "TP"), ("pp", "PP"), ("dp", "DP"), ("micro_batch_size", "micro-batch"),
@@ -340,7 +341,7 @@ def render_comparison(current: Result, best: Result, console: Console) -> None:
     now, opt = current.estimate, best.estimate
     fits = "fits" if now.feasible else "DOES NOT FIT"
     console.print(Text("Your current setup", style="bold"))
-    console.print(f"{now.step_time_s:.3f} s/step, {now.tokens_per_s:,.0f} tokens/s, peak memory "
+    console.print(f"{format_seconds(now.step_time_s)} per step, {now.tokens_per_s:,.0f} tokens/s, peak memory "
                   f"{now.peak_memory_gib:.1f} GiB of {now.memory_limit_gib:.1f} ({fits}).")
     todo = changes(current, best)
     if not todo:
@@ -348,3 +349,35 @@ def render_comparison(current: Result, best: Result, console: Console) -> None:
         return
     console.print(f"The plan above is {now.step_time_s / opt.step_time_s:.2f}x as fast; change "
                   + ", ".join(todo) + ".")
+
+
+def trace_document(graph: LayerGraph, batch: int = 1) -> dict:
+    """The ``autoplan trace --json`` document for ``batch`` sequences (figures per sample in the
+    graph scale linearly with the batch)."""
+    layers = [{
+        "name": l.name, "kind": l.kind.value, "params": l.num_params,
+        "trainable_params": l.trainable_params,
+        "fwd_flops": l.fwd_flops * batch, "bwd_flops": l.bwd_flops * batch,
+        "activation_bytes": l.activation_bytes * batch + l.attention_internal_bytes * batch,
+        "boundary_bytes": l.boundary_bytes * batch,
+        "tp_split": {g.name: g.split.value for g in l.gemms},
+    } for l in graph.layers]
+    return {"model": graph.name, "seq_len": graph.seq_len, "batch": batch,
+            "num_params": graph.num_params, "num_trainable_params": graph.num_trainable_params, "fwd_flops": graph.fwd_flops * batch,
+            "bwd_flops": graph.bwd_flops * batch, "layers": layers,
+            "tp_constraints": tp_constraints(graph)}
+
+
+VOCAB_PAD_MULTIPLE = 128
+"""Megatron-LM pads the vocabulary to a multiple of 128 x TP (--make-vocab-size-divisible-by)."""
+
+
+def tp_constraints(graph: LayerGraph) -> dict:
+    """What a TP degree must respect: it divides the attention heads and KV heads; the
+    vocabulary is padded to a multiple of 128 x tp (the padded size per TP degree is listed)."""
+    vocab = graph.dims.vocab_size if graph.dims else 0
+    multiple = VOCAB_PAD_MULTIPLE
+    return {"divides": list(graph.tp_divisors),
+            "vocab_size": vocab,
+            "padded_vocab": {tp: -(-vocab // (multiple * tp)) * multiple * tp
+                             for tp in (1, 2, 4, 8) if vocab}}

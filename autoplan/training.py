@@ -22,6 +22,8 @@ class Runtime(str, Enum):
     FSDP = "fsdp"
 
 
+DEFAULT_TIME_LIMIT_S = 60.0
+"""The search's time limit when none is given (``solve --time-limit``)."""
 DEFAULT_PLACEMENT = "tp-cp-dp-pp"
 PIPELINE_INSIDE_PLACEMENT = "tp-cp-pp-dp"
 KNOWN_PLACEMENTS = (DEFAULT_PLACEMENT, PIPELINE_INSIDE_PLACEMENT)

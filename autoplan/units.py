@@ -6,6 +6,7 @@ belongs is an error: "200" could be Gb/s or GB/s, a factor of eight apart.
 
 from __future__ import annotations
 
+import math
 import re
 
 from autoplan.errors import UnitError
@@ -88,18 +89,27 @@ def parse_quantity(text: object, kind: str, *, field: str = "value") -> float:
 GIB = float(2**30)
 
 
-def format_bytes(num_bytes: float) -> str:
-    """Human-readable GiB with two decimals (the unit users compare with nvidia-smi)."""
-    return f"{num_bytes / GIB:.2f} GiB"
+def _scaled(value: float, prefixes: tuple[tuple[float, str], ...], unit: str = "") -> str:
+    """``value`` over the largest of ``prefixes`` it reaches, to three digits, with the
+    prefix and the ``unit`` (after a space when there is one)."""
+    space = " " if unit else ""
+    for divisor, prefix in prefixes:
+        if value >= divisor:
+            return f"{value / divisor:.3g}{space}{prefix}{unit}"
+    return f"{value:.0f}{space}{unit}"
 
 
 def format_count(count: float) -> str:
-    """``12.3M``, ``1.20B``, ``125K``: a parameter count at the scale it has (a tiny model is
+    """``12.3M``, ``1.2B``, ``125K``: a parameter count at the scale it has (a tiny model is
     not "0.00B")."""
-    for divisor, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if count >= divisor:
-            return f"{count / divisor:.3g}{suffix}"
-    return f"{count:.0f}"
+    return _scaled(count, ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")))
+
+
+def format_flops(flops: float) -> str:
+    """``3.4 TFLOP``, ``12.3 GFLOP``, ``450 MFLOP``: a FLOP count at its scale (a tiny model's
+    layers are not "0.0 GFLOP")."""
+    return _scaled(flops, ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")),
+                   "FLOP")
 
 
 def format_seconds(seconds: float) -> str:
@@ -109,3 +119,20 @@ def format_seconds(seconds: float) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.3g} ms"
     return f"{seconds * 1e6:.3g} µs"
+
+
+def gib_digits(a_gib: float, b_gib: float) -> int:
+    """Decimals that tell two GiB figures apart (a near miss differs by MiBs, which one
+    decimal rounds away), from one to four."""
+    digits = 1
+    while digits < 4 and f"{a_gib:.{digits}f}" == f"{b_gib:.{digits}f}":
+        digits += 1
+    return digits
+
+
+def format_excess(need_gib: float, limit_gib: float) -> str:
+    """How far a need is over a limit: ``19.5 GiB``, or under 0.1 GiB the whole MiB in which
+    plans are compared, the need rounded up and the limit down (``41 MiB``, not ``0.0 GiB``)."""
+    if need_gib - limit_gib >= 0.1:
+        return f"{need_gib - limit_gib:.1f} GiB"
+    return f"{math.ceil(need_gib * 1024) - math.floor(limit_gib * 1024):,} MiB"

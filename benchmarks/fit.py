@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from autoplan.api import _plan_for, _training, load_cluster, load_model, make_problem
 from autoplan.errors import AutoplanError
 from autoplan.costmodels.profiles import FITTED, fit_grid
-from autoplan.costmodels.step import Problem, estimate
+from autoplan.costmodels.problem import Problem
+from autoplan.costmodels.step import estimate
 from autoplan.plan import Plan
 from published_runs import PublishedRun
 
@@ -57,7 +58,7 @@ def _changed(problem: Problem, values: dict[str, float]) -> Problem:
         return problem
     return dataclasses.replace(
         problem, compute=dataclasses.replace(problem.compute, **compute),
-        runtime=dataclasses.replace(problem.runtime, **runtime), _cache={})
+        runtime=dataclasses.replace(problem.runtime, **runtime))
 
 
 def predict_all(questions: list[Question], values: dict[str, float]) -> list[float]:

@@ -1,14 +1,17 @@
 """Compute time of one layer for one micro-batch on one GPU, after TP/CP splitting.
 
 Each Linear is a GEMM of ``m = tokens`` rows, its columns (column-parallel) or rows
-(row-parallel) divided by TP, running at an efficiency that grows with its size:
-``eff = gemm_efficiency * f / (f + gemm_half_flops)`` for a GEMM of f FLOPs (small per-GPU GEMMs
-are launch/tail-bound). Backward is two GEMMs of the same size (input and weight gradients),
-each run only where needed: a frozen Linear's weight gets no gradient, a Linear whose input
-needs none (below the first trainable parameter) computes no input gradient, and a layer before
-the first trainable parameter has no backward at all. LoRA adapters are thin GEMMs (rank r):
-they take at least the time to stream their input and output through HBM. Frozen weights
-stored quantized are dequantized before each use (quantization.py).
+(row-parallel) divided by TP, costed from its shape (:func:`gemm_time`): the output is cut into
+GEMM_TILE tiles that run in waves of one per SM, so a last partial wave idles the rest of the
+GPU (wave quantization); each kernel adds a fixed start-up of ``gemm_half_flops`` at the plateau
+rate (launch, k-loop prologue: ``gemm_efficiency * f / (f + gemm_half_flops)`` for a GEMM of f
+FLOPs that fills its waves); and no GEMM runs faster than its operands
+stream through HBM (roofline: thin GEMMs under large TP, LoRA adapters of rank r, decode).
+Backward is two GEMMs of the same size (input and weight gradients), each run only where
+needed: a frozen Linear's weight gets no gradient, a Linear whose input needs none (below the
+first trainable parameter) computes no input gradient, and a layer before the first trainable
+parameter has no backward at all. Frozen weights stored quantized are dequantized before each
+use (quantization.py).
 Attention runs as the fused flash kernel (causal masks skip half the tiles) or, for runtimes
 without it, as batched GEMMs plus a memory-bound softmax/dropout over the s x s scores.
 Everything else is memory-bound: its traced bytes over HBM bandwidth.
@@ -16,6 +19,7 @@ Everything else is memory-bound: its traced bytes over HBM bandwidth.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from autoplan.cluster.catalog import GpuSpec
@@ -65,16 +69,54 @@ class LayerTime:
     wgrad_s: float = 0.0  # weight-gradient GEMMs of backward (as long as the forward GEMMs)
 
 
-def _gemm_time(flops: float, peak: float, profile: ComputeProfile) -> float:
+GEMM_TILE = (128, 128)
+"""Output tile (rows x columns) of one thread block of the 16-bit tensor-core GEMMs. CUTLASS's
+default for sm80 is 128x256 (``default_gemm_configuration.h``) and libraries pick among 128x128
+and larger tiles by shape; the smallest of these is taken, so the quantization modelled is the
+least a real kernel has."""
+
+
+def wave_efficiency(m: float, n: float, sm_count: int | None) -> float:
+    """Share of the GPU's SMs busy over a GEMM's waves: ``tiles / (waves * SMs)`` for
+    ``ceil(m/128) * ceil(n/128)`` tiles, each SM running one tile at a time (NVIDIA Deep
+    Learning Performance Guide, "Matrix Multiplication Background", wave quantization: one tile
+    more than a multiple of the SM count costs a whole extra wave). 1 where the SM count is
+    unknown."""
+    if not sm_count:
+        return 1.0
+    tiles = math.ceil(m / GEMM_TILE[0]) * math.ceil(n / GEMM_TILE[1])
+    return tiles / (math.ceil(tiles / sm_count) * sm_count)
+
+
+def gemm_time(m: float, n: float, k: float, gpu: GpuSpec, peak: float,
+              profile: ComputeProfile) -> float:
+    """Seconds of one (m x k) @ (k x n) GEMM: its waves of tiles at the plateau efficiency
+    plus a fixed start-up of ``gemm_half_flops`` worth of plateau time (launch, k-loop prologue
+    and epilogue: the same ``f / (f + half)`` curve as :func:`_flops_time` for a GEMM that fills
+    its waves), or the time its 16-bit operands and output take through HBM, whichever is
+    longer. The start-up is not divided by the wave share: it is paid once per kernel, however
+    few tiles it has."""
+    flops = 2.0 * m * n * k
+    if flops <= 0:
+        return 0.0
+    issued = flops / wave_efficiency(m, n, gpu.sm_count)  # the idle SMs of the last wave count
+    compute = (issued + profile.gemm_half_flops) / (peak * profile.gemm_efficiency)
+    traffic = HALF_BYTES * (m * k + k * n + m * n)
+    return max(compute, traffic / (gpu.memory_bandwidth_Bps * profile.memory_efficiency))
+
+
+def _flops_time(flops: float, peak: float, profile: ComputeProfile) -> float:
+    """Seconds of a matmul known only by its FLOPs, at the size-dependent efficiency."""
     if flops <= 0:
         return 0.0
     efficiency = profile.gemm_efficiency * flops / (flops + profile.gemm_half_flops)
     return flops / (peak * efficiency)
 
 
-def column_gemm_time(layer: Layer, split: Split, peak: float, profile: ComputeProfile) -> float:
+def column_gemm_time(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
+                     profile: ComputeProfile) -> float:
     """Forward time of the layer's column-parallel Linears for one micro-batch."""
-    return sum(_linear_time(g, split, peak, profile) for g in layer.gemms
+    return sum(_linear_time(g, split, gpu, peak, profile) for g in layer.gemms
                if g.split is TpSplit.COLUMN)
 
 
@@ -88,30 +130,20 @@ def _local_shape(gemm: Gemm, split: Split) -> tuple[float, float, float]:
     return split.mbs * gemm.rows / split.cp, k, n
 
 
-def _linear_time(gemm: Gemm, split: Split, peak: float, profile: ComputeProfile) -> float:
+def _linear_time(gemm: Gemm, split: Split, gpu: GpuSpec, peak: float,
+                 profile: ComputeProfile) -> float:
     rows, k, n = _local_shape(gemm, split)
-    return gemm.count * _gemm_time(2.0 * rows * n * k, peak, profile)
-
-
-def _adapter_time(gemm: Gemm, split: Split, gpu: GpuSpec, peak: float,
-                  profile: ComputeProfile) -> float:
-    """A LoRA adapter's GEMM: compute time, or, for its thin shape (k or n the rank r), the
-    time to read its input and weight and write its output, whichever is longer."""
-    rows, k, n = _local_shape(gemm, split)
-    traffic = HALF_BYTES * (rows * k + k * n + rows * n) * gemm.count
-    return max(_linear_time(gemm, split, peak, profile),
-               traffic / (gpu.memory_bandwidth_Bps * profile.memory_efficiency))
+    return gemm.count * gemm_time(rows, n, k, gpu, peak, profile)
 
 
 def _backward_gemm_times(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
                          profile: ComputeProfile) -> tuple[float, float, float]:
     """(forward, input-gradient, weight-gradient) seconds of the layer's Linears and other
     matmuls for one micro-batch; each backward GEMM as long as its forward."""
-    fwd = _gemm_time(layer.other_fwd_flops * split.mbs, peak, profile)  # convs, bare matmuls
+    fwd = _flops_time(layer.other_fwd_flops * split.mbs, peak, profile)  # convs, bare matmuls
     dgrad = wgrad = fwd if layer.in_backward else 0.0
     for gemm in layer.gemms:
-        t = (_adapter_time(gemm, split, gpu, peak, profile) if gemm.adapter
-             else _linear_time(gemm, split, peak, profile))
+        t = _linear_time(gemm, split, gpu, peak, profile)
         fwd += t
         dgrad += t if gemm.dgrad else 0.0
         wgrad += t if gemm.wgrad else 0.0
@@ -186,5 +218,14 @@ def layer_time(layer: Layer, split: Split, recompute: Recompute, *, gpu: GpuSpec
     elif layer.in_backward and recompute is Recompute.SELECTIVE:
         recomputed = att_fwd
     return LayerTime(fwd_s=fwd, bwd_s=bwd, recompute_s=recomputed,
-                     column_gemm_s=column_gemm_time(layer, split, peak, profile),
+                     column_gemm_s=column_gemm_time(layer, split, gpu, peak, profile),
                      attention_fwd_s=att_fwd, attention_bwd_s=att_bwd, wgrad_s=wgrad)
+
+
+def unshard_copy_time(params: float, copy_bytes: float, gpu: GpuSpec,
+                      profile: ComputeProfile) -> float:
+    """Seconds the copy kernels of ZeRO-3's gathers and reductions take on the compute stream
+    for ``params`` gathered parameters, ``copy_bytes`` of HBM traffic each (FSDP2's
+    all-gather copy-out and reduce-scatter copy-in: the runtime's ``unshard_copy_bytes``).
+    They run between the layer's kernels, so no collective overlap hides them."""
+    return params * copy_bytes / (gpu.memory_bandwidth_Bps * profile.memory_efficiency)

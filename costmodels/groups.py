@@ -20,11 +20,13 @@ from autoplan.cluster.topology import GroupLinks, group_links
 from autoplan.costmodels.compute import Split
 from autoplan.costmodels.memory import in_flight_chunks, model_state_bytes
 from autoplan.costmodels.pipeline import pipeline_time
-from autoplan.costmodels.step import (
-    MIB, Problem, _chunk_compositions, _chunk_sums, _dp_time, _offload_param_time,
-    _optimizer_time, _other_bytes, _plan_links, _pp_comm, _RankCost, _summarize, axis_stride,
-    held_params, memory_mib,
+from autoplan.costmodels.placement import axis_stride, plan_links
+from autoplan.costmodels.problem import MIB, Problem, memo, memory_mib
+from autoplan.costmodels.ranks import (
+    RankCost, chunk_compositions, chunk_sums, held_params, other_bytes, pp_comm,
 )
+from autoplan.costmodels.summary import summarize
+from autoplan.costmodels.sync import dp_time, offload_param_time, optimizer_time
 from autoplan.errors import ConstraintError
 from autoplan.plan import Estimate, Plan
 from autoplan.units import GIB
@@ -35,7 +37,7 @@ class StageCost:
     """One stage's micro-batch cost and memory on its group, and what it adds after the
     pipeline drains (its DP reduction and optimizer step)."""
 
-    cost: _RankCost
+    cost: RankCost
     sync_s: float
     optimizer_s: float
     limit_bytes: float
@@ -57,9 +59,9 @@ class StageCost:
 def _within_links(problem: Problem, plan: Plan, group: str, stages: int) -> GroupLinks:
     """Pipeline links between consecutive stages of one group (``stages`` of them)."""
     key = ("pp_within", group, stages, axis_stride(plan, "pp"))
-    links = problem._cache.get(key)
+    links = memo(problem).get(key)
     if links is None:
-        links = problem._cache[key] = group_links(problem.on_group(group).cluster, stages,
+        links = memo(problem)[key] = group_links(problem.on_group(group).cluster, stages,
                                                   axis_stride(plan, "pp"))
     return links
 
@@ -67,10 +69,10 @@ def _within_links(problem: Problem, plan: Plan, group: str, stages: int) -> Grou
 def _across_links(problem: Problem, group: str) -> GroupLinks:
     """A send from one of ``group``'s nodes to another node, over its own NICs."""
     key = ("pp_across", group)
-    links = problem._cache.get(key)
+    links = memo(problem).get(key)
     if links is None:
         cluster = problem.on_group(group).cluster
-        links = problem._cache[key] = group_links(cluster, 2, cluster.gpus_per_node)
+        links = memo(problem)[key] = group_links(cluster, 2, cluster.gpus_per_node)
     return links
 
 
@@ -85,10 +87,10 @@ def _pp_time(problem: Problem, plan: Plan, rank: int, groups: tuple[str, ...],
             continue
         if groups[neighbour] == group:
             links = _within_links(problem, plan, group, groups.count(group))
-            times.append(_pp_comm(sub, plan, (stage,), links))
+            times.append(pp_comm(sub, plan, (stage,), links))
         else:
             for side in (group, groups[neighbour]):
-                times.append(_pp_comm(problem.on_group(side), plan, (stage,),
+                times.append(pp_comm(problem.on_group(side), plan, (stage,),
                                       _across_links(problem, side)))
     return max(times)
 
@@ -103,8 +105,8 @@ def stage_cost(problem: Problem, plan: Plan, rank: int, groups: tuple[str, ...],
     held = in_flight_chunks(rank, pp=plan.pp, vpp=1, num_microbatches=plan.num_microbatches)
     activations = held * sums.acts_per_chunk + sums.working
     sub = problem.on_group(groups[rank])
-    other = _other_bytes(sub, plan, activations, sums.largest, params)
-    cost = _RankCost(rank, sums.compute_s + sums.tp_comm_s + sums.cp_comm_s + base.pp_s,
+    other = other_bytes(sub, plan, activations, sums.largest, params)
+    cost = RankCost(rank, sums.compute_s + sums.tp_comm_s + sums.cp_comm_s + base.pp_s,
                      sums.compute_s, sums.backward_s, sums.tp_comm_s, sums.cp_comm_s,
                      sums.wgrad_s, base.pp_s, states, activations, other, params,
                      sums.acts_per_chunk, sums.largest, sums.gathers, trained=base.trained)
@@ -144,17 +146,17 @@ def _stage_base(problem: Problem, plan: Plan, rank: int, groups: tuple[str, ...]
     """Cached per (group, layer classes, ends, neighbours, switches): equal stages of one group
     at different positions share it."""
     sub = problem.on_group(groups[rank])
-    compositions = _chunk_compositions(sub, plan, (stage,))
+    compositions = chunk_compositions(sub, plan, (stage,))
     first, num = stage
     ends = (sub.layer_counts(first, 1), sub.layer_counts(first + num - 1, 1))
     key = ("stage", compositions, ends, _neighbours(groups, rank), _settings_key(plan))
-    base = problem._cache.get(key)
+    base = memo(problem).get(key)
     if base is not None:
         return base
     split = Split(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel, mbs=plan.micro_batch_size,
                   flash=problem.flash_attention)
-    links = _plan_links(sub, plan)
-    sums = _chunk_sums(sub, compositions, split, links["tp"], links["cp"])
+    links = plan_links(sub, plan)
+    sums = chunk_sums(sub, compositions, split, links["tp"], links["cp"])
     pp_s = _pp_time(problem, plan, rank, groups, stage) if plan.pp > 1 else 0.0
     held = held_params(problem, plan, sums, (stage,))
     params = held.count
@@ -162,12 +164,12 @@ def _stage_base(problem: Problem, plan: Plan, rank: int, groups: tuple[str, ...]
                                offload=plan.offload, runtime=problem.runtime,
                                trained=held.trained, weight_bytes=held.weight_bytes,
                                optimizer=problem.training.optimizer)
-    sync_s = _dp_time(sub, plan, params, links["dp"], backward_s=sums.backward_s,
+    sync_s = dp_time(sub, plan, params, links["dp"], backward_s=sums.backward_s,
                       compute_s=plan.num_microbatches * sums.compute_s, gathers=sums.gathers,
                       trained=held.trained)
-    optimizer_s = (_optimizer_time(sub, plan, held.trained)
-                   + _offload_param_time(sub, plan, params))
-    base = problem._cache[key] = _StageBase(sums, pp_s, params, states, sync_s, optimizer_s,
+    optimizer_s = (optimizer_time(sub, plan, held.trained)
+                   + offload_param_time(sub, plan, params))
+    base = memo(problem)[key] = _StageBase(sums, pp_s, params, states, sync_s, optimizer_s,
                                               held.trained)
     return base
 
@@ -240,7 +242,7 @@ def estimate_on_groups(problem: Problem, plan: Plan) -> Estimate:
     slow = max(costs, key=lambda c: c.cost.micro_batch_s).cost
     sync = max(costs, key=lambda c: c.after_s)
     worst = tightest(costs)
-    est = _summarize(problem, plan, step=step, worst=worst.cost,
+    est = summarize(problem, plan, step=step, worst=worst.cost,
                      memories=[c.cost.memory for c in costs], breakdown={
         "compute": m * slow.compute_s, "tp_comm": m * slow.tp_comm_s,
         "pp_comm": m * slow.pp_comm_s, "dp_comm": sync.sync_s,

@@ -17,6 +17,9 @@ DistributedOptimizer and DeepSpeed's ZeRO filter on it; FSDP's optimizer gets
 optimizer's state per trained parameter: Adam(W) two fp32 moments (8 bytes); bitsandbytes'
 8-bit Adam two uint8 states with one fp32 absmax each per block of 256 (2 + 8/256 bytes,
 ``Optimizer8bit.init_state``); SGD with momentum one fp32 buffer (4 bytes).
+The peak is the larger of two moments: the backward (states, activations in flight, the
+largest transient) and the optimizer step (states and its transient, the activations freed;
+``step_moment_excess_bytes``).
 Activations per layer come from the trace (bytes saved for backward), split by TP where the
 tensor lies between a column- and a row-parallel Linear and by SP elsewhere (Korthikanti et al.
 2022, Table 2); full recompute keeps only each layer's input.
@@ -199,6 +202,15 @@ def loss_peak_bytes(logits_bytes: float, split: Split, *, bytes_per_logit: int,
     return bytes_per_logit * elements * split.mbs / (split.tp * split.cp)
 
 
+def held_fp32_logits_bytes(logits_bytes: float, split: Split, *,
+                           logit_element_bytes: int = WEIGHT_BYTES) -> float:
+    """The fp32 logits of one micro-batch on one GPU (vocab split over TP), as a pipeline
+    engine holds them when they are the stage's output: Megatron-DeepSpeed's GPTModelPipe ends
+    in ``float16_to_fp32`` and DeepSpeed's PipelineEngine keeps that output until the
+    micro-batch's backward is done. Its fused cross-entropy works in place in that buffer."""
+    return FP32_BYTES * logits_bytes / logit_element_bytes * split.mbs / (split.tp * split.cp)
+
+
 def backward_working_bytes(layer: Layer, split: Split, *, gathered_inputs: bool = False) -> float:
     """Transient bytes while one layer runs its backward: the gradients it produces are about
     as large as what it saved, and a fully recomputed layer first rebuilds all of that."""
@@ -230,6 +242,22 @@ def allocator_slack_bytes(activations: float, fragmentation: float, workspace: f
     communication buffers of a step come and go in many sizes, and a cached block serves a
     request only if it is at least as large) as the stated fraction of activation memory."""
     return workspace + fragmentation * activations
+
+
+def grad_norm_copy_bytes(largest_params: float, partition_params: float, *,
+                         bytes_per_element: float) -> float:
+    """The transient of the gradient norm at the optimizer step: DeepSpeed's ZeRO-1/2
+    (``stage_1_and_2.get_grad_norm_direct``) converts each gradient of its partition to fp64
+    (``zero.utils.get_norm_dtype``: ``torch.double``, 8 bytes per element) one tensor at a time,
+    so the largest gradient piece a rank owns, at most its partition, is copied whole."""
+    return bytes_per_element * min(largest_params, partition_params)
+
+
+def step_moment_excess_bytes(transient: float, activations: float, fragmentation: float) -> float:
+    """What the optimizer-step moment adds over the backward moment. By the step every
+    micro-batch's activations (and the blocks the allocator held for them) are freed, the
+    model states and buffers stay: the peak is the larger of the two transients."""
+    return max(0.0, transient - activations * (1 + fragmentation))
 
 
 def in_flight_chunks(rank: int, *, pp: int, vpp: int, num_microbatches: int) -> int:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from autoplan.cluster.spec import Cluster
-from autoplan.costmodels.step import Problem
+from autoplan.costmodels.problem import Problem
 from autoplan.errors import AutoplanError
 
 

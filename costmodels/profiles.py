@@ -51,6 +51,19 @@ class RuntimeProfile:
     zero3_gather_bytes: float = 4.0
     zero3_pp_resident: bool = False
     zero_bucket_bytes: float = 0.0
+    reduce_bytes: float = 0.0
+    """Bytes per gradient element the data-parallel reduction sends (0: ``grad_bytes``):
+    4 where gradients are reduced in fp32 though computed in bf16 (FSDP's reduce_dtype)."""
+    unshard_copy_bytes: float = 0.0
+    """HBM bytes per gathered parameter that ZeRO-3's copy kernels move on the compute
+    stream per micro-batch (costmodels.compute.unshard_copy_time); 0 where the collectives
+    write the parameters in place."""
+    grad_norm_bytes: float = 0.0
+    """Bytes per element of the copy a ZeRO-1/2 optimizer makes of each gradient to take its
+    norm at the step (memory.grad_norm_copy_bytes); 0: the norm is taken in place."""
+    pp_holds_stage_outputs: bool = False
+    """The pipeline engine keeps each in-flight micro-batch's stage output until that
+    micro-batch's backward (DeepSpeed's PipelineEngine: ``pipe_buffers['outputs']``)."""
     cublas_workspace_bytes: float = 32 * 2**20
     """cuBLAS workspace PyTorch allocates per handle and stream through its caching allocator:
     32 MiB, the size the cuBLAS docs recommend for Hopper (``cublasSetWorkspace``; 4 MiB
@@ -65,7 +78,7 @@ FITTED = ("compute.gemm_efficiency", "compute.attention_efficiency", "compute.bm
 field of every GPU's profile by one factor (1 = as profiles.yaml states it), ``<runtime>.<field>``
 sets one runtime's value. benchmarks/accuracy.py refits them leaving one source out."""
 
-SCALE_GRID = (0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3)
+SCALE_GRID = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.35, 1.5)
 OVERLAP_GRID = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 EFFICIENCY_GRID = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0)
 

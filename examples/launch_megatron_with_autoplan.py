@@ -41,7 +41,7 @@ def auto_or_int(text: str) -> int | None:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a whole number, not {text!r}")
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a whole number, not {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from autoplan.costmodels.step import axis_links
+from autoplan.costmodels.placement import axis_links
 from autoplan.plan import Offload, Result
 from autoplan.zoo import Llama, LlamaConfig
 

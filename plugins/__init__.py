@@ -17,6 +17,8 @@ import logging
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from autoplan.capabilities import BUILTIN_TARGETS as BUILTIN
+from autoplan.capabilities import EXPORTER_GROUP as GROUP
 from autoplan.capabilities import TARGET_RUNTIME
 from autoplan.errors import ExportError
 from autoplan.plan import Result
@@ -30,10 +32,6 @@ from autoplan.plugins.torchtitan import torchtitan_overrides
 from autoplan.plugins.torchtune import torchtune_overrides
 
 logger = logging.getLogger(__name__)
-
-GROUP = "autoplan.exporters"
-BUILTIN = ("megatron", "deepspeed", "torchtitan", "accelerate", "colossalai", "torchrun",
-           "torchtune")
 
 
 def discover() -> dict[str, Exporter]:

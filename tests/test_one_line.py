@@ -69,11 +69,11 @@ def test_the_infeasibility_message_says_cp():
 
 def test_the_sweep_table_and_csv_carry_cp_and_ep(tmp_path):
     """A sweep point's plan replaced by a CP plan (sweeps search CP only from 8192 tokens)."""
-    doc = api.sweep(TINY, DGX1, over={"nodes": [1]}, base={"seq_len": 256, "global_batch": 16},
+    doc = sweeps.sweep(TINY, DGX1, over={"nodes": [1]}, base={"seq_len": 256, "global_batch": 16},
                     workers=1)
     cp_plan = api.estimate(TINY, DGX1, {"cp": 2, "dp": 4}, seq_len=256, global_batch=16).plan
     doc["points"][0]["plan"] = cp_plan.model_dump(mode="json")
-    api.write_sweep(doc, tmp_path)
+    sweeps.write_sweep(doc, tmp_path)
     with open(tmp_path / "sweep.csv") as handle:
         row = next(csv.DictReader(handle))
     assert (row["plan_cp"], row["plan_ep"]) == ("2", "1")

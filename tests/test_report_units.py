@@ -4,6 +4,9 @@ them, piped tables not cut to 80 columns."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 from typer.testing import CliRunner
 
@@ -55,3 +58,34 @@ def test_a_piped_trace_table_is_not_cut_to_80_columns():
     assert result.exit_code == 0, result.output
     header = next(line for line in result.output.splitlines() if "layer" in line and "kind" in line)
     assert "boundary MiB" in header and "TP split" in header and len(header) > 80
+
+
+def test_a_tiny_models_trace_counts_its_flops_in_their_unit():
+    """957K parameters: 604 MFLOP forward, not "0.00 TFLOP"; the printed total agrees with
+    the JSON document's count to the three digits shown."""
+    text = CliRunner().invoke(app, ["trace", TINY, "--seq-len", "256"])
+    doc = json.loads(CliRunner().invoke(app, ["trace", TINY, "--seq-len", "256", "--json"]).stdout)
+    assert text.exit_code == 0, text.output
+    total = next(line for line in text.output.splitlines() if line.startswith("total:"))
+    forward = total.split("parameters, ")[1].split(" forward")[0]
+    value, unit = forward.split()
+    scale = {"MFLOP": 1e6, "GFLOP": 1e9, "TFLOP": 1e12}[unit]
+    assert float(value) * scale == pytest.approx(doc["fwd_flops"], rel=5e-3)
+    # a block at 256 tokens, hidden 128: its Linears 2 x 256 x 12 x 128^2 = 100.7M plus the
+    # attention scores and mix 2 x 2 x 256^2 x 128 = 33.6M, 134 MFLOP
+    assert unit == "MFLOP" and "134 MFLOP" in text.output
+
+
+def test_explaining_a_tiny_plan_prints_no_zero_seconds(tmp_path):
+    """Every duration of the report and the explanation in the unit that shows its digits: no
+    "0.005 s" (nor "0.000 s") for a step of milliseconds."""
+    solved = CliRunner().invoke(app, ["solve", TINY, DGX1, "--seq-len", "256", "--global-batch",
+                                      "16", "--json"])
+    path = tmp_path / "plan.json"
+    path.write_text(solved.stdout)
+    report = CliRunner().invoke(app, ["solve", TINY, DGX1, "--seq-len", "256", "--global-batch",
+                                      "16"])
+    explained = CliRunner().invoke(app, ["explain", str(path), "--model", TINY])
+    assert explained.exit_code == 0, explained.output
+    for output in (report.output, explained.output):
+        assert " ms" in output and not re.search(r"\b0\.\d+ s\b", output)

@@ -25,6 +25,7 @@ class GpuSpec:
     memory_bandwidth_Bps: float
     nvlink: str | None
     source: str = ""
+    sm_count: int | None = None  # None: unknown, GEMMs are then costed without wave quantization
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak for a precision; bf16 falls back to fp16 on GPUs without bf16 (V100)."""
@@ -66,6 +67,7 @@ def _gpu_from_entry(name: str, entry: dict) -> GpuSpec:
         memory_bandwidth_Bps=parse_quantity(entry["memory_bandwidth"], "bandwidth"),
         nvlink=entry.get("nvlink"),
         source=entry.get("source", ""),
+        sm_count=entry.get("sm_count"),
     )
 
 

@@ -265,7 +265,7 @@ def topology_drawing(cluster: Cluster) -> TopologyDrawing:
     graph = build_topology(cluster)
     full = cluster.num_gpus <= FULL_DRAWING_MAX_GPUS
     shown = graph if full else summarised_graph(cluster, graph)
-    for vertex, data in shown.nodes(data=True):
+    for _, data in shown.nodes(data=True):
         data["layer"] = _LAYER.get(data["kind"], 2)
     nodes = f"{cluster.num_nodes} node{'s' if cluster.num_nodes != 1 else ''}"
     title = (f"{cluster.name}: {nodes}, {cluster.num_gpus} GPUs" + ("" if full else " (summarised)")

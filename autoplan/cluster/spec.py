@@ -334,10 +334,6 @@ class Cluster:
         return self.num_nodes * self.gpus_per_node
 
     @property
-    def has_infiniband(self) -> bool:
-        return self.inter is not None and self.inter.kind == "infiniband"
-
-    @property
     def is_homogeneous(self) -> bool:
         """True when every node has the same GPU, links, host memory and host bandwidth."""
         return len({_node_kind(g) for g in self.groups}) <= 1

@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-import networkx as nx
-
 
 class LayerKind(str, Enum):
     EMBEDDING = "embedding"
@@ -218,12 +216,3 @@ class LayerGraph:
 
     def block_indices(self) -> list[int]:
         return [i for i, layer in enumerate(self.layers) if layer.kind is LayerKind.BLOCK]
-
-    def to_networkx(self) -> nx.DiGraph:
-        """The chain as a DiGraph; edges carry the bytes a pipeline cut there would send."""
-        graph = nx.DiGraph()
-        for i, layer in enumerate(self.layers):
-            graph.add_node(i, name=layer.name, kind=layer.kind.value, params=layer.num_params)
-            if i:
-                graph.add_edge(i - 1, i, boundary_bytes=self.layers[i - 1].boundary_bytes)
-        return graph

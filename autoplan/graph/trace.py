@@ -142,7 +142,7 @@ def _run(source: ModelSource, *, seq_len: int, precision: str) -> TraceRun:
                     output = _call(model, inputs)
                     tracker.enter(LOSS_SEGMENT).input_grad = any(
                         t.requires_grad for t in tensors(output))
-                    loss = _loss(source, output, inputs)
+                    loss = model_loss(source, output, inputs)
             flops_fwd = _per_module(counter)
             _check_trains(source, loss)
             loss.backward()
@@ -211,7 +211,8 @@ def _user_inputs(source: ModelSource, seq_len: int) -> Any:
         ) from None
 
 
-def _loss(source: ModelSource, output: Any, inputs: Any) -> torch.Tensor:
+def model_loss(source: ModelSource, output: Any, inputs: Any) -> torch.Tensor:
+    """model.py's ``loss(output, inputs)``, or the mean of the first output tensor."""
     if source.loss is not None:
         try:
             return source.loss(output, inputs)

@@ -6,7 +6,8 @@ of the same space under the same cost model, and by benchmarks for the speed rat
 
 from __future__ import annotations
 
-from autoplan.costmodels.step import MIB, Problem, estimate, limit_mib, memory_mib
+from autoplan.costmodels.problem import MIB, Problem, limit_mib, memory_mib
+from autoplan.costmodels.step import estimate
 from autoplan.plan import Estimate, Plan
 from autoplan.search.groups_space import group_candidates
 from autoplan.search.objective import key as objective_key

@@ -106,14 +106,6 @@ def block_stages(graph: LayerGraph, blocks: tuple[int, ...],
     return tuple(stages)
 
 
-def stage_span(graph: LayerGraph, rank: int, pp: int, used: int, count: int) -> tuple[int, int]:
-    """(first layer, layers) of pipeline rank ``rank`` running blocks ``used..used+count-1``."""
-    starts = graph.block_indices()
-    first = 0 if rank == 0 else starts[used]
-    last = len(graph.layers) if rank == pp - 1 else starts[used + count]
-    return first, last - first
-
-
 def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
     """Every way to write ``total`` as ``parts`` positive integers, in lexicographic order."""
     if parts == 1:

@@ -20,7 +20,7 @@ Tie-break (as ``brute``'s on heterogeneous clusters): the objective's key, then 
 then tp*pp, then the exact step time, then the enumeration order of ``groups_space`` (shape,
 assignment, switches, blocks lexicographically), so the same input gives the same plan.
 
-Order and pruning (best bound first, like ``solver.Table.build``). A stage at rank r with b
+Order and pruning (best bound first, like ``table.Table.build``). A stage at rank r with b
 blocks takes at least a_r + b c_r (compute and TP time only; c_r per block on its group, a_r the
 embedding or head it also holds). Spreading the B blocks fluidly,
     max t >= (B + sum_r a_r / c_r) / sum_r 1 / c_r,     sum t >= sum_r a_r + B min_r c_r.
@@ -43,9 +43,11 @@ from dataclasses import dataclass
 from autoplan.costmodels.compute import Split
 from autoplan.costmodels.groups import stage_cost
 from autoplan.costmodels.pipeline import pipeline_time
-from autoplan.costmodels.step import (
-    Problem, _axis_links, _layer_cost, _layer_key, estimate, lower_bound_s,
-)
+from autoplan.costmodels.problem import Problem, layer_key
+from autoplan.costmodels.placement import plan_axis_links
+from autoplan.costmodels.layers import layer_cost
+from autoplan.costmodels.step import estimate
+from autoplan.costmodels.bounds import lower_bound_s
 from autoplan.errors import ConstraintError, InfeasibleError, NoPlanInTimeError
 from autoplan.plan import Estimate, Plan, Recompute, SolverInfo
 from autoplan.search.groups_space import (
@@ -99,7 +101,7 @@ class _Bounds:
         self.problem = problem
         graph = problem.graph
         self.starts = graph.block_indices()
-        kinds = {_layer_key(graph.layers[i]) for i in self.starts}
+        kinds = {layer_key(graph.layers[i]) for i in self.starts}
         self.uniform = len(kinds) == 1 and self.starts == list(
             range(self.starts[0], self.starts[-1] + 1))
         self.num_blocks = len(self.starts)
@@ -110,9 +112,9 @@ class _Bounds:
         sub = self.problem.on_group(group)
         split = Split(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel,
                       mbs=plan.micro_batch_size, flash=self.problem.flash_attention)
-        tp_links, cp_links, total = _axis_links(sub, plan, "tp"), _axis_links(sub, plan, "cp"), 0.0
+        tp_links, cp_links, total = plan_axis_links(sub, plan, "tp"), plan_axis_links(sub, plan, "cp"), 0.0
         for class_id, count in sub.layer_counts(first, num):
-            cost = _layer_cost(sub, sub.layer_class(class_id), class_id, split, recompute,
+            cost = layer_cost(sub, sub.layer_class(class_id), class_id, split, recompute,
                                tp_links, cp_links)
             total += count * (cost.compute_s + cost.tp_comm_s)
         return total

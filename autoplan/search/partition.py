@@ -52,9 +52,8 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from autoplan.costmodels.step import (
-    Problem, limit_mib, memory_mib, rank_profile,
-)
+from autoplan.costmodels.problem import Problem, limit_mib, memory_mib
+from autoplan.costmodels.step import rank_profile
 from autoplan.graph.layer_graph import LayerGraph
 from autoplan.plan import Plan, Stage
 from autoplan.search.space import (

@@ -29,26 +29,23 @@ Objective
     (seconds of step time for time), ``objective_unit`` names it.
 
 The best eligible row is the hint. Status is OPTIMAL only when CP-SAT proves every term; with a
-time limit it may be FEASIBLE, reported with the bound. When no row is eligible,
+time limit it may be FEASIBLE, reported with the bound. ``search.solve`` runs it all: before
+the search ``conflicts.conflict_if_nothing_fits`` answers from each family's memory-leanest
+plans whether anything fits at all (seconds even on 8,192 GPUs); when no row is eligible,
 ``conflicts.explain_conflict`` names the requirements that conflict.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
-from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from autoplan.costmodels.step import Problem
-from autoplan.errors import InfeasibleError, NoPlanInTimeError
-from autoplan.plan import Estimate, Plan, SolverInfo, one_line
-from autoplan.search.objective import from_key as objective_from_key
-from autoplan.search.objective import value as objective_value
+from autoplan.costmodels.problem import Problem
+from autoplan.plan import one_line
 from autoplan.search.table import Table
-from autoplan.training import Bounds, Objective, ObjectiveTerm, Pins
+from autoplan.units import format_excess, gib_digits
 
 logger = logging.getLogger(__name__)
 
@@ -128,92 +125,6 @@ class PlanModel:
         return solver, status, first_bound
 
 
-@dataclass(frozen=True)
-class Solution:
-    """The chosen row of a table, with its estimate and the solver's report."""
-
-    table: Table
-    row: int
-    estimate: Estimate
-    info: SolverInfo
-
-    @property
-    def plan(self) -> Plan:
-        return self.table.plans[self.row]
-
-    @property
-    def problem(self) -> Problem:
-        return self.table.problems[self.table.sources[self.row]]
-
-
-def solve_table(problem: Problem, pins: Pins, *, time_limit_s: float, num_workers: int = 1
-                ) -> tuple[Plan, Estimate, SolverInfo]:
-    """Tabulate the candidates, solve for the fastest with ``num_workers`` CP-SAT workers, and
-    return the plan with its estimate (the same plan for any ``num_workers``: see the
-    tie-break above)."""
-    solution = solve_search(problem, pins, time_limit_s=time_limit_s, num_workers=num_workers)
-    return solution.plan, solution.estimate, solution.info
-
-
-def solve_search(problems: Problem | list[Problem], pins: Pins, *, time_limit_s: float,
-                 objective: Objective | None = None, bounds: Bounds | None = None,
-                 max_gpus: int | None = None, num_workers: int = 1) -> Solution:
-    """Tabulate the candidates of every problem (one per allowed global batch), solve for the
-    objective with ``num_workers`` CP-SAT workers, and return the chosen row with its table
-    (for runners-up)."""
-    start = time.perf_counter()
-    objective = objective or Objective()
-    table = Table.build(problems, pins, deadline=start + time_limit_s, objective=objective,
-                        bounds=bounds, max_gpus=max_gpus)
-    if not table.eligible() and table.open_bound_s < math.inf:
-        raise NoPlanInTimeError(
-            f"no plan that fits was found within --time-limit {time_limit_s:g}s; raise the "
-            "limit or pin more dimensions.")
-    rows = table.eligible()
-    if not rows:
-        from autoplan.search.conflicts import explain_conflict
-        raise InfeasibleError(explain_conflict(table.problems, pins, objective=objective,
-                                               bounds=bounds, max_gpus=max_gpus))
-    model = PlanModel(table, rows)
-    best = min(rows, key=table.order)
-    model.add_hint(best)
-    remaining = max(0.1, time_limit_s - (time.perf_counter() - start))
-    solver, status, first_bound = model.solve_lexicographic(remaining, num_workers=num_workers)
-    wall = time.perf_counter() - start
-    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        row, name = model.chosen(solver), solver.status_name(status)
-    elif status == cp_model.UNKNOWN:  # time limit before CP-SAT's first solution: the hint
-        row, name, first_bound = best, "FEASIBLE", 0.0
-    else:
-        raise NoPlanInTimeError(
-            f"no plan found within --time-limit {time_limit_s:g}s; raise the limit or pin "
-            "more dimensions.")
-    chosen = table.estimate(row)
-    info = _info(table, row, name, first_bound // 1, wall)
-    logger.info("solved %d rows (%d eligible, %d candidate groups never evaluated) in %.2fs: %s",
-                len(table), len(rows), len(table.unexpanded), wall, info.status)
-    return Solution(table, row, chosen, info)
-
-
-def _info(table: Table, row: int, name: str, bound_key: float, wall: float) -> SolverInfo:
-    """The report in the primary term's unit; the bound is in seconds for time."""
-    objective, per_token = table.objective, table.per_token
-    value, unit = objective_value(objective, table.step_times_s[row], table.plans[row].world_size,
-                                  table.tokens(row), per_token=per_token)
-    bound = objective_from_key(objective, bound_key, per_token=per_token)
-    if table.open_bound_s < math.inf:  # optimal among what was evaluated, not proven
-        name = "FEASIBLE"
-        bound = (min(bound, table.open_bound_s)
-                 if objective.primary is ObjectiveTerm.TIME and not per_token else 0.0)
-    # Keys are whole µs (or units of the objective): a proven optimum is exact at that
-    # resolution, so its bound is the value itself rather than the value rounded down.
-    bound = value if name == "OPTIMAL" else min(bound, value)
-    return SolverInfo(status=name, objective=value, bound=bound,
-                      gap=max(0.0, (value - bound) / value) if value else 0.0, wall_time_s=wall,
-                      objective_terms=tuple(t.value for t in objective.terms),
-                      objective_unit=unit)
-
-
 NO_LEGAL_PLAN = (
     "no legal plan exists for these pins and bounds on this cluster and batch: the pinned "
     "degrees must fit the GPU count (and max_gpus), and the global batch must divide by dp*mbs.")
@@ -226,9 +137,10 @@ def explain_infeasible(table: Table, problem: Problem) -> str:
     stage = max(range(len(est.stage_memory_gib)), key=lambda s: est.stage_memory_gib[s])
     kept = (f" (the memory limit less the {problem.headroom:.0%} headroom solve keeps free; "
             "--headroom 0 fills the GPU)" if problem.headroom else "")
+    need, limit = est.peak_memory_gib, est.memory_limit_gib
     return (
-        f"nothing fits in {est.memory_limit_gib:.1f} GiB per GPU{kept}: even the leanest of "
-        f"{len(table)} candidate plans ({one_line(plan)}) needs {est.peak_memory_gib:.1f} GiB on pipeline stage {stage} "
-        f"({est.peak_memory_gib - est.memory_limit_gib:.1f} GiB over). Use more or larger GPUs, "
+        f"nothing fits in {limit:.1f} GiB per GPU{kept}: even the leanest of {len(table)} "
+        f"candidate plans ({one_line(plan)}) needs {need:.{gib_digits(need, limit)}f} GiB on "
+        f"pipeline stage {stage} ({format_excess(need, limit)} over). Use more or larger GPUs, "
         "a shorter sequence, a smaller model, or unpin dimensions that keep memory high."
     )

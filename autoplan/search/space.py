@@ -459,6 +459,21 @@ def leanest(options: list[Switches]) -> Switches:
         -(sw.recompute_num_layers or 0), not sw.sp, _OFFLOAD_LEANNESS[sw.offload]))
 
 
+def leanest_plans(members: Iterable[Shape], stages: tuple[Stage, ...], *, graph: LayerGraph,
+                  training: TrainingSpec, pins: Pins) -> list[Plan]:
+    """The memory-leanest plan of each ZeRO stage of each shape in ``members`` (one family's
+    leanest_members) on ``stages``: if none of them fits, no plan of the family with these
+    stages does (see leanest and leanest_members)."""
+    blocks = max_chunk_blocks(graph, stages)
+    plans = []
+    for member in members:
+        options = switches(member, runtime=training.runtime, pins=pins, blocks_per_chunk=blocks)
+        plans += [make_plan(member, leanest([sw for sw in options if sw.zero == zero]), stages,
+                            training)
+                  for zero in sorted({sw.zero for sw in options})]
+    return plans
+
+
 def _pinned_out(pins: Pins, **values) -> bool:
     return any(getattr(pins, k) is not None and getattr(pins, k) != v for k, v in values.items())
 

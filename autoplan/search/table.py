@@ -36,24 +36,26 @@ everything (explanations of infeasibility).
 from __future__ import annotations
 
 import heapq
+import logging
 import math
 import time
 from dataclasses import dataclass, field
 
-from autoplan.costmodels.step import (
-    Problem, estimate, limit_mib, lower_bound_s, memory_mib, pipeline_total_s,
-    shape_lower_bound_s, step_and_peak,
-)
+from autoplan.costmodels.bounds import lower_bound_s, shape_lower_bound_s
+from autoplan.costmodels.problem import Problem, limit_mib, memory_mib
+from autoplan.costmodels.step import estimate, pipeline_total_s, step_and_peak
 from autoplan.plan import Estimate, Offload, Plan, Recompute, ShapeRunnerUp, one_line
 from autoplan.search.objective import key as objective_key
 from autoplan.search.objective import meets_throughput
 from autoplan.search.partition import applies, near_optimal_splits
 from autoplan.search.runners_up import best_by_shape
 from autoplan.search.space import (
-    Shape, balanced_stages, family_of, leanest, leanest_members, make_plan, max_chunk_blocks,
-    pipeline_schedule, shapes, stage_variants, switches,
+    Shape, balanced_stages, family_of, leanest, leanest_members, leanest_plans, make_plan,
+    max_chunk_blocks, pipeline_schedule, shapes, stage_variants, switches,
 )
 from autoplan.training import Bounds, Objective, Pins
+
+logger = logging.getLogger(__name__)
 
 RUNNERS_UP = 6
 """Other (TP, PP) shapes a solve reports, best first."""
@@ -137,22 +139,27 @@ class Table:
         pending = [item for source in range(len(problems))
                    for item in table._shape_bounds(source, pins, bounds, max_gpus, deadline)]
         heapq.heapify(pending)
-        best = None
+        best, shapes_bounded, processed = None, len(pending), 0
+        stop = "the queue emptied: every candidate was evaluated"
         while pending:
             item = pending[0]
             limit = best if bound_key is None else bound_key
             if prune and limit is not None and item.key > limit:
+                stop = "the best bound left is worse than the best plan found"
                 break
             if time.perf_counter() > deadline:
                 table.open_bound_s = min(table.open_bound_s, *(p.bound_s for p in pending))
+                stop = "the time limit passed"
                 break
             heapq.heappop(pending)
+            processed += 1
             start = len(table)
             for group in table._process(item):
                 heapq.heappush(pending, group)
             best = min([table.key(r) for r in range(start, len(table)) if table.is_eligible(r)]
                        + ([best] if best is not None else []), default=None)
         table.unexpanded = pending
+        _log_search(table, shapes_bounded, processed, stop)
         return table
 
     def _new_pending(self, bound_s: float, source: int, shape: Shape, stages=None,
@@ -318,17 +325,12 @@ class Table:
         key = (source, family_of(shape), stages)
         if key not in self._family_fits:
             problem = self.problems[source]
-            leanest_plans = []
             layout = balanced_stages(problem.graph, shape.pp) if stages is SPLIT else stages
-            for member in self.families[(source, family_of(shape))]:
-                options = switches(member, runtime=problem.training.runtime, pins=self.pins,
-                                   blocks_per_chunk=max_chunk_blocks(problem.graph, layout))
-                leanest_plans += [make_plan(member, leanest([sw for sw in options if sw.zero == z]),
-                                            layout, problem.training)
-                                  for z in sorted({sw.zero for sw in options})]
-            fits = any(self._may_fit(problem, plan, stages is SPLIT) for plan in leanest_plans)
+            lean = leanest_plans(self.families[(source, family_of(shape))], layout,
+                                 graph=problem.graph, training=problem.training, pins=self.pins)
+            fits = any(self._may_fit(problem, plan, stages is SPLIT) for plan in lean)
             if not fits:
-                for plan in leanest_plans:
+                for plan in lean:
                     self.add(plan, source)
             self._family_fits[key] = fits
         return self._family_fits[key]
@@ -524,9 +526,18 @@ class Table:
                               slower_by=per_token(r) / per_token(chosen) - 1) for r in rows]
 
 
+def _log_search(table: "Table", shapes_bounded: int, processed: int, stop: str) -> None:
+    """What the branch and bound did (``autoplan --verbose``)."""
+    left = table.unexpanded
+    logger.info("bounded %d shapes by physics; took %d shapes or stage layouts off the queue "
+                "(%d rows evaluated, %d eligible)", shapes_bounded, processed, len(table),
+                sum(table.eligible_rows))
+    logger.info("pruned %d never expanded (%d whole shapes, %d stage layouts); stopped because "
+                "%s", len(left), sum(p.stages is None for p in left),
+                sum(p.stages is not None for p in left), stop)
+
+
 def _cannot_be_slower(sw) -> bool:
     """Switches whose time is a lower bound for their shape: recomputation and offload add
     work, ZeRO-3 adds per-micro-batch gathers; ZeRO 0-2 and SP can go either way."""
     return sw.recompute is Recompute.NONE and sw.offload is Offload.NONE and sw.zero < 3
-
-

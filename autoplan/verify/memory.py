@@ -160,11 +160,12 @@ def gloo_staging_bytes(plan, largest_layer_params: float) -> float:
 def predicted_rank_bytes(problem, plan) -> list[float]:
     """Bytes predicted for each pipeline rank: the memory model's (fp32 weights, see above)
     plus what this runtime adds to it: pipeline receive buffers and gloo's staging copies."""
-    from autoplan.costmodels.step import _plan_links, _rank_cost
-    links = _plan_links(problem, plan)
+    from autoplan.costmodels.placement import plan_links
+    from autoplan.costmodels.ranks import rank_cost
+    links = plan_links(problem, plan)
     out = []
     for rank in range(plan.pp):
-        cost = _rank_cost(problem, plan, rank, links)
+        cost = rank_cost(problem, plan, rank, links)
         states = cost.states
         out.append(FP32_WEIGHT_FACTOR * states.weights + states.gradients + states.optimizer
                    + cost.activations + FP32_WEIGHT_FACTOR * cost.other

@@ -67,8 +67,8 @@ def build_reference(source: ModelSource, *, seed: int) -> nn.Module:
 
 def loss_of(source: ModelSource, output, inputs) -> torch.Tensor:
     """model.py's loss, or the trace's default (mean of the first output)."""
-    from autoplan.graph.trace import _loss
-    return _loss(source, output, inputs)
+    from autoplan.graph.trace import model_loss
+    return model_loss(source, output, inputs)
 
 
 def mesh_dims(plan: Plan) -> list[tuple[str, int]]:

@@ -168,7 +168,8 @@ def test_the_530b_zero3_run_fits_the_80gb_gpus_it_ran_on(examples, monkeypatch):
 def test_tied_head_copy_sits_on_the_rank_that_runs_the_head(layout, copies):
     """tiny_gpt ties its LM head (vocab 1024 x hidden 128 = 131,072 weights) to the embedding:
     with the two on different pipeline ranks, Megatron keeps a copy on the head's rank."""
-    from autoplan.costmodels.step import _plan_links, _rank_cost
+    from autoplan.costmodels.placement import plan_links
+    from autoplan.costmodels.ranks import rank_cost
     from autoplan.plan import Plan, Stage
 
     model = autoplan.load_model("examples/models/tiny_gpt.py")
@@ -184,5 +185,5 @@ def test_tied_head_copy_sits_on_the_rank_that_runs_the_head(layout, copies):
     for rank, copy in copies.items():
         chunks = [(s, n) for c, (s, n) in enumerate(zip(starts, layout)) if c % pp == rank]
         own = sum(layers[i].num_params for s, n in chunks for i in range(s, s + n))
-        cost = _rank_cost(problem, plan, rank, _plan_links(problem, plan))
+        cost = rank_cost(problem, plan, rank, plan_links(problem, plan))
         assert cost.params == own + copy * 1024 * 128

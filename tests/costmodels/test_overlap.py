@@ -44,7 +44,8 @@ def test_column_gemms_are_long_enough_to_hide_the_gradient_all_reduces(megatron)
     # all-reduce, so with overlap none of the backward's is exposed.
     block = next(l for l in megatron.graph.layers if l.kind is LayerKind.BLOCK)
     peak = megatron.cluster.gpu.peak_flops("bf16")
-    window = column_gemm_time(block, Split(TP, 1, False, MBS), peak, megatron.compute)
+    window = column_gemm_time(block, Split(TP, 1, False, MBS), megatron.cluster.gpu, peak,
+                              megatron.compute)
     assert window > 2 * _all_reduce(megatron)
 
 
@@ -96,7 +97,8 @@ def test_deepspeed_zero3_pays_one_ring_per_module_and_pass():
     for runtime in ("deepspeed", "fsdp"):
         problem = make_problem(model, cluster, _training(256, 16, "bf16", runtime, "flash"),
                                runtime_settings={"zero3_collective_efficiency": 1.0,
-                                                 "zero3_overlap": 0.0})
+                                                 "zero3_overlap": 0.0, "reduce_bytes": 2,
+                                                 "unshard_copy_bytes": 0})
         plan = plan_from_pins(problem, Pins(tp=1, pp=1, dp=16, mbs=1, zero=3))
         times[runtime] = estimate(problem, plan).time_breakdown_s["dp_comm"]
     # FSDP gathers a layer at once: embedding, 2 blocks, ln_f (the head has no own weights).

@@ -7,7 +7,8 @@ import autoplan
 from autoplan.api import _training, load_cluster, load_model, make_problem, plan_from_pins
 from autoplan.costmodels.compute import Split, layer_time
 from autoplan.costmodels.memory import layer_activation_bytes
-from autoplan.costmodels.step import estimate, memory_mib
+from autoplan.costmodels.step import estimate
+from autoplan.costmodels.problem import memory_mib
 from autoplan.graph.layer_graph import LayerKind
 from autoplan.plan import Recompute
 from autoplan.search.brute import brute_force

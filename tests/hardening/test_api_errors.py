@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 import autoplan
-from autoplan import api
+from autoplan import sweep as sweeps
 from autoplan.cli import app
 from autoplan.errors import (AutoplanError, ClusterSpecError, ConstraintError, ModelFileError)
 
@@ -44,7 +44,7 @@ BAD_CALLS = {
     "a global batch range with a typo": (
         ConstraintError, lambda: autoplan.solve(TINY, DGX1, seq_len=64, global_batch={"mn": 8})),
     "sweep axes that are not a mapping": (
-        ConstraintError, lambda: api.sweep(TINY, DGX1, over=[1, 2], base=RUN)),
+        ConstraintError, lambda: sweeps.sweep(TINY, DGX1, over=[1, 2], base=RUN)),
     "a negative inference context": (
         ConstraintError, lambda: autoplan.place_for_inference(TINY, DGX1, context_len=-3)),
 }

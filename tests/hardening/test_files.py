@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from autoplan import api
+from autoplan import sweep as sweeps
 from autoplan.errors import OutputExistsError
 from autoplan.files import refuse_existing, replacing, write_atomically
 
@@ -40,9 +41,9 @@ def test_write_sweep_refuses_before_writing_anything_and_force_overwrites(tmp_pa
     doc = {"points": []}
     (tmp_path / "sweep.json").write_text("mine")
     with pytest.raises(OutputExistsError, match="sweep.json"):
-        api.write_sweep(doc, tmp_path)
+        sweeps.write_sweep(doc, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.json"]
-    api.write_sweep(doc, tmp_path, force=True)
+    sweeps.write_sweep(doc, tmp_path, force=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.csv", "sweep.json"]
     assert (tmp_path / "sweep.json").read_text() != "mine"
 
@@ -65,7 +66,7 @@ def no_solving(monkeypatch, examples):
         raise AssertionError("the solve started before --out was checked")
 
     monkeypatch.setattr(api, "solve", started)
-    monkeypatch.setattr(api, "sweep", started)
+    monkeypatch.setattr(sweeps, "sweep", started)
 
 
 def _cli(args):
@@ -120,4 +121,4 @@ def test_a_write_that_fails_after_the_check_is_one_clear_error(tmp_path, monkeyp
 
     monkeypatch.setattr(tempfile, "mkstemp", full)
     with pytest.raises(OutputExistsError, match=r"writing .*sweep\.csv.* failed \(No space left"):
-        api.write_sweep({"points": []}, tmp_path)
+        sweeps.write_sweep({"points": []}, tmp_path)

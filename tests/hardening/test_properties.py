@@ -17,7 +17,7 @@ from autoplan.costmodels.memory import model_state_bytes
 from autoplan.costmodels.profiles import runtime_profile
 from autoplan.costmodels.step import estimate
 from autoplan.plan import Offload
-from autoplan.search.solver import solve_table
+from autoplan.search.solve import solve_table
 from autoplan.training import Pins
 from autoplan.zoo import GPT, GPTConfig, next_token_loss
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from autoplan.api import _training, load_cluster, make_problem
 from autoplan.errors import InfeasibleError
 from autoplan.search.brute import brute_force
-from autoplan.search.solver import solve_table
+from autoplan.search.solve import solve_table
 from autoplan.search.space import check_pins
 from autoplan.training import Pins
 from tests.search.moe_models import tiny_moe

@@ -4,14 +4,21 @@ minutes, then died in explain_conflict)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from autoplan import api
+from autoplan.costmodels.step import estimate
 from autoplan.errors import InfeasibleError
-from autoplan.search.solver import Table
-from autoplan.search.space import family_of, leanest_members, shapes
-from autoplan.training import Pins
-from tests.search.test_solver import tiny_gpt
+from autoplan.plan import one_line
+from autoplan.search.brute import brute_force
+from autoplan.search.conflicts import conflict_if_nothing_fits
+from autoplan.search.solve import solve_search
+from autoplan.search.table import Table
+from autoplan.search.space import candidate_plans, family_of, leanest_members, shapes
+from autoplan.training import Objective, Pins
+from tests.search.test_solver import cluster, tiny_gpt
 
 BIG = {"preset": "dgx-h100", "nodes": 1024}  # 8,192 GPUs
 
@@ -49,3 +56,111 @@ def test_family_of_ignores_dp_mbs_and_placement(problem):
     shape = shapes(problem.graph, world=64, gpus_per_node=8, training=problem.training,
                    pins=Pins())[0]
     assert family_of(shape) == (shape.tp, shape.pp, shape.cp, shape.vpp, shape.ep)
+
+
+# --- Conflicts answered from each family's memory-leanest plans, checked against enumeration.
+
+PINS = Pins(tp=2, pp=2, dp=4, recompute="none")
+LABELS = {"tp": "--tp 2", "pp": "--pp 2", "dp": "--dp 4", "recompute": "--recompute none"}
+
+
+def _small(mem_limit):
+    training = api._training(256, 32, "bf16", "megatron", "flash")
+    return api.make_problem(tiny_gpt(4, 256, 4), api.load_cluster(cluster(2, 8, False)),
+                            training, mem_limit=mem_limit)
+
+
+def _peaks(problem, pins):
+    """Worst-GPU bytes of every plan meeting ``pins`` (every DP degree), by enumeration."""
+    return [estimate(problem, plan).peak_memory_gib * 2**30
+            for plan in candidate_plans(problem.graph, world=16, gpus_per_node=8,
+                                        training=problem.training, pins=pins, every_dp=True)]
+
+
+def _without(pins, *names):
+    return Pins(**{k: v for k, v in pins.pinned().items() if k not in names})
+
+
+@pytest.fixture(scope="module")
+def squeezed():
+    """A limit halfway between the leanest plan of PINS (no recompute) and the leanest once
+    recomputation is free: the pins fit only by recomputing."""
+    probe = _small(40 * 2**30)  # the a100-sxm4-40gb
+    pinned = min(_peaks(probe, PINS))
+    recomputing = min(_peaks(probe, _without(PINS, "recompute")))
+    assert recomputing < pinned
+    return _small((pinned + recomputing) / 2)
+
+
+def test_the_conflict_is_the_minimal_set_enumeration_finds(squeezed):
+    """Deletion in the documented order (tp, pp, dp, recompute, memory), each set decided by
+    enumerating every plan under it: the requirements left are the ones named, the leanest
+    plan under them needs what enumeration says, and the plan without the first of them is
+    the brute-force optimum."""
+    limit = squeezed.mem_limit_bytes
+    fits = lambda pins: min(_peaks(squeezed, pins)) <= limit
+    kept = dict(PINS.pinned())
+    for name in list(kept):
+        rest = Pins(**{k: v for k, v in kept.items() if k != name})
+        if not fits(rest):
+            del kept[name]
+    assert kept  # the limit does not stop every plan
+    with pytest.raises(InfeasibleError) as err:
+        solve_search(squeezed, PINS, time_limit_s=60)
+    message = str(err.value)
+    named = " and ".join(LABELS[k] for k in kept)
+    assert message.startswith(f"{named} together with ")
+    leanest = min(_peaks(squeezed, Pins(**kept))) / 2**30
+    need = float(message.split(") needs ")[1].split(" GiB")[0])
+    assert need == pytest.approx(leanest, abs=5e-4)  # printed with three decimals
+    over = message.split(" GiB on stage ")[1].split("(")[1].split(" over")[0]
+    # under 0.1 GiB over: whole MiB as the solver compares (need rounded up, limit down)
+    assert over == f"{math.ceil(leanest * 1024) - math.floor(limit / 2**20)} MiB"
+    # the first of them whose removal from all the pins admits a plan
+    first, (plan, _) = next((k, found) for k in kept
+                            if (found := brute_force(squeezed, _without(PINS, k))) is not None)
+    assert f"without {LABELS[first]} the best plan ({one_line(plan)}) fits" in message
+    assert err.value.exit_code == 3 and "\n" not in message
+
+
+def test_nothing_fits_is_known_before_the_step_time_search(squeezed, monkeypatch):
+    """The screen decides infeasibility from memory alone: with the time search's table
+    builds forbidden for the solve's own pins, the answer still comes (the only build left
+    is the one that prices the plan without a conflicting pin)."""
+    built = []
+    real = Table.build.__func__
+
+    def recording(cls, problems, pins, **kwargs):
+        built.append(pins)
+        return real(cls, problems, pins, **kwargs)
+
+    monkeypatch.setattr(Table, "build", classmethod(recording))
+    with pytest.raises(InfeasibleError, match="together with"):
+        solve_search(squeezed, PINS, time_limit_s=60)
+    assert PINS not in built and len(built) == 1
+
+
+def test_a_fitting_plan_lets_the_search_run(squeezed):
+    assert conflict_if_nothing_fits([squeezed], _without(PINS, "recompute"),
+                                    objective=Objective(), bounds=None, max_gpus=None) is None
+
+
+def test_llama3_405b_pinned_on_8192_h100_gets_one_paragraph_naming_the_conflict(examples):
+    """The issue's case (Llama 3 405B, TP 8 x PP 16 x DP 64 without recompute at 8,192
+    tokens on 1,024 DGX H100, 76 GiB usable of 80 GiB) on Megatron: exit 3 naming DP 64 with
+    no recomputation, by how much the leanest such plan is over, and the plan that fits
+    once recomputation is allowed (the other pins kept)."""
+    model = api.load_model(examples / "models" / "llama3_405b.py")
+    with pytest.raises(InfeasibleError) as err:
+        api.solve(model, BIG, seq_len=8192, global_batch=2048, runtime="megatron",
+                  pins={"tp": 8, "pp": 16, "dp": 64, "recompute": "none"}, runners_up=False)
+    message = str(err.value)
+    assert err.value.exit_code == 3 and "\n" not in message
+    assert message.startswith("--dp 64 and --recompute none together with 76.0 GiB per GPU: "
+                              "the leanest such plan (")
+    need = float(message.split(") needs ")[1].split(" GiB")[0])
+    over = float(message.split("GiB on stage ")[1].split("(")[1].split(" GiB over")[0])
+    assert need > 76.0 and over == pytest.approx(need - 76.0, abs=0.06)
+    relaxed = message.split("without --recompute none the best plan (")[1].split(")")[0]
+    assert relaxed.startswith("TP8 x PP16 x DP64") and "no recompute" not in relaxed
+    assert message.endswith("Relax one of these.")

@@ -9,7 +9,7 @@ from autoplan.api import _training, load_cluster, make_problem
 from autoplan.errors import InfeasibleError
 from autoplan.search.brute import brute_force
 from autoplan.search.objective import key as objective_key
-from autoplan.search.solver import solve_search
+from autoplan.search.solve import solve_search
 from autoplan.search.table import RUNNERS_UP, Table
 from autoplan.training import Bounds, Objective, Pins, Range
 from tests.search.test_solver import cluster, tiny_gpt

@@ -7,10 +7,11 @@ import types
 import pytest
 
 from autoplan.api import _training, load_cluster, load_model, make_problem
-from autoplan.costmodels.step import limit_mib, memory_mib, step_and_peak
+from autoplan.costmodels.problem import limit_mib, memory_mib
+from autoplan.costmodels.step import step_and_peak
 from autoplan.search.brute import brute_force
 from autoplan.search.partition import applies, near_optimal_splits
-from autoplan.search.solver import solve_search, solve_table
+from autoplan.search.solve import solve_search, solve_table
 from autoplan.search.space import (Shape, Switches, balanced_stages, block_counts, compositions,
                                    make_plan, max_chunk_blocks, stages_of_counts, switches)
 from autoplan.training import Objective, ObjectiveTerm, Pins

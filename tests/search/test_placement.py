@@ -4,7 +4,7 @@ megatron-core's own rank generator, priced by the topology, and chosen when it i
 import pytest
 
 import autoplan
-from autoplan.costmodels.step import axis_stride
+from autoplan.costmodels.placement import axis_stride
 from autoplan.plan import Plan
 from autoplan.plugins.megatron import megatron_args
 from autoplan.search.space import balanced_stages

@@ -7,11 +7,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoplan.api import _training, load_cluster, make_problem
-from autoplan.costmodels.step import shape_lower_bound_s, step_and_peak
+from autoplan.costmodels.bounds import shape_lower_bound_s
+from autoplan.costmodels.step import step_and_peak
 from autoplan.search.space import (Shape, candidate_plans, family_of, leanest, leanest_members,
                                    max_chunk_blocks, switches)
 from autoplan.plan import one_line
-from autoplan.search.solver import Table
+from autoplan.search.table import Table
 from autoplan.training import Pins
 from tests.search.moe_models import tiny_moe
 from tests.search.test_solver import cluster, tiny_gpt

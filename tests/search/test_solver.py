@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from autoplan.api import load_cluster, load_model, make_problem, _training
 from autoplan.errors import InfeasibleError
-from autoplan.costmodels.step import lower_bound_s
+from autoplan.costmodels.bounds import lower_bound_s
 from autoplan.search.brute import brute_force
-from autoplan.search.solver import solve_table
+from autoplan.search.solve import solve_table
 from autoplan.training import Pins
 from autoplan.zoo import GPT, GPTConfig, next_token_loss
 

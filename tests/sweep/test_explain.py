@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -171,3 +173,66 @@ def test_explain_says_how_far_behind_each_other_framework_is(explained, solved):
         else:  # its step time against the chosen plan's, worked from the runtimes list
             behind = option.step_time_s / solved.estimate.step_time_s - 1
             assert f"{behind:+.1%} per step" in line and behind >= 0
+
+
+# --- What binds a plan at or over the memory limit (issue 14 item 17a).
+
+EQUAL_AS_A_MISS = re.compile(r"(\d+\.\d+) GiB \(limit \1 GiB|(\d+\.\d+) of \2 GiB")
+
+
+def test_a_plan_over_the_limit_is_said_not_to_fit_and_the_fitting_optimum_named(tiny):
+    """An estimated plan 51 MiB over its limit: not "memory: N faster candidates do not fit"
+    (it does not fit itself), but by how much it misses and which plan fits instead (the
+    solve's own answer under the same limit)."""
+    pins = {"tp": 1, "pp": 1, "dp": 1, "mbs": 16, "zero": 0, "recompute": "none"}  # one GPU
+    peak = api.estimate(tiny, FOUR_GPU_NODES, pins, seq_len=256,
+                        global_batch=16).estimate.peak_memory_gib
+    over = api.estimate(tiny, FOUR_GPU_NODES, pins, seq_len=256, global_batch=16,
+                        mem_limit=f"{peak - 0.05:.4f}GiB")
+    limit = over.estimate.memory_limit_gib
+    assert not over.estimate.feasible
+    best = api.solve(tiny, FOUR_GPU_NODES, seq_len=256, global_batch=16, headroom=0,
+                     mem_limit=f"{peak - 0.05:.4f}GiB", runtime=over.training.runtime)
+    text = api.explain(over, tiny).binding
+    assert text.startswith("memory: the plan does not fit: ")
+    # whole MiB as the solver compares them: the need rounded up, the limit down (~51 MiB)
+    assert f"{math.ceil(peak * 1024) - math.floor(limit * 1024)} MiB over the limit" in text
+    assert f"the fastest plan that fits, {one_line(best.plan)}, " in text
+    assert not EQUAL_AS_A_MISS.search(text)
+
+
+def test_a_pinned_plan_that_fits_is_bound_by_its_pins_not_memory(tiny):
+    pinned = api.solve(tiny, FOUR_GPU_NODES, seq_len=256, global_batch=16, pins={"tp": 4})
+    best = api.solve(tiny, FOUR_GPU_NODES, seq_len=256, global_batch=16,
+                     runtime=pinned.training.runtime)
+    assert one_line(best.plan) != one_line(pinned.plan)
+    text = api.explain(pinned, tiny).binding
+    assert text.startswith(f"pins: the fastest plan that fits, {one_line(best.plan)}, ")
+    faster = 1 - best.estimate.step_time_s / pinned.estimate.step_time_s
+    assert f"{faster:.1%} less than this plan's" in text
+
+
+def test_a_plan_at_the_limit_shows_what_is_left_not_equal_numbers(tiny):
+    """The optimum under a limit 2 MiB above its own peak: "1.6xxx of 1.6 GiB, 2 MiB to
+    spare", never "1.6 of 1.6 GiB"."""
+    loose = api.solve(tiny, FOUR_GPU_NODES, seq_len=256, global_batch=16)
+    peak = loose.estimate.peak_memory_gib
+    at = api.solve(tiny, FOUR_GPU_NODES, seq_len=256, global_batch=16, headroom=0,
+                   mem_limit=f"{peak + 2 / 1024:.6f}GiB")
+    assert one_line(at.plan) == one_line(loose.plan)
+    text = api.explain(at, tiny).binding
+    spare = (at.estimate.memory_limit_gib - peak) * 1024  # 2 MiB, to the rounding of the limit
+    assert f"{spare:,.0f} MiB to spare" in text
+    assert not EQUAL_AS_A_MISS.search(text)
+
+
+def test_what_if_percentages_say_what_they_compare_with(solved, tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(solved.model_dump(mode="json")))
+    result = CliRunner().invoke(app, ["explain", str(path), "--model", str(TINY)])
+    assert result.exit_code == 0, result.output
+    what_ifs = [line for line in result.output.splitlines() if line.startswith("what if")]
+    assert what_ifs and all("nothing fits" in line or "speed vs this plan" in line
+                            for line in what_ifs)
+    assert "vs this plan" in next(line for line in result.output.splitlines()
+                                  if line.startswith("┃ TP"))

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from autoplan import api
 from autoplan import sweep as sweeps
+from autoplan.sweep import grid as sweep_grid
 from autoplan.cli import app
 from autoplan.errors import ConstraintError
 
@@ -22,7 +23,7 @@ from .conftest import DGX16, EXAMPLES, TINY
 def grid(tiny, dgx16):
     """nodes x mem_limit x seq_len on the tiny GPT, in two worker processes; at 1GiB nothing
     fits (the CUDA context alone is larger)."""
-    return api.sweep(tiny, dgx16, over={"nodes": [1, 2], "seq_len": [128, 256],
+    return sweeps.sweep(tiny, dgx16, over={"nodes": [1, 2], "seq_len": [128, 256],
                                         "mem_limit": ["1GiB", "80GiB"]},
                      base={"global_batch": 32}, workers=2)
 
@@ -67,13 +68,13 @@ def test_fronts_hold_no_dominated_point(grid):
     for front in sweeps.FRONTS:
         on = [p for p in feasible if p["fronts"][front]]
         for a in on:
-            va = sweeps._objectives(front, a)
+            va = sweep_grid._objectives(front, a)
             assert not any(all(y <= x for x, y in zip(va, vb)) and vb != va
-                           for vb in (sweeps._objectives(front, b) for b in feasible))
+                           for vb in (sweep_grid._objectives(front, b) for b in feasible))
 
 
 def test_csv_and_json_files(grid, tmp_path):
-    written = api.write_sweep(grid, tmp_path)
+    written = sweeps.write_sweep(grid, tmp_path)
     assert {p.name for p in written} >= {"sweep.csv", "sweep.json", "scaling.png", "pareto.png",
                                          "step_breakdown.png"}
     rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
@@ -118,7 +119,7 @@ def test_sweep_yaml_rejects_unknown_keys(tmp_path):
 
 
 def test_sweep_yaml_example_runs():
-    doc = api.sweep_file(EXAMPLES / "sweeps" / "tiny_gpt_nodes.yaml", workers=1)
+    doc = sweeps.sweep_file(EXAMPLES / "sweeps" / "tiny_gpt_nodes.yaml", workers=1)
     assert [p["inputs"]["nodes"] for p in doc["points"]] == [1, 1, 2, 2, 4, 4]
     assert all(p["plan"] for p in doc["points"])
 
@@ -140,7 +141,7 @@ def test_cli_sweep_bad_axis_exits_2():
 
 
 def test_price_per_gpu_type(tiny, dgx16):
-    doc = api.sweep(tiny, dgx16, over={"gpu": ["a100-sxm4-80gb", "h100-sxm5-80gb"]},
+    doc = sweeps.sweep(tiny, dgx16, over={"gpu": ["a100-sxm4-80gb", "h100-sxm5-80gb"]},
                     base={"seq_len": 128, "global_batch": 16, "nodes": 1}, workers=1,
                     price_per_gpu_hour={"a100-sxm4-80gb": 1.0, "h100-sxm5-80gb": 3.0})
     for point, price in zip(doc["points"], (1.0, 3.0)):
@@ -148,7 +149,7 @@ def test_price_per_gpu_type(tiny, dgx16):
         expected = price * 8 / 3600 / tokens_per_s * 1e6
         assert point["metrics"]["cost_per_million_tokens"] == pytest.approx(expected)
     with pytest.raises(ConstraintError, match="not 'h100-sxm5-80gb'"):
-        api.sweep(tiny, dgx16, over={"gpu": ["h100-sxm5-80gb"]},
+        sweeps.sweep(tiny, dgx16, over={"gpu": ["h100-sxm5-80gb"]},
                   base={"seq_len": 128, "global_batch": 16, "nodes": 1}, workers=1,
                   price_per_gpu_hour={"a100-sxm4-80gb": 1.0})
 
@@ -157,6 +158,6 @@ def test_ray_backend_gives_the_same_points(tiny, dgx16):
     """Skipped unless Ray is installed (the `ray` extra); starts a local Ray."""
     require("ray", extra="ray")
     over, base = {"nodes": [1, 2]}, {"seq_len": 128, "global_batch": 16}
-    on_ray = api.sweep(tiny, dgx16, over=over, base=base, ray_address="local", workers=2)
-    local = api.sweep(tiny, dgx16, over=over, base=base, workers=1)
+    on_ray = sweeps.sweep(tiny, dgx16, over=over, base=base, ray_address="local", workers=2)
+    local = sweeps.sweep(tiny, dgx16, over=over, base=base, workers=1)
     assert [p["plan"] for p in on_ray["points"]] == [p["plan"] for p in local["points"]]

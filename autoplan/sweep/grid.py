@@ -36,11 +36,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from autoplan.errors import AutoplanError, ConstraintError
 from autoplan.files import replacing, write_atomically
 from autoplan.plan import Plan, one_line
+from autoplan.sweep.fronts import FRONTS, pareto_mask
 
 logger = logging.getLogger(__name__)
 
 PIN_NAMES = ("tp", "pp", "dp", "mbs", "zero", "recompute", "sp", "vpp", "offload")
-FRONTS = ("time_vs_gpus", "cost_vs_time", "headroom_vs_speed")
 DEFAULT_PRICE_PER_GPU_HOUR = 2.0
 """US dollars per GPU-hour; a placeholder near 2024 cloud A100 list prices. Pass your own."""
 DEFAULT_TRAIN_TOKENS = 1e12
@@ -347,22 +347,6 @@ def _run_on_ray(model, tasks: list[_Task], address: str, *, num_cpus: int | None
 
 # ---------------------------------------------------------------------------------------------
 # Metrics and Pareto fronts
-
-
-def pareto_mask(values: list[tuple[float, ...] | None]) -> list[bool]:
-    """True for each vector (all objectives minimized) no other vector dominates; None (an
-    infeasible point) is never on the front. Equal vectors do not dominate each other."""
-    out = []
-    for i, a in enumerate(values):
-        if a is None:
-            out.append(False)
-            continue
-        dominated = any(
-            b is not None and j != i and all(y <= x for x, y in zip(a, b))
-            and any(y < x for x, y in zip(a, b))
-            for j, b in enumerate(values))
-        out.append(not dominated)
-    return out
 
 
 def metrics(row: dict, *, price_per_gpu_hour: float | dict[str, float],

@@ -1,0 +1,82 @@
+"""The plan a set of pins means when nothing is searched (``estimate``): the documented
+defaults for every unpinned dimension, the runtime's implied switches, and the check that a
+saved plan belongs to the traced model."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autoplan.capabilities import RUNTIMES
+from autoplan.costmodels.problem import Problem
+from autoplan.errors import ConstraintError
+from autoplan.plan import ModelInfo, Plan
+from autoplan.search.space import balanced_stages, dp_options, pipeline_schedule
+from autoplan.training import DEFAULT_PLACEMENT, Pins
+
+if TYPE_CHECKING:
+    from autoplan.graph.model import Model
+
+
+def plan_from_pins(problem: Problem, pins: Pins, *, first: int | None = None,
+                   last: int | None = None) -> Plan:
+    """A fully pinned plan; unpinned dimensions take the defaults tp=pp=cp=1, dp = the largest
+    degree that divides the global batch and fits the remaining GPUs, mbs=1, ZeRO-0, no
+    recompute, no SP, no interleaving, no offload, balanced stages."""
+    world = problem.cluster.num_gpus
+    tp, pp, cp = pins.tp or 1, pins.pp or 1, pins.cp or 1
+    mbs, vpp = pins.mbs or 1, pins.vpp or 1
+    batch = problem.training.global_batch
+    fitting = dp_options(batch, world // (tp * pp * cp), pins.dp)
+    dp = fitting[-1] if fitting else pins.dp or 0
+    if not dp or tp * pp * dp * cp > world or batch % (dp * mbs):
+        raise ConstraintError(
+            f"the plan tp={tp} pp={pp} dp={dp or '?'} cp={cp} mbs={mbs} does not fit {world} "
+            f"GPUs and a global batch of {batch}: tp*pp*dp*cp must not exceed the GPU count and "
+            "the global batch must divide by dp*mbs.")
+    ep = pins.ep or 1
+    if (dp * cp) % ep:
+        raise ConstraintError(
+            f"--ep {ep} does not divide dp*cp = {dp * cp} (dp={dp} cp={cp}): expert-parallel "
+            "ranks are carved out of the data-parallel replicas. Pin a --dp that --ep divides.")
+    caps = RUNTIMES[problem.training.runtime]
+    sp = pins.sp if pins.sp is not None else tp > 1 and (  # Megatron needs SP with EP and TP
+        ep > 1 and caps.ep_with_tp_needs_sp or caps.tp_implies_sp)
+    return Plan(
+        tp=tp, pp=pp, dp=dp, cp=cp, zero_stage=pins.zero or 0, micro_batch_size=mbs,
+        global_batch_size=batch, num_microbatches=batch // (dp * mbs),
+        recompute=pins.recompute or ("full" if pins.recompute_num_layers else "none"),
+        recompute_num_layers=pins.recompute_num_layers, sequence_parallel=bool(sp), vpp=vpp,
+        offload=pins.offload or "none", world_size=tp * pp * dp * cp,
+        placement=pins.placement or DEFAULT_PLACEMENT, ep=ep,
+        stages=balanced_stages(problem.graph, pp, vpp, first=first, last=last),
+        pipeline_schedule=pipeline_schedule(problem.training.runtime, vpp),
+    )
+
+
+def check_plan_matches(problem: Problem, plan: Plan, model: Model,
+                       info: ModelInfo | None = None) -> None:
+    """Refuse a plan made for another model: its stages must cover the traced layers and the
+    model section of its JSON (``info``, when there is one) must count the same parameters.
+
+    Raises:
+        ConstraintError: saying what differs.
+    """
+    graph = problem.graph
+    if info is not None and info.num_params != graph.num_params:
+        raise ConstraintError(
+            f"the plan was made for {info.name} ({info.num_params:,} parameters) but "
+            f"{model.name} has {graph.num_params:,}: the plan does not match the model. Pass "
+            "the model.py it was solved for, or solve this model afresh.")
+    if plan.num_layers != len(graph.layers):
+        raise ConstraintError(
+            f"the plan's stages cover {plan.num_layers} layers but {model.name} traces into "
+            f"{len(problem.graph.layers)} (embedding, blocks, head and loss each count): the "
+            "plan does not match the model (was it made for another model?). Pass the "
+            "model.py it was solved for, or solve this model afresh.")
+
+
+def with_implied_sp(problem: Problem, plan: Plan) -> Plan:
+    """The plan as its runtime runs it: torchtitan shards the sequence whenever TP > 1."""
+    if plan.tp > 1 and not plan.sequence_parallel and RUNTIMES[problem.training.runtime].tp_implies_sp:
+        return plan.model_copy(update={"sequence_parallel": True})
+    return plan

@@ -1,0 +1,99 @@
+"""Whole-process wall time of `autoplan` commands, as a user waits for them: interpreter start,
+imports, trace (or the trace cache), search and printing.
+
+    .venv/bin/python benchmarks/whole_process.py [--repeats 3]
+
+Cold: an empty trace cache ($XDG_CACHE_HOME pointed at a fresh folder), so model.py is traced;
+warm: the same command again, the trace read from the cache. Each figure is the median of
+--repeats runs; the machine's load average is printed with them (the figures are only
+comparable at a similar load). For comparison, Calculon (Isaev et al., SC'23) reports 77 s for
+its search of the 530B job on 5,128 A100; it is not re-measured here (it is not on PyPI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / "examples" / "models"
+AUTOPLAN = [str(Path(sys.executable).parent / "autoplan")]  # the console script users run
+
+
+def dgx_a100(nodes: int) -> dict:
+    """DGX A100 nodes as examples/clusters/dgx-a100-x280.yaml has them."""
+    return {"name": f"dgx-a100-x{nodes}", "gpu": "a100-sxm4-80gb", "nodes": nodes,
+            "gpus_per_node": 8, "intra_node": {"link": "nvswitch", "bandwidth": "300GB/s"},
+            "inter_node": {"link": "infiniband", "nics_per_node": 8, "bandwidth": "200Gbps",
+                           "latency": "5us", "interface": "ib0"}}
+
+
+JOBS = [  # (label, model file, nodes, seq len, global batch)
+    ("MT-NLG 530B on 5,128 A100", "mtnlg_530b.py", 641, 2048, 1920),
+    ("GPT 1T on 3,072 A100", "gpt_1t.py", 384, 2048, 3072),
+]
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(argv: list[str], cache: Path) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the process and its children): on a shared machine the
+    CPU time moves less with the load than the wall time does."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
+    start, cpu = time.perf_counter(), _children_cpu_s()
+    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start, _children_cpu_s() - cpu
+    if done.returncode:
+        raise SystemExit(f"{' '.join(argv)} failed:\n{done.stderr}")
+    return elapsed
+
+
+def median(runs: list[tuple[float, float]]) -> str:
+    wall, cpu = (statistics.median(r[i] for r in runs) for i in (0, 1))
+    return f"{wall:6.2f} s ({cpu:5.2f} s CPU)"
+
+
+def cold_and_warm(argv: list[str], repeats: int, scratch: Path) -> tuple[str, str]:
+    cold, warm = [], []
+    for i in range(repeats):
+        cache = scratch / f"cache-{Path(argv[2]).stem}-{i}"
+        cold.append(timed(argv, cache))
+        warm.append(timed(argv, cache))
+    return median(cold), median(warm)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
+          f"on {os.cpu_count()} cores")
+    with tempfile.TemporaryDirectory() as scratch_dir:
+        scratch = Path(scratch_dir)
+        help_runs = [timed([*AUTOPLAN, "--help"], scratch / "help") for _ in range(args.repeats)]
+        print(f"{'autoplan --help':<32} {median(help_runs)}")
+        for label, model, nodes, seq_len, batch in JOBS:
+            cluster = scratch / f"dgx-a100-x{nodes}.yaml"
+            cluster.write_text(yaml.safe_dump(dgx_a100(nodes)))
+            argv = [*AUTOPLAN, "solve", str(MODELS / model), str(cluster), "--seq-len",
+                    str(seq_len), "--global-batch", str(batch)]
+            cold, warm = cold_and_warm(argv, args.repeats, scratch)
+            print(f"{label:<32} cold {cold}   warm {warm}   (Calculon: "
+                  f"{'77 s, not re-measured' if '530B' in label else 'n/a'})")
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()

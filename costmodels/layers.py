@@ -1,0 +1,166 @@
+"""One layer's per-micro-batch costs on one GPU under a split and recompute: compute, exposed TP
+and CP communication, kept and working activation bytes, parameters held and gathered."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.costmodels import comm
+from autoplan.costmodels.compute import LayerTime, Split, layer_time
+from autoplan.costmodels.context import ring_attention_time
+from autoplan.costmodels.memory import (
+    WEIGHT_BYTES,
+    backward_working_bytes,
+    held_fp32_logits_bytes,
+    layer_activation_bytes,
+    layer_params_on_gpu,
+    layer_trained_on_gpu,
+    layer_weight_bytes,
+    loss_peak_bytes,
+)
+from autoplan.costmodels.problem import Problem, memo
+
+from autoplan.cluster.topology import GroupLinks
+from autoplan.graph.layer_graph import Layer, LayerKind
+from autoplan.plan import Recompute
+
+
+@dataclass(frozen=True, slots=True)
+class LayerCost:
+    """A layer's per-micro-batch costs on one GPU under a given split and recompute."""
+
+    compute_s: float
+    backward_s: float
+    tp_comm_s: float
+    cp_comm_s: float
+    wgrad_s: float
+    act_bytes: float
+    working_bytes: float
+    params: float
+    gathered: float
+    gathers: int
+    trained: float  # of params, those that require grad
+    weight_bytes: float  # the weights as stored (frozen ones in the frozen dtype)
+
+
+def _tp_messages(layer: Layer, split: Split) -> tuple[int, int, float]:
+    """(forward all-reduces, backward all-reduces, message bytes) per micro-batch."""
+    size = split.mbs / split.cp
+    if layer.kind is LayerKind.BLOCK:
+        return layer.tp_allreduces, layer.tp_allreduces, layer.boundary_bytes * size
+    if layer.kind is LayerKind.HEAD:
+        return 0, 1, layer.input_bytes * size
+    return layer.tp_allreduces, 0, layer.boundary_bytes * size
+
+
+def layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
+                recompute: Recompute, tp_links: GroupLinks, cp_links: GroupLinks) -> LayerCost:
+    key = (class_id, split, recompute, tp_links, cp_links)
+    cached = memo(problem).get(key)
+    if cached is not None:
+        return cached
+    frozen_dtype = problem.training.frozen_storage
+    t = layer_time(layer, split, recompute, gpu=problem.cluster.gpu, precision=problem.precision,
+                   profile=problem.compute, frozen_dtype=frozen_dtype)
+    fwd_n, bwd_n, message = _tp_messages(layer, split)
+    one = comm.all_reduce_time(message, tp_links) if split.tp > 1 else 0.0
+    full = recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK
+    bwd_comm = _tp_backward_comm(problem, layer, split, t, bwd_n, message, tp_links)
+    tp_comm = fwd_n * one * (2 if full else 1) + bwd_comm
+    cost = LayerCost(
+        compute_s=t.fwd_s + t.bwd_s + t.recompute_s, backward_s=t.bwd_s + t.recompute_s,
+        tp_comm_s=tp_comm,
+        cp_comm_s=ring_attention_time(layer, split, t, cp_links,
+                                      recomputed=full or recompute is Recompute.SELECTIVE),
+        wgrad_s=t.wgrad_s,
+        act_bytes=_kept_bytes(problem, layer, split, recompute),
+        working_bytes=_working_bytes(problem, layer, split),
+        params=layer_params_on_gpu(layer, split.tp),
+        gathered=_gathered_params(problem, layer, split.tp), gathers=_gather_units(problem, layer),
+        trained=layer_trained_on_gpu(layer, split.tp),
+        weight_bytes=layer_weight_bytes(layer, split.tp, frozen_dtype),
+    )
+    memo(problem)[key] = cost
+    return cost
+
+
+def _kept_bytes(problem: Problem, layer: Layer, split: Split, recompute: Recompute) -> float:
+    """What a layer keeps for backward per micro-batch. The cross-entropy of the logits keeps
+    nothing across micro-batches: each one's backward starts right after its loss."""
+    if logits_layer(problem, layer) is not None:
+        return 0.0
+    return layer_activation_bytes(layer, split, recompute,
+                                  op_sac=problem.runtime.selective_recompute == "op",
+                                  gathered_inputs=problem.runtime.sp_saves_gathered_input)
+
+
+def _working_bytes(problem: Problem, layer: Layer, split: Split) -> float:
+    """Transient bytes of a layer's backward; for the loss, the runtime's cross-entropy."""
+    head = logits_layer(problem, layer)
+    if head is None:
+        return backward_working_bytes(layer, split,
+                                      gathered_inputs=problem.runtime.sp_saves_gathered_input)
+    element = 4 if problem.precision == "fp32" else WEIGHT_BYTES
+    peak = loss_peak_bytes(head.boundary_bytes, split,
+                           bytes_per_logit=problem.runtime.loss_bytes_per_logit,
+                           logit_element_bytes=element)
+    if problem.runtime.pp_holds_stage_outputs:  # counted with the held stage output
+        peak -= held_fp32_logits_bytes(head.boundary_bytes, split, logit_element_bytes=element)
+    return peak
+
+
+def logits_layer(problem: Problem, layer: Layer) -> Layer | None:
+    """The LM head whose logits ``layer`` turns into the loss (None for other layers, and
+    for a loss that does not follow a head)."""
+    layers = problem.graph.layers
+    if layer.kind is not LayerKind.LOSS or len(layers) < 2:
+        return None
+    return layers[-2] if layers[-2].kind is LayerKind.HEAD else None
+
+
+def _gathered_params(problem: Problem, layer: Layer, tp: int) -> float:
+    """Parameters of ``layer`` one GPU holds gathered at once under ZeRO-3: the whole layer
+    (FSDP wraps each block) or its largest parameter-owning module (DeepSpeed fetches module by
+    module), of which TP leaves 1/tp as of the whole layer."""
+    on_gpu = layer_params_on_gpu(layer, tp)
+    if problem.runtime.zero3_gather_unit != "module" or not layer.num_params:
+        return on_gpu
+    return layer.largest_module_params * on_gpu / layer.num_params
+
+
+def _gather_units(problem: Problem, layer: Layer) -> int:
+    """ZeRO-3 collectives per gather of ``layer``: one per parameter-owning module (DeepSpeed) or
+    one for the layer (FSDP)."""
+    if not layer.num_params:
+        return 0
+    return (layer.param_modules or 1) if problem.runtime.zero3_gather_unit == "module" else 1
+
+
+def _tp_backward_comm(problem: Problem, layer: Layer, split: Split, t: LayerTime, count: int,
+                      message: float, tp_links: GroupLinks) -> float:
+    """Exposed TP communication of one layer's backward for one micro-batch.
+
+    Without SP each column-parallel Linear all-reduces its input gradient. With SP (Korthikanti
+    et al. 2022, sec. 4.2.2) each row-parallel Linear all-gathers its output gradient (the
+    backward of its forward reduce-scatter), and each column-parallel Linear re-gathers its
+    sequence-sharded input for the weight gradient and reduce-scatters its input gradient. With
+    asynchronous TP communication (``tp_bwd_overlap``: Megatron-LM's async all-reduce) the
+    column-parallel collectives run under that Linear's input-gradient (the gather) and
+    weight-gradient (the reduction) GEMMs; the output-gradient gathers stay exposed. Full
+    recompute keeps this overlap: its backward costs the baseline's plus one forward
+    (Korthikanti et al. 2022, Table 4: 11.9 + 7.7 = 19.5 ms).
+    """
+    if count == 0 or split.tp == 1:
+        return 0.0
+    if split.sp and layer.kind is LayerKind.BLOCK:
+        gather = comm.all_gather_time(message, tp_links)
+        exposed = count * gather
+        hideable = count * (gather + comm.reduce_scatter_time(message, tp_links))
+        window = 2 * t.column_gemm_s
+    else:
+        exposed = 0.0
+        hideable = count * comm.all_reduce_time(message, tp_links)
+        window = t.column_gemm_s
+    if problem.runtime.tp_bwd_overlap:
+        hideable = max(0.0, hideable - window)
+    return exposed + hideable

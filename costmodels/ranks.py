@@ -1,0 +1,346 @@
+"""A pipeline rank's costs: the layers of its chunks summed, its pipeline sends, the parameters
+and model states it holds, the memory besides them, and which ranks cost the same."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.costmodels import comm
+from autoplan.costmodels.compute import Split
+from autoplan.costmodels.experts import ep_comm_time, expert_params
+from autoplan.costmodels.layers import layer_cost, logits_layer
+from autoplan.costmodels.memory import (
+    WEIGHT_BYTES,
+    ModelStates,
+    allocator_slack_bytes,
+    grad_norm_copy_bytes,
+    held_fp32_logits_bytes,
+    in_backward_grads_held,
+    in_flight_chunks,
+    model_state_bytes,
+    step_moment_excess_bytes,
+    zero3_buffer_bytes,
+)
+from autoplan.costmodels.problem import Problem, memo
+
+from autoplan.cluster.topology import GroupLinks
+from autoplan.graph.layer_graph import LayerKind
+from autoplan.plan import Plan, Recompute
+
+
+@dataclass(frozen=True, slots=True)
+class RankCost:
+    rank: int
+    micro_batch_s: float
+    compute_s: float
+    backward_s: float
+    tp_comm_s: float
+    cp_comm_s: float
+    wgrad_s: float
+    pp_comm_s: float
+    states: ModelStates
+    activations: float
+    other: float
+    params: float
+    acts_per_chunk: float
+    largest: float
+    gathers: int
+    ep_comm_s: float = 0.0  # expert-parallel all-to-alls per micro-batch
+    expert_params: float = 0.0
+    """The part of ``params`` that are experts split by EP (0 when ep = 1: experts are then
+    sharded and reduced like every other parameter)."""
+    trained: float = 0.0  # of params, those that require grad: reduced and stepped
+
+    @property
+    def memory(self) -> float:
+        return self.states.total + self.activations + self.other
+
+
+def rank_stages(plan: Plan, rank: int) -> tuple[tuple[int, int], ...]:
+    """The model chunks ``(first_layer, num_layers)`` a pipeline rank runs (chunk c is virtual
+    stage c*pp + rank)."""
+    layout = plan.layout
+    return tuple(layout[c * plan.pp + rank] for c in range(plan.vpp))
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSums:
+    """Per-micro-batch sums over the layers of a rank's chunks."""
+
+    compute_s: float
+    backward_s: float
+    tp_comm_s: float
+    cp_comm_s: float
+    wgrad_s: float
+    params: float
+    acts_per_chunk: float
+    working: float
+    largest: float
+    gathers: int
+    trained: float
+    weight_bytes: float
+    working_kind: str = ""  # the kind of layer whose backward (or loss) holds ``working``
+
+
+def chunk_compositions(problem: Problem, plan: Plan,
+                        stages: tuple[tuple[int, int], ...]) -> tuple:
+    """Each chunk as ``((class id, how many, recompute), ...)``.
+
+    With ``recompute_num_layers = N`` a chunk's layers up to its N-th block are fully
+    recomputed and the rest keep their activations (Megatron's ``--recompute-method block``:
+    the first N transformer layers of every model chunk); layers that are not blocks cost the
+    same either way.
+    """
+    n = plan.recompute_num_layers if plan.recompute is Recompute.FULL else None
+    chunks = []
+    for first, num in stages:
+        cut = num if n is None else recomputed_prefix(problem, first, num, n)
+        rest = Recompute.NONE if n is not None else plan.recompute
+        chunks.append(tuple((c, k, plan.recompute) for c, k in problem.layer_counts(first, cut))
+                      + tuple((c, k, rest) for c, k in problem.layer_counts(first + cut, num - cut)))
+    return tuple(chunks)
+
+
+def recomputed_prefix(problem: Problem, first: int, num: int, n: int) -> int:
+    """Layers of the chunk ``layers[first:first+num]`` up to and including its n-th block."""
+    key = ("prefix", first, num, n)
+    cut = memo(problem).get(key)
+    if cut is None:
+        blocks = [i for i in range(first, first + num)
+                  if problem.graph.layers[i].kind is LayerKind.BLOCK]
+        cut = memo(problem)[key] = num if len(blocks) <= n else blocks[n - 1] + 1 - first
+    return cut
+
+
+def chunk_sums(problem: Problem, compositions: tuple, split: Split,
+                tp_links: GroupLinks, cp_links: GroupLinks) -> ChunkSums:
+    key = ("sums", compositions, split, tp_links, cp_links)
+    cached = memo(problem).get(key)
+    if cached is not None:
+        return cached
+    compute_s = backward_s = tp_comm_s = cp_comm_s = wgrad_s = params = acts = working = 0.0
+    largest = trained = weight_bytes = 0.0
+    gathers = 0
+    working_kind = ""
+    for composition in compositions:
+        for class_id, count, recompute in composition:
+            layer = problem.layer_class(class_id)
+            cost = layer_cost(problem, layer, class_id, split, recompute, tp_links, cp_links)
+            compute_s += count * cost.compute_s
+            backward_s += count * cost.backward_s
+            tp_comm_s += count * cost.tp_comm_s
+            cp_comm_s += count * cost.cp_comm_s
+            wgrad_s += count * cost.wgrad_s
+            params += count * cost.params
+            trained += count * cost.trained
+            weight_bytes += count * cost.weight_bytes
+            acts += count * cost.act_bytes
+            if cost.working_bytes > working:
+                working, working_kind = cost.working_bytes, layer.kind.value
+            largest = max(largest, cost.gathered)
+            gathers += count * cost.gathers
+    sums = ChunkSums(compute_s, backward_s, tp_comm_s, cp_comm_s, wgrad_s, params,
+                      acts / len(compositions), working, largest, gathers, trained, weight_bytes,
+                      working_kind)
+    memo(problem)[key] = sums
+    return sums
+
+
+def rank_base(problem: Problem, plan: Plan, rank: int, split: Split,
+              links: dict[str, GroupLinks], stages: tuple | None = None
+              ) -> tuple[ChunkSums, float, "HeldParams"]:
+    """(layer sums, pipeline-send time, parameters held) of a rank running ``stages`` (default:
+    its chunks of the plan's layout); shared by equal ranks."""
+    stages = stages or rank_stages(plan, rank)
+    key = ("rank", stages, split, plan.recompute, plan.recompute_num_layers, links["tp"],
+           links["pp"], links["cp"])
+    cached = memo(problem).get(key)
+    if cached is None:
+        compositions = chunk_compositions(problem, plan, stages)
+        sums = chunk_sums(problem, compositions, split, links["tp"], links["cp"])
+        pp_comm_s = pp_comm(problem, plan, stages, links["pp"]) if plan.pp > 1 else 0.0
+        cached = memo(problem)[key] = (sums, pp_comm_s, held_params(problem, plan, sums, stages))
+    return cached
+
+
+@dataclass(frozen=True, slots=True)
+class HeldParams:
+    """Parameters one GPU holds (before ZeRO sharding): all, those trained, and the bytes of
+    their weights as stored."""
+
+    count: float
+    trained: float
+    weight_bytes: float
+
+    def without(self, params: float, trained: float) -> "HeldParams":
+        """Less ``params`` 2-byte weights, ``trained`` of them trained."""
+        return HeldParams(self.count - params, self.trained - trained,
+                          self.weight_bytes - WEIGHT_BYTES * params)
+
+
+def held_params(problem: Problem, plan: Plan, sums: ChunkSums,
+                stages: tuple[tuple[int, int], ...]) -> HeldParams:
+    """What a rank's layers hold, plus its copy of tied weights, trained where the layer
+    they are tied to (the embedding, layer 0) trains."""
+    tied = _tied_copy_params(problem, stages) / plan.tp
+    first = problem.graph.layers[0]
+    tied_trained = tied * first.trainable_params / first.num_params if first.num_params else 0.0
+    return HeldParams(sums.params + tied, sums.trained + tied_trained,
+                      sums.weight_bytes + WEIGHT_BYTES * tied)
+
+
+def rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLinks],
+              stages: tuple | None = None) -> RankCost:
+    """What pipeline rank ``rank`` costs running ``stages`` (default: its chunks of the plan's
+    layout) under the plan's degrees and switches."""
+    stages = stages or rank_stages(plan, rank)
+    split = Split(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel, mbs=plan.micro_batch_size,
+                  flash=problem.flash_attention)
+    sums, pp_comm_s, holds = rank_base(problem, plan, rank, split, links, stages)
+    experts, ep_comm_s = (_rank_experts(problem, plan, split, links, stages) if plan.ep > 1
+                          else (0.0, 0.0))
+    holds = holds.without(experts * (plan.ep - 1), experts * (plan.ep - 1))  # 1/ep of experts
+    params = holds.count
+    states = _model_states(problem, plan, holds.without(experts, experts), experts)
+    held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp, num_microbatches=plan.num_microbatches)
+    acts_per_chunk = sums.acts_per_chunk + _held_output_bytes(problem, plan, stages, split)
+    activations = held * acts_per_chunk + sums.working
+    other = other_bytes(problem, plan, activations, sums.largest, params)
+    return RankCost(rank, sums.compute_s + sums.tp_comm_s + sums.cp_comm_s + pp_comm_s + ep_comm_s,
+                     sums.compute_s, sums.backward_s, sums.tp_comm_s, sums.cp_comm_s, sums.wgrad_s,
+                     pp_comm_s, states, activations, other, params,
+                     acts_per_chunk, sums.largest, sums.gathers, ep_comm_s, experts,
+                     holds.trained)
+
+
+def _model_states(problem: Problem, plan: Plan, dense: HeldParams, experts: float) -> ModelStates:
+    """Model states of a GPU: the dense parameters sharded over the dp*cp replicas, the experts
+    EP split (``experts``, 0 when ep = 1; priced as trained) over the dp*cp/ep ranks that hold
+    the same ones."""
+    optimizer = problem.training.optimizer
+    held = (in_backward_grads_held(problem.graph.layers, plan.tp)
+            if problem.training.optimizer_in_backward else None)
+    states = model_state_bytes(dense.count, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp,
+                               offload=plan.offload, runtime=problem.runtime,
+                               trained=dense.trained, weight_bytes=dense.weight_bytes,
+                               optimizer=optimizer, grads_held=held)
+    if not experts:
+        return states
+    own = model_state_bytes(experts, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp // plan.ep,
+                            offload=plan.offload, runtime=problem.runtime, optimizer=optimizer)
+    return ModelStates(states.weights + own.weights, states.gradients + own.gradients,
+                       states.optimizer + own.optimizer)
+
+
+def _rank_experts(problem: Problem, plan: Plan, split: Split, links: dict[str, GroupLinks],
+                  stages: tuple) -> tuple[float, float]:
+    """(expert parameters one GPU holds, EP all-to-all seconds per micro-batch) of a rank
+    running ``stages``."""
+    key = ("experts", stages, split, plan.ep, plan.recompute, plan.recompute_num_layers,
+           links["ep"])
+    cached = memo(problem).get(key)
+    if cached is None:
+        params = seconds = 0.0
+        for composition in chunk_compositions(problem, plan, stages):
+            for class_id, count, recompute in composition:
+                layer = problem.layer_class(class_id)
+                full = recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK
+                params += count * expert_params(layer) / (plan.tp * plan.ep)
+                seconds += count * ep_comm_time(layer, split, links["ep"], full_recompute=full)
+        cached = memo(problem)[key] = (params, seconds)
+    return cached
+
+
+def other_bytes(problem: Problem, plan: Plan, activations: float,
+                 largest_gathered: float, params: float) -> float:
+    """Memory besides model states and activations: outside the allocator the CUDA context and
+    NCCL buffers, the allocator's slack (memory.allocator_slack_bytes), a ZeRO optimizer's
+    gradient-reduction bucket (DeepSpeed allocates it whole), and with ZeRO-3 the
+    unsharded copies of the gathered units (memory.zero3_buffer_bytes) of a GPU holding
+    ``params`` parameters."""
+    runtime = problem.runtime
+    other = runtime.cuda_context_bytes + allocator_slack_bytes(activations, runtime.fragmentation,
+                                                                runtime.cublas_workspace_bytes)
+    if plan.zero_stage >= 1:
+        other += runtime.zero_bucket_bytes
+    other += step_moment_excess_bytes(step_transient_bytes(problem, plan, largest_gathered, params),
+                                      activations, runtime.fragmentation)
+    if plan.zero_stage >= 3:
+        other += zero3_buffer_bytes(
+            largest_gathered, params, bytes_per_param=runtime.zero3_gather_bytes,
+            pipeline_resident=runtime.zero3_pp_resident and plan.pp > 1)
+    return other
+
+
+def _tied_copy_params(problem: Problem, stages: tuple[tuple[int, int], ...]) -> float:
+    """Weights tied to an earlier layer (the LM head to the embedding) that a pipeline rank
+    runs apart from that layer: Megatron keeps a copy on the rank that runs the tied layer
+    (the last stage's, or the one before a stage of the loss alone), none when the same rank
+    also runs layer 0."""
+    if any(first == 0 for first, _ in stages):
+        return 0.0
+    return sum(problem.layer_class(c).tied_params * k
+               for first, num in stages for c, k in problem.layer_counts(first, num))
+
+
+def pp_comm(problem: Problem, plan: Plan, stages: tuple, links: GroupLinks) -> float:
+    """Activation sends forward and gradient sends backward, per micro-batch, for each chunk."""
+    layers = problem.graph.layers
+    total = 0.0
+    for start, num in stages:
+        first, last = layers[start], layers[start + num - 1]
+        boundary = max(first.input_bytes, last.boundary_bytes)
+        message = boundary * plan.micro_batch_size / plan.cp
+        if problem.runtime.pp_scatter_gather and plan.tp > 1:
+            message /= plan.tp
+        total += 2 * comm.p2p_time(message, links)
+    return total
+
+
+def rank_groups(problem: Problem, plan: Plan) -> list[list[int]]:
+    """Pipeline ranks grouped by what they run (same layers, same boundaries): a balanced
+    pipeline has a handful of groups however deep it is, and equal ranks cost the same."""
+    key = ("groups", plan.layout, plan.pp, plan.vpp, plan.recompute, plan.recompute_num_layers)
+    groups = memo(problem).get(key)
+    if groups is None:
+        by_signature: dict[tuple, list[int]] = {}
+        end = len(problem.graph.layers)
+        for rank in range(plan.pp):
+            stages = rank_stages(plan, rank)
+            signature = (rank == plan.pp - 1,) + chunk_compositions(problem, plan, stages) + tuple(
+                (first == 0, first + num == end) for first, num in stages)
+            by_signature.setdefault(signature, []).append(rank)
+        groups = memo(problem)[key] = list(by_signature.values())
+    return groups
+
+
+def step_transient_bytes(problem: Problem, plan: Plan, largest_module: float,
+                          params: float) -> float:
+    """The optimizer step's transient on a GPU: ZeRO-1/2's fp64 copy of the largest gradient
+    (``largest_module``: DeepSpeed's largest parameter-owning module) of its 1/dp partition."""
+    bytes_per_element = problem.runtime.grad_norm_bytes
+    if not bytes_per_element or plan.zero_stage not in (1, 2):
+        return 0.0
+    return grad_norm_copy_bytes(largest_module, params / (plan.dp * plan.cp),
+                                bytes_per_element=bytes_per_element)
+
+
+def _held_output_bytes(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], ...],
+                       split: Split) -> float:
+    """Bytes per in-flight micro-batch chunk of the stage output a pipeline engine keeps until
+    that micro-batch's backward is done: the chunk's last layer's output (replicated over TP),
+    or for the chunk that ends in the loss the fp32 logits (memory.held_fp32_logits_bytes; the
+    engine runs even a single stage, as Megatron-DeepSpeed does at PP 1)."""
+    if not problem.runtime.pp_holds_stage_outputs:
+        return 0.0
+    layers = problem.graph.layers
+    total = 0.0
+    for first, num in stages:
+        last = layers[first + num - 1]
+        head = logits_layer(problem, last)
+        if head is not None:
+            element = 4 if problem.precision == "fp32" else WEIGHT_BYTES
+            total += held_fp32_logits_bytes(head.boundary_bytes, split, logit_element_bytes=element)
+        else:
+            total += last.boundary_bytes * split.mbs / split.cp
+    return total / len(stages)

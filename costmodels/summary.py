@@ -1,0 +1,51 @@
+"""A plan's step time and worst rank turned into the reported Estimate (throughput, MFU,
+memory breakdown)."""
+
+from __future__ import annotations
+
+from autoplan.costmodels.flops import hardware_flops_per_sample, model_flops_per_sample, recomputed_layers
+from autoplan.costmodels.memory import (
+    allocator_slack_bytes,
+)
+from autoplan.costmodels.problem import Problem, memo
+from autoplan.costmodels.ranks import RankCost
+
+from autoplan.plan import Estimate, Plan
+from autoplan.units import GIB
+
+
+def summarize(problem: Problem, plan: Plan, *, step: float, worst: RankCost,
+               memories: list[float], breakdown: dict[str, float]) -> Estimate:
+    samples = plan.global_batch_size
+    peak = problem.cluster.gpu.peak_flops(problem.precision)
+    flops_key = ("flops", plan.recompute, plan.recompute_num_layers,
+                 plan.layout if plan.recompute_num_layers else None)
+    if flops_key not in memo(problem):
+        memo(problem)[flops_key] = (model_flops_per_sample(problem.graph),
+                                     hardware_flops_per_sample(problem.graph, plan.recompute,
+                                                               recomputed_layers(problem, plan)))
+    model_flops, hardware_flops = memo(problem)[flops_key]
+    model_tflops = model_flops * samples / (plan.world_size * step) / 1e12
+    hw = hardware_flops * samples
+    return Estimate(
+        step_time_s=step,
+        tokens_per_s=samples * problem.graph.seq_len / step,
+        model_tflops_per_gpu=model_tflops,
+        hardware_tflops_per_gpu=hw / (plan.world_size * step) / 1e12,
+        mfu=model_tflops * 1e12 / peak,
+        peak_memory_gib=worst.memory / GIB,
+        peak_allocated_gib=(worst.memory - problem.runtime.cuda_context_bytes
+                            - allocator_slack_bytes(worst.activations,
+                                                    problem.runtime.fragmentation,
+                                                    problem.runtime.cublas_workspace_bytes)) / GIB,
+        peak_reserved_gib=(worst.memory - problem.runtime.cuda_context_bytes) / GIB,
+        memory_limit_gib=problem.mem_limit_bytes / GIB,
+        memory_breakdown_gib={
+            "weights": worst.states.weights / GIB, "gradients": worst.states.gradients / GIB,
+            "optimizer": worst.states.optimizer / GIB, "activations": worst.activations / GIB,
+            "other": worst.other / GIB,
+        },
+        time_breakdown_s=breakdown,
+        stage_memory_gib=tuple(m / GIB for m in memories),
+        feasible=worst.memory <= problem.mem_limit_bytes,
+    )

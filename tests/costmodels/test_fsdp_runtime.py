@@ -1,0 +1,62 @@
+"""The FSDP runtime as PyTorch FSDP2 and torchtitan run it: gradients reduced in fp32, and the
+copy kernels of fully_shard's all-gather and reduce-scatter on the compute stream; checked
+against torchtitan's own config default and times worked by hand from the HBM bandwidth."""
+
+import inspect
+
+import pytest
+
+from autoplan.api import _training, load_cluster, load_model, make_problem, plan_from_pins
+from autoplan.cluster.topology import group_links
+from autoplan.costmodels import comm
+from autoplan.costmodels.profiles import compute_profile, runtime_profile
+from autoplan.costmodels.step import estimate
+from autoplan.training import Pins
+from tests.extras import require
+from published_runs import _gpt_module, selene
+
+L, H, A, V, S = 2, 1024, 16, 1024, 256
+DP, MBS, GLOBAL = 8, 1, 16  # two micro-batches per step
+
+
+def _dp_comm(**settings) -> tuple[float, float]:
+    """(dp_comm seconds, the GPU's parameters) of a ZeRO-3 FSDP plan on one DGX A100."""
+    model = load_model(_gpt_module(L, H, A, V, S))
+    problem = make_problem(model, load_cluster(selene(DP)),
+                           _training(S, GLOBAL, "bf16", "fsdp", "flash"),
+                           runtime_settings={"zero3_overlap": 0.0, **settings})
+    plan = plan_from_pins(problem, Pins(tp=1, pp=1, dp=DP, mbs=MBS, zero=3))
+    return estimate(problem, plan).time_breakdown_s["dp_comm"], problem.graph.num_params
+
+
+def test_gradients_are_reduced_in_fp32_as_torchtitan_defaults():
+    # torchtitan's Training config: mixed_precision_reduce defaults to "float32".
+    configs = require("torchtitan.config.configs")
+    owners = [c for _, c in inspect.getmembers(configs, inspect.isclass)
+              if "mixed_precision_reduce" in getattr(c, "__dataclass_fields__", {})]
+    assert owners and all(c.__dataclass_fields__["mixed_precision_reduce"].default == "float32"
+                          for c in owners)
+    assert runtime_profile("fsdp").reduce_bytes == 4
+
+
+def test_fsdp2_copy_kernels_add_14_bytes_per_parameter_and_micro_batch():
+    # Per micro-batch: two all-gather copy-outs (read 2 + write 2 bytes each) and one
+    # reduce-scatter copy-in (read bf16 2 + write fp32 4) per parameter = 14 bytes, through
+    # A100-80GB's 2.039 TB/s at the profile's memory efficiency, unhidden.
+    with_copies, params = _dp_comm()
+    without, _ = _dp_comm(unshard_copy_bytes=0)
+    rate = 2.039e12 * compute_profile("a100-sxm4-80gb").memory_efficiency
+    micro_batches = GLOBAL // (DP * MBS)
+    assert with_copies - without == pytest.approx(micro_batches * 14 * params / rate, rel=1e-6)
+
+
+def test_fp32_reduction_sends_4_byte_gradients():
+    # The reduce-scatter per micro-batch carries 4 bytes per parameter instead of 2; the
+    # gathers are the same, so dp_comm grows by the difference of the two reduce-scatters
+    # (comm primitives, tests/cluster/test_comm.py), at FSDP's collective efficiency.
+    fp32, params = _dp_comm(unshard_copy_bytes=0)
+    bf16, _ = _dp_comm(unshard_copy_bytes=0, reduce_bytes=2)
+    links = group_links(load_cluster(selene(DP)).cluster, DP, 1)
+    efficiency = runtime_profile("fsdp").zero3_collective_efficiency
+    extra = comm.reduce_scatter_time(4 * params, links) - comm.reduce_scatter_time(2 * params, links)
+    assert fp32 - bf16 == pytest.approx(GLOBAL // (DP * MBS) * extra / efficiency, rel=1e-6)
