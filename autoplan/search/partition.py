@@ -78,6 +78,12 @@ class StageTable:
     num_blocks: int
     num_microbatches: int
 
+    @property
+    def key(self) -> tuple:
+        """The table's content, hashable (what its pool depends on)."""
+        return (tuple(tuple(row.items()) for row in self.costs), self.num_blocks,
+                self.num_microbatches)
+
 
 def _canonical_stage(graph: LayerGraph, rank: int, pp: int, count: int) -> tuple[int, int]:
     """Layers of a stage at ``rank`` with ``count`` blocks: the first from layer 0, the last to
@@ -283,16 +289,60 @@ def applies(problem: Problem, pp: int, vpp: int) -> bool:
     return problem.cluster.is_homogeneous and split_is_chosen(problem.graph, pp, vpp)
 
 
-def near_optimal_splits(problem: Problem, plan: Plan, *, memory: bool = True
-                        ) -> list[tuple[Stage, ...]]:
+def near_optimal_splits(problem: Problem, plan: Plan, *, memory: bool = True,
+                        cache: dict | None = None) -> list[tuple[Stage, ...]]:
     """The stages of every split within WINDOW of the model's optimum for ``plan``'s degrees
     and switches (``applies`` must hold), lexicographically by block counts, for the caller to
-    re-evaluate; empty when no split fits. ``memory=False`` ignores the limit (for bounds)."""
+    re-evaluate; empty when no split fits. ``memory=False`` ignores the limit (for bounds).
+    Where the hint is provably the only split in the window (``hint_is_alone``) no model is
+    built; ``cache`` maps stage tables already solved to their pools (equal tables, e.g. of
+    ZeRO stages that change no stage's time, post-drain term or fit, have equal answers)."""
     graph = problem.graph
     hint = block_counts(graph, balanced_stages(graph, plan.pp))
     table = read_problem(problem, plan, hint, memory=memory)
+    pool = None if cache is None else cache.get(table.key)
+    if pool is None:
+        pool = [hint] if hint_is_alone(table, hint) else _solve_pool(table, hint)
+        if cache is not None:
+            cache[table.key] = pool
+    return [stages_of_counts(graph, counts) for counts in pool]
+
+
+def _solve_pool(table: StageTable, hint: tuple[int, ...]) -> list[tuple[int, ...]]:
     model = PartitionModel(table)
     if all(c in row for c, row in zip(hint, table.costs)):
         model.add_hint(hint)
-    _, pool = model.solve()
-    return [stages_of_counts(graph, counts) for counts in pool]
+    return model.solve()[1]
+
+
+def hint_is_alone(table: StageTable, hint: tuple[int, ...]) -> bool:
+    """Whether the hint is admissible and every other split is outside the window above it,
+    so the model's pool would be the hint alone. Any other split gives some stage s more
+    blocks than the hint (the counts sum to the same B), so its objective is at least
+    (m - 1) t[s][hint_s + 1] + S - p (T at least that stage's time, post-drain term at least
+    0, and S, the same for every split, less one unit of rounding per stage); a stage whose
+    next count is not in the table (over the memory limit or the slowest-stage cap) cannot
+    grow. The usual case for alike blocks split evenly, where a block moved is worth more than
+    the ends' embedding and head."""
+    costs, m, p = table.costs, table.num_microbatches, len(table.costs)
+    if not all(c in row for c, row in zip(hint, costs)):
+        return False
+    hinted = [costs[s][c] for s, c in enumerate(hint)]
+    best = _objective(hinted, m)
+    times = sum(t for t, _ in hinted)
+    grown = [costs[s][c + 1][0] for s, c in enumerate(hint) if c + 1 in costs[s]]
+    if not grown:
+        return True
+    lower = (m - 1) * min(grown) + times - p
+    return lower > best + int(best * WINDOW) + p + 1
+
+
+def split_fits(problem: Problem, plan: Plan) -> bool:
+    """Whether some split of the blocks fits in memory under ``plan``'s degrees and switches
+    (``applies`` must hold), without a model: a stage's memory grows with its blocks, so some
+    split fits exactly when each stage's largest fitting count (binary search) is at least 1
+    and those counts reach the blocks."""
+    total, pp = len(problem.graph.block_indices()), plan.pp
+    largest = [_largest(lambda c, s=s: _stage_cost(problem, plan, s, c) is not None,
+                        total - (pp - 1)) for s in range(pp)]
+    return min(largest) >= 1 and sum(largest) >= total

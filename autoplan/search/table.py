@@ -47,7 +47,7 @@ from autoplan.costmodels.step import estimate, pipeline_total_s, step_and_peak
 from autoplan.plan import Estimate, Offload, Plan, Recompute, ShapeRunnerUp, one_line
 from autoplan.search.objective import key as objective_key
 from autoplan.search.objective import meets_throughput
-from autoplan.search.partition import applies, near_optimal_splits
+from autoplan.search.partition import applies, near_optimal_splits, split_fits
 from autoplan.search.runners_up import best_by_shape
 from autoplan.search.space import (
     Shape, balanced_stages, family_of, leanest, leanest_members, leanest_plans, make_plan,
@@ -111,6 +111,7 @@ class Table:
     _created: int = 0
     best_key: tuple | None = None  # of the best eligible row so far (what splits must beat)
     _deferred: list = field(default_factory=list)  # splits put off by their bound, to queue
+    _pools: dict = field(default_factory=dict)  # partition stage tables -> their CP-SAT pools
 
     @property
     def problem(self) -> Problem:
@@ -292,12 +293,12 @@ class Table:
             fits = self.fits(len(self) - 1)
         tokens = problem.training.tokens_per_step
         bound = self.split_bound(shape, sw, source)
-        if balanced and self.best_key is not None and self._key(
-                bound, template.world_size, tokens) > self.best_key:
+        if balanced and (self.best_key is None or self._key(
+                bound, template.world_size, tokens) > self.best_key):
             self._deferred.append(self._new_pending(bound, source, shape, SPLIT, [sw]))
             self._deferred[-1].deferred = True
-            return fits or screen and bool(near_optimal_splits(problem, template))
-        splits = near_optimal_splits(problem, template)
+            return fits or screen and split_fits(problem, template)
+        splits = near_optimal_splits(problem, template, cache=self._pools)
         if splits:
             training = problem.training
             plans = [make_plan(shape, sw, stages, training) for stages in splits]
@@ -339,7 +340,7 @@ class Table:
     def _may_fit(problem: Problem, plan: Plan, any_split: bool) -> bool:
         """Whether ``plan`` fits, on its own stages or (``any_split``) on some split."""
         if any_split:
-            return bool(near_optimal_splits(problem, plan))
+            return split_fits(problem, plan)
         return memory_mib(step_and_peak(problem, plan)[1]) <= limit_mib(problem)
 
     def _zero_stages_that_fit(self, item: _Pending, stages: tuple, options: list,
