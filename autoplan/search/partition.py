@@ -37,7 +37,10 @@ Objective
     slowest post-drain term, the step as ``costmodels.groups`` writes it for node groups.
 
 Solve and re-evaluate
-    One worker and a fixed seed (same input, same partition). The integer objective differs
+    Skipped where the hint is provably alone in the window (``hint_is_alone``: any other
+    split gives some stage one block more, which already costs more than the window). One
+    worker, a fixed seed and a deterministic time limit (same input, same partition; past
+    it the best split found, at worst the hint). The integer objective differs
     from ``estimate()``'s float step by the rounding of each term and by the post-drain term
     (which ``estimate()`` takes from the rank with most parameters rather than stage by stage),
     so every solution within ``WINDOW`` of the optimum is enumerated (at most ``POOL`` of them)
@@ -67,7 +70,14 @@ POOL = 64
 WINDOW = 0.002
 """Share of the optimum within which partitions are re-evaluated: the post-drain term that the
 model takes stage by stage is a few per mille of a step where the split moves it."""
+DETERMINISTIC_LIMIT = 0.2
+"""CP-SAT's deterministic time per solve (and per enumeration of the window): the same work
+on any machine at any load, so the same input gives the same split. Small tables solve in a
+fraction of it; a deep pipeline's (dozens of stages whose middles are alike) can take seconds
+to prove and a search makes hundreds, so past the limit the best split found (at worst the
+hint) is the answer."""
 TIME_LIMIT_S = 5.0
+"""Wall-clock safety net only (the deterministic limit binds first)."""
 
 
 @dataclass(frozen=True)
@@ -233,9 +243,10 @@ class PartitionModel:
         return tuple(next(c for c, var in row.items() if solver.boolean_value(var))
                      for row in self.x)
 
-    def solve(self) -> tuple[int, list[tuple[int, ...]]]:
+    def solve(self, hint: tuple[int, ...] | None = None) -> tuple[int, list[tuple[int, ...]]]:
         """The optimum and every solution within WINDOW of it (at most POOL); none without
-        solving where the counts that fit cannot add up to the blocks."""
+        solving where the counts that fit cannot add up to the blocks; the admissible
+        ``hint`` alone where the time limit passes before any solution."""
         costs, total = self.table.costs, self.table.num_blocks
         if not all(costs) or sum(max(row) for row in costs) < total:
             return 0, []
@@ -244,8 +255,10 @@ class PartitionModel:
             return (0, [only]) if sum(only) == total else (0, [])
         solver = _solver()
         status = solver.solve(self.model)
-        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        if status == cp_model.INFEASIBLE:
             return 0, []
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):  # time limit: the hint
+            return 0, [hint] if hint else []
         best = round(solver.objective_value)
         self.model.clear_objective()
         self.model.clear_hints()
@@ -255,7 +268,7 @@ class PartitionModel:
         enumerate_ = _solver()
         enumerate_.parameters.enumerate_all_solutions = True
         enumerate_.solve(self.model, pool)
-        return best, sorted(pool.found)
+        return best, sorted(pool.found | {self.counts(solver)})
 
 
 class _Pool(cp_model.CpSolverSolutionCallback):
@@ -277,6 +290,7 @@ def _solver() -> cp_model.CpSolver:
     solver.parameters.random_seed = RANDOM_SEED
     solver.parameters.num_workers = 1
     solver.parameters.max_time_in_seconds = TIME_LIMIT_S
+    solver.parameters.max_deterministic_time = DETERMINISTIC_LIMIT
     solver.parameters.cp_model_probing_level = 0
     solver.parameters.linearization_level = 0
     solver.parameters.symmetry_level = 0
@@ -310,9 +324,10 @@ def near_optimal_splits(problem: Problem, plan: Plan, *, memory: bool = True,
 
 def _solve_pool(table: StageTable, hint: tuple[int, ...]) -> list[tuple[int, ...]]:
     model = PartitionModel(table)
-    if all(c in row for c, row in zip(hint, table.costs)):
+    admissible = all(c in row for c, row in zip(hint, table.costs))
+    if admissible:
         model.add_hint(hint)
-    return model.solve()[1]
+    return model.solve(hint if admissible else None)[1]
 
 
 def hint_is_alone(table: StageTable, hint: tuple[int, ...]) -> bool:
