@@ -181,11 +181,19 @@ def uniform_blocks(graph: LayerGraph) -> bool:
     return all(replace(graph.layers[i], name="", modules=()) == same for i in blocks)
 
 
+CHOSEN_SPLIT_MAX_PP = 4
+"""Deepest pipeline whose split CP-SAT chooses. Where the menu has least (pp = 2: balanced
+only) the model pays (5% on a 128K-vocabulary pp = 2 case) and solves in milliseconds; on
+deep pipelines of alike middle stages the window's near-optimal splits are many symmetric
+compositions, hundreds of solves took minutes on the 175B-530B searches (README, "What
+CP-SAT solves"), and the menu's lighter first/last stages are what a split there moves."""
+
+
 def split_is_chosen(graph: LayerGraph, pp: int, vpp: int) -> bool:
     """Whether any split of the blocks over the stages is a candidate (CP-SAT chooses it,
-    ``search.partition``): one chunk per rank over blocks that are all alike. Otherwise the
-    candidates are ``stage_variants``."""
-    return pp > 1 and vpp == 1 and uniform_blocks(graph)
+    ``search.partition``): one chunk per rank, at most CHOSEN_SPLIT_MAX_PP of them, over
+    blocks that are all alike. Otherwise the candidates are ``stage_variants``."""
+    return 1 < pp <= CHOSEN_SPLIT_MAX_PP and vpp == 1 and uniform_blocks(graph)
 
 
 def split_plans(graph: LayerGraph, shape: Shape, training: TrainingSpec, pins: Pins):
