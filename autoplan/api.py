@@ -22,6 +22,7 @@ from autoplan.costmodels.groups import check_groups, on_groups_in_order
 from autoplan.costmodels.parameters import with_parameters
 from autoplan.costmodels.problem import Problem
 from autoplan.costmodels.step import estimate as estimate_plan
+from autoplan.degrees import of_plan
 from autoplan.errors import (AutoplanError, ClusterSpecError, ConstraintError, ExportError,
                              NoPlanInTimeError, OutputExistsError, PlanFileError)
 from autoplan.files import check_writable_folder, refuse_existing, write_errors_as
@@ -423,9 +424,8 @@ def _plan_for(problem: Problem, cluster: LoadedCluster, model: Model, plan_or_pi
                                   f"cluster has {cluster.cluster.num_gpus}.")
         if plan_or_pins.ep > 1:
             _check_ep_cluster(cluster, plan_or_pins.ep)
-            check_ep(problem.graph, problem.training, Pins(
-                ep=plan_or_pins.ep, dp=plan_or_pins.dp, cp=plan_or_pins.cp, tp=plan_or_pins.tp,
-                sp=plan_or_pins.sequence_parallel))
+            check_ep(problem.graph, problem.training,
+                     Pins(**of_plan(plan_or_pins, ("ep", "dp", "cp", "tp", "sp"))))
         plan_or_pins = with_implied_sp(problem, plan_or_pins)
         if plan_or_pins.stage_groups is not None:
             check_groups(problem, plan_or_pins)

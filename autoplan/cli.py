@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 
 from autoplan.capabilities import target_names
+from autoplan.degrees import DEGREE, DEGREES
 from autoplan.errors import AutoplanError, PlanFileError
 from autoplan.graph.sandbox import DEFAULT_TIME_LIMIT_S as DEFAULT_TRACE_TIME_LIMIT_S
 from autoplan.graph.trace_cache import DISABLE_ENV as NO_CACHE_ENV
@@ -67,8 +68,9 @@ def _log_to_stderr(verbose: bool) -> None:
         package.addHandler(handler)
 
 
-class ZeroChoice(str, Enum):
-    Z0, Z1, Z2, Z3 = "0", "1", "2", "3"
+ZeroChoice = Enum("ZeroChoice", [(f"Z{z}", str(z)) for z in
+                                 range(DEGREE["zero"].low, DEGREE["zero"].high + 1)], type=str)
+"""The --zero choices, listed in --help."""
 
 
 ExportTarget = Enum("ExportTarget", [(name, name) for name in [*target_names(), "all"]], type=str)
@@ -86,14 +88,11 @@ FROM = typer.Option(None, "--from", help="A Megatron-LM argument list or launch 
                     "DeepSpeed ds_config.json, or torchtitan overrides: the setup you run now.")
 
 
-def _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload,
-          recompute_num_layers=None, placement=None, ep=None) -> dict:
-    values = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "mbs": mbs,
-              "zero": int(zero.value) if zero else None,
-              "recompute": recompute.value if recompute else None,
-              "recompute_num_layers": recompute_num_layers, "sp": sp, "vpp": vpp,
-              "offload": offload.value if offload else None, "placement": placement, "ep": ep}
-    return {k: v for k, v in values.items() if v is not None}
+def _pins(given: dict) -> dict:
+    """The pin options set among ``given`` (a command's parameters, named as the degrees of
+    ``autoplan.degrees``), as plain values: enum choices by value, --zero as an int."""
+    return {d.name: int(v.value) if isinstance(v, ZeroChoice) else getattr(v, "value", v)
+            for d in DEGREES if (v := given.get(d.name)) is not None}
 
 
 def _emit(result: Result, as_json: bool, *, current: Optional[Result] = None) -> None:
@@ -125,24 +124,19 @@ def _run(action):
 
 
 # Plan options shared by solve (where they pin) and estimate (where unset ones take defaults).
-TP = typer.Option(None, "--tp", min=1, help="Tensor-parallel degree.")
-PP = typer.Option(None, "--pp", min=1, help="Pipeline-parallel degree.")
-DP = typer.Option(None, "--dp", min=1, help="Data-parallel degree.")
-CP = typer.Option(None, "--cp", min=1, help="Context-parallel degree.")
-MBS = typer.Option(None, "--mbs", min=1, help="Micro-batch size.")
-ZERO = typer.Option(None, "--zero", help="ZeRO stage.")
-RECOMPUTE = typer.Option(None, "--recompute", help="Activation recomputation.")
-RECOMPUTE_LAYERS = typer.Option(None, "--recompute-num-layers", min=1,
-                                help="With full recompute: only the first N blocks of each "
-                                "model chunk (Megatron's --recompute-method block).")
-SP = typer.Option(None, "--sp/--no-sp", help="Sequence parallelism.")
-VPP = typer.Option(None, "--vpp", min=1, help="Model chunks per pipeline rank (1: no interleaving).")
-OFFLOAD = typer.Option(None, "--offload", help="CPU offload.")
-PLACEMENT = typer.Option(None, "--placement", help="Rank order, innermost axis first: "
-                         "tp-cp-dp-pp (every runtime) or tp-cp-pp-dp (Megatron's "
-                         "--use-tp-pp-dp-mapping: pipeline neighbours share a node).")
-EP = typer.Option(None, "--ep", min=1, help="Expert-parallel degree of MoE layers: experts split "
-                  "over ep ranks carved out of dp*cp (Megatron's --expert-model-parallel-size).")
+def _pin_option(name: str, *, listed: bool = False):
+    """The option of one degree: its flag, bounds and help from ``autoplan.degrees``;
+    ``listed``: its values are choices (``ZeroChoice``, built from the same bounds), no range."""
+    degree = DEGREE[name]
+    ranged = {} if listed else {"min": degree.low, "max": degree.high}
+    return typer.Option(None, degree.flag, **ranged, help=degree.doc)
+
+
+TP, PP, DP, CP = _pin_option("tp"), _pin_option("pp"), _pin_option("dp"), _pin_option("cp")
+MBS, ZERO, RECOMPUTE = _pin_option("mbs"), _pin_option("zero", listed=True), _pin_option("recompute")
+RECOMPUTE_LAYERS, SP = _pin_option("recompute_num_layers"), _pin_option("sp")
+VPP, OFFLOAD = _pin_option("vpp"), _pin_option("offload")
+PLACEMENT, EP = _pin_option("placement"), _pin_option("ep")
 MEM_LIMIT = typer.Option(None, "--mem-limit", help="Per-GPU memory cap, e.g. 72GiB (default: the GPU's).")
 RUNTIME = typer.Option(None, "--runtime", help="solve: auto (default: compare Megatron-LM, "
                        "DeepSpeed and FSDP and keep the best), megatron, deepspeed or fsdp; "
@@ -222,8 +216,7 @@ def solve(
     --objective); given options pin those dimensions. With --from, also price the setup you run
     now and say what to change."""
     from autoplan import api  # here, not at the top: --help imports no stage
-    pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload, recompute_num_layers,
-                 placement, ep)
+    pins = _pins(locals())
     if export is not None:  # before the solve, which may take minutes
         if out is None:
             _fail(_NO_OUT)
@@ -281,8 +274,7 @@ def estimate(
     """Evaluate one plan. Unset dimensions default to tp=pp=cp=1, dp = the most GPUs left that
     divide the global batch, mbs=1, ZeRO-0, no recompute, no SP, no interleaving, no offload."""
     from autoplan import api  # here, not at the top: --help imports no stage
-    pins = _pins(tp, pp, dp, cp, mbs, zero, recompute, sp, vpp, offload, recompute_num_layers,
-                 placement, ep)
+    pins = _pins(locals())
 
     def plan():
         if from_file is None:

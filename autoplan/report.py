@@ -9,6 +9,7 @@ from rich.text import Text
 from autoplan.capabilities import RUNTIMES
 from autoplan.cluster.spec import load_cluster_spec, resolve
 from autoplan.costmodels.comm import network_note, slow_link_note
+from autoplan.degrees import DEGREE
 from autoplan.graph.layer_graph import LayerGraph
 from autoplan.plan import Plan, Result, degrees
 from autoplan.plugins.summary import fine_tuning_line
@@ -320,16 +321,17 @@ def render_trace(document: dict, console: Console) -> None:
                   f"{format_flops(document['bwd_flops'])} backward")
 
 
-_COMPARED = (("tp", "TP"), ("pp", "PP"), ("dp", "DP"), ("micro_batch_size", "micro-batch"),
-             ("zero_stage", "ZeRO stage"), ("recompute", "recompute"),
-             ("sequence_parallel", "sequence parallel"), ("vpp", "chunks per rank"),
-             ("offload", "offload"))
+_COMPARED = (("tp", "TP"), ("pp", "PP"), ("dp", "DP"), ("mbs", "micro-batch"),
+             ("zero", "ZeRO stage"), ("recompute", "recompute"), ("sp", "sequence parallel"),
+             ("vpp", "chunks per rank"), ("offload", "offload"))
+"""The degrees a current setup is compared on, by pin name, with the words that name them."""
 
 
 def changes(current: Result, best: Result) -> list[str]:
     """What to change in the current setup to run the plan, one phrase per setting."""
     phrases = []
-    for field, label in _COMPARED:
+    for name, label in _COMPARED:
+        field = DEGREE[name].plan
         old, new = getattr(current.plan, field), getattr(best.plan, field)
         if old != new:
             phrases.append(f"{label} {getattr(old, 'value', old)} -> {getattr(new, 'value', new)}")

@@ -21,6 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from autoplan.degrees import DEGREE
 from autoplan.errors import AutoplanError
 
 HEADER = ("model", "cluster", "seq_len", "global_batch", "tp", "pp", "dp", "cp", "mbs", "zero",
@@ -116,8 +117,7 @@ def _measured_run(path: Path, line: int, row: RunRow) -> MeasuredRun:
         if not target.is_file():
             raise RunsError(f"{path} row {line}, column {column}: no such file {str(target)!r} "
                             "(paths are relative to the CSV).")
-    pins = {"tp": row.tp, "pp": row.pp, "dp": row.dp, "cp": row.cp, "mbs": row.mbs,
-            "zero": row.zero, "recompute": row.recompute, "sp": row.sp}
+    pins = {name: getattr(row, name) for name in DEGREE if name in RunRow.model_fields}
     return MeasuredRun(label=f"{path.name} row {line}", model=folder / row.model,
                        cluster=folder / row.cluster, seq_len=row.seq_len,
                        global_batch=row.global_batch, pins=pins, runtime=row.runtime,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from enum import Enum
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
-from autoplan.plan import Offload, Recompute
+from autoplan.degrees import pin_fields
 
 
 class Precision(str, Enum):
@@ -88,25 +88,13 @@ class TrainingSpec(BaseModel):
         return self.seq_len * self.global_batch
 
 
-class Pins(BaseModel):
-    """Dimensions the user fixes, by the CLI's names; None means 'search it'."""
+class Pins(create_model("PinFields", **pin_fields())):
+    """Dimensions the user fixes, by their pin names (the fields and their meaning are
+    ``autoplan.degrees.DEGREES``); None means 'search it'. ``placement`` is a rank order,
+    innermost axis first (see KNOWN_PLACEMENTS); ``ep`` expert parallelism, carved out of
+    dp*cp (see Plan.ep)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    tp: int | None = Field(default=None, ge=1)
-    pp: int | None = Field(default=None, ge=1)
-    dp: int | None = Field(default=None, ge=1)
-    cp: int | None = Field(default=None, ge=1)
-    mbs: int | None = Field(default=None, ge=1)
-    zero: int | None = Field(default=None, ge=0, le=3)
-    recompute: Recompute | None = None
-    recompute_num_layers: int | None = Field(default=None, ge=1)
-    sp: bool | None = None
-    vpp: int | None = Field(default=None, ge=1)
-    offload: Offload | None = None
-    placement: str | None = None
-    """Rank order, innermost axis first (see KNOWN_PLACEMENTS)."""
-    ep: int | None = Field(default=None, ge=1)
-    """Expert parallelism of MoE layers (carved out of dp*cp; see Plan.ep)."""
 
     @field_validator("placement")
     @classmethod
@@ -189,8 +177,7 @@ class Bounds(BaseModel):
         return all(r is None or r.admits(degrees[name]) for name, r in self.set().items())
 
     def set(self) -> dict[str, Range]:
-        return {k: getattr(self, k) for k in ("tp", "pp", "dp", "mbs", "vpp", "cp", "ep")
-                if getattr(self, k) is not None}
+        return {k: getattr(self, k) for k in type(self).model_fields if getattr(self, k) is not None}
 
     def labels(self) -> dict[str, str]:
         """One readable requirement per set side, e.g. ``{"tp.max": "tp <= 4"}``."""

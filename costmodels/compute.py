@@ -120,7 +120,7 @@ def column_gemm_time(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
                if g.split is TpSplit.COLUMN)
 
 
-def _local_shape(gemm: Gemm, split: Split) -> tuple[float, float, float]:
+def local_shape(gemm: Gemm, split: Split) -> tuple[float, float, float]:
     """(rows, k, n) of one application of the Linear on one GPU."""
     n, k = gemm.out_features, gemm.in_features
     if gemm.split is TpSplit.COLUMN:
@@ -132,7 +132,7 @@ def _local_shape(gemm: Gemm, split: Split) -> tuple[float, float, float]:
 
 def _linear_time(gemm: Gemm, split: Split, gpu: GpuSpec, peak: float,
                  profile: ComputeProfile) -> float:
-    rows, k, n = _local_shape(gemm, split)
+    rows, k, n = local_shape(gemm, split)
     return gemm.count * gemm_time(rows, n, k, gpu, peak, profile)
 
 

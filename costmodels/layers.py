@@ -11,6 +11,7 @@ from autoplan.costmodels.context import ring_attention_time
 from autoplan.costmodels.memory import (
     WEIGHT_BYTES,
     backward_working_bytes,
+    cross_entropy_bytes_per_logit,
     held_fp32_logits_bytes,
     layer_activation_bytes,
     layer_params_on_gpu,
@@ -102,7 +103,8 @@ def _working_bytes(problem: Problem, layer: Layer, split: Split) -> float:
                                       gathered_inputs=problem.runtime.sp_saves_gathered_input)
     element = 4 if problem.precision == "fp32" else WEIGHT_BYTES
     peak = loss_peak_bytes(head.boundary_bytes, split,
-                           bytes_per_logit=problem.runtime.loss_bytes_per_logit,
+                           bytes_per_logit=cross_entropy_bytes_per_logit(problem.runtime,
+                                                                         split.tp),
                            logit_element_bytes=element)
     if problem.runtime.pp_holds_stage_outputs:  # counted with the held stage output
         peak -= held_fp32_logits_bytes(head.boundary_bytes, split, logit_element_bytes=element)

@@ -196,10 +196,20 @@ def loss_peak_bytes(logits_bytes: float, split: Split, *, bytes_per_logit: int,
     fp32 (4, beside the 16-bit logits: 6) and turns that buffer into the softmax and then, in
     place, into the gradient (4, plus its 16-bit cast: 6). Plain ``cross_entropy(logits.float())``
     (torchtitan, HF) keeps the fp32 log-softmax (4) and in backward adds the dense fp32
-    gradient of ``nll_loss`` (4) and of ``log_softmax`` (4): 12.
+    gradient of ``nll_loss`` (4) and of ``log_softmax`` (4): 12. The same call under torch's
+    loss_parallel (torchtitan with TP: DTensor's handlers on the vocabulary shards) holds four
+    fp32 tensors in its backward: 16 (:func:`cross_entropy_bytes_per_logit`).
     """
     elements = logits_bytes / logit_element_bytes
     return bytes_per_logit * elements * split.mbs / (split.tp * split.cp)
+
+
+def cross_entropy_bytes_per_logit(runtime: RuntimeProfile, tp: int) -> int:
+    """The runtime's cross-entropy peak per logit (:func:`loss_peak_bytes`): on vocabulary
+    shards when TP splits the head and the runtime has a loss-parallel implementation."""
+    if tp > 1 and runtime.loss_parallel_bytes_per_logit:
+        return runtime.loss_parallel_bytes_per_logit
+    return runtime.loss_bytes_per_logit
 
 
 def held_fp32_logits_bytes(logits_bytes: float, split: Split, *,

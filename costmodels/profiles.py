@@ -47,6 +47,10 @@ class RuntimeProfile:
     zero3_gather_unit: str = "layer"
     selective_recompute: str = "attention"
     loss_bytes_per_logit: int = 12
+    loss_parallel_bytes_per_logit: int = 0
+    """Bytes per logit the cross-entropy holds at its peak when TP splits the vocabulary and the
+    runtime computes the loss on the shards (torchtitan's ``loss_parallel``); 0: as
+    ``loss_bytes_per_logit``."""
     sp_saves_gathered_input: bool = False
     zero3_gather_bytes: float = 4.0
     zero3_pp_resident: bool = False

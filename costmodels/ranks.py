@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from autoplan.costmodels import comm
 from autoplan.costmodels.compute import Split
-from autoplan.costmodels.experts import ep_comm_time, expert_params
+from autoplan.costmodels.experts import ep_comm_time, expert_params, routing_time
 from autoplan.costmodels.layers import layer_cost, logits_layer
 from autoplan.costmodels.memory import (
     WEIGHT_BYTES,
@@ -197,8 +197,7 @@ def rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLin
     split = Split(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel, mbs=plan.micro_batch_size,
                   flash=problem.flash_attention)
     sums, pp_comm_s, holds = rank_base(problem, plan, rank, split, links, stages)
-    experts, ep_comm_s = (_rank_experts(problem, plan, split, links, stages) if plan.ep > 1
-                          else (0.0, 0.0))
+    experts, ep_comm_s, routing_s = _rank_experts(problem, plan, split, links, stages)
     holds = holds.without(experts * (plan.ep - 1), experts * (plan.ep - 1))  # 1/ep of experts
     params = holds.count
     states = _model_states(problem, plan, holds.without(experts, experts), experts)
@@ -206,8 +205,9 @@ def rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLin
     acts_per_chunk = sums.acts_per_chunk + _held_output_bytes(problem, plan, stages, split)
     activations = held * acts_per_chunk + sums.working
     other = other_bytes(problem, plan, activations, sums.largest, params)
-    return RankCost(rank, sums.compute_s + sums.tp_comm_s + sums.cp_comm_s + pp_comm_s + ep_comm_s,
-                     sums.compute_s, sums.backward_s, sums.tp_comm_s, sums.cp_comm_s, sums.wgrad_s,
+    compute_s = sums.compute_s + routing_s
+    return RankCost(rank, compute_s + sums.tp_comm_s + sums.cp_comm_s + pp_comm_s + ep_comm_s,
+                     compute_s, sums.backward_s, sums.tp_comm_s, sums.cp_comm_s, sums.wgrad_s,
                      pp_comm_s, states, activations, other, params,
                      acts_per_chunk, sums.largest, sums.gathers, ep_comm_s, experts,
                      holds.trained)
@@ -233,21 +233,28 @@ def _model_states(problem: Problem, plan: Plan, dense: HeldParams, experts: floa
 
 
 def _rank_experts(problem: Problem, plan: Plan, split: Split, links: dict[str, GroupLinks],
-                  stages: tuple) -> tuple[float, float]:
-    """(expert parameters one GPU holds, EP all-to-all seconds per micro-batch) of a rank
-    running ``stages``."""
+                  stages: tuple) -> tuple[float, float, float]:
+    """(expert parameters one GPU holds when EP splits them, EP all-to-all seconds and
+    routing compute seconds per micro-batch) of a rank running ``stages``."""
     key = ("experts", stages, split, plan.ep, plan.recompute, plan.recompute_num_layers,
-           links["ep"])
+           links.get("ep"))
     cached = memo(problem).get(key)
     if cached is None:
-        params = seconds = 0.0
+        params = seconds = routing = 0.0
+        gpu = problem.cluster.gpu
         for composition in chunk_compositions(problem, plan, stages):
             for class_id, count, recompute in composition:
                 layer = problem.layer_class(class_id)
+                if not layer.experts:
+                    continue
                 full = recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK
-                params += count * expert_params(layer) / (plan.tp * plan.ep)
-                seconds += count * ep_comm_time(layer, split, links["ep"], full_recompute=full)
-        cached = memo(problem)[key] = (params, seconds)
+                if plan.ep > 1:
+                    params += count * expert_params(layer) / (plan.tp * plan.ep)
+                    seconds += count * ep_comm_time(layer, split, links["ep"], full_recompute=full)
+                routing += count * routing_time(layer, split, plan.ep, gpu=gpu,
+                                                peak=gpu.peak_flops(problem.precision),
+                                                profile=problem.compute, full_recompute=full)
+        cached = memo(problem)[key] = (params, seconds, routing)
     return cached
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 from autoplan.costmodels.problem import Problem
+from autoplan.degrees import DEGREE
 from autoplan.plan import Plan, one_line
 from autoplan.search.solver import NO_LEGAL_PLAN, explain_infeasible
 from autoplan.search.table import Table
@@ -59,18 +60,12 @@ class Settings:
     memory: bool = False
 
 
-def _pin_label(name: str, value) -> str:
-    if name == "sp":
-        return "--sp" if value else "--no-sp"
-    return f"--{name} {getattr(value, 'value', value)}"
-
-
 def requirements(pins: Pins, bounds: Bounds | None, max_gpus: int | None,
                  objective: Objective, limit_bytes: float) -> list[Requirement]:
     """Every requirement of the solve, in the order the deletion tries them."""
     out = []
     for name, value in pins.pinned().items():
-        out.append(Requirement(_pin_label(name, value),
+        out.append(Requirement(DEGREE[name].given(value),
                                lambda s, n=name, v=value: s.pins.__setitem__(n, v)))
     for key, label in (bounds.labels() if bounds else {}).items():
         name, side = key.split(".")

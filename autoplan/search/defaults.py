@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from autoplan.capabilities import RUNTIMES
 from autoplan.costmodels.problem import Problem
+from autoplan.degrees import plan_fields
 from autoplan.errors import ConstraintError
 from autoplan.plan import ModelInfo, Plan
 from autoplan.search.space import balanced_stages, dp_options, pipeline_schedule
@@ -42,12 +43,12 @@ def plan_from_pins(problem: Problem, pins: Pins, *, first: int | None = None,
     sp = pins.sp if pins.sp is not None else tp > 1 and (  # Megatron needs SP with EP and TP
         ep > 1 and caps.ep_with_tp_needs_sp or caps.tp_implies_sp)
     return Plan(
-        tp=tp, pp=pp, dp=dp, cp=cp, zero_stage=pins.zero or 0, micro_batch_size=mbs,
-        global_batch_size=batch, num_microbatches=batch // (dp * mbs),
-        recompute=pins.recompute or ("full" if pins.recompute_num_layers else "none"),
-        recompute_num_layers=pins.recompute_num_layers, sequence_parallel=bool(sp), vpp=vpp,
-        offload=pins.offload or "none", world_size=tp * pp * dp * cp,
-        placement=pins.placement or DEFAULT_PLACEMENT, ep=ep,
+        **plan_fields(
+            tp=tp, pp=pp, dp=dp, cp=cp, zero=pins.zero or 0, mbs=mbs,
+            recompute=pins.recompute or ("full" if pins.recompute_num_layers else "none"),
+            recompute_num_layers=pins.recompute_num_layers, sp=bool(sp), vpp=vpp,
+            offload=pins.offload or "none", placement=pins.placement or DEFAULT_PLACEMENT, ep=ep),
+        global_batch_size=batch, num_microbatches=batch // (dp * mbs), world_size=tp * pp * dp * cp,
         stages=balanced_stages(problem.graph, pp, vpp, first=first, last=last),
         pipeline_schedule=pipeline_schedule(problem.training.runtime, vpp),
     )

@@ -16,6 +16,7 @@ from typing import Iterable
 
 from autoplan.capabilities import RUNTIMES, lack_reason, missing, pinned_features
 from autoplan.costmodels.experts import common_expert_count
+from autoplan.degrees import plan_fields
 from autoplan.errors import ConstraintError, InfeasibleError
 from autoplan.graph.layer_graph import LayerGraph, LayerKind, TpSplit
 from autoplan.plan import Offload, PipelineSchedule, Plan, Recompute, Stage
@@ -497,12 +498,13 @@ def pipeline_schedule(runtime: Runtime, vpp: int) -> PipelineSchedule | None:
 
 def make_plan(shape: Shape, sw: Switches, stages: tuple[Stage, ...], training: TrainingSpec) -> Plan:
     return Plan(
-        tp=shape.tp, pp=shape.pp, dp=shape.dp, cp=shape.cp, zero_stage=sw.zero,
-        micro_batch_size=shape.mbs, global_batch_size=training.global_batch,
-        num_microbatches=shape.num_microbatches(training.global_batch), recompute=sw.recompute,
-        recompute_num_layers=sw.recompute_num_layers, sequence_parallel=sw.sp, vpp=shape.vpp, offload=sw.offload,
-        world_size=shape.tp * shape.pp * shape.dp * shape.cp, placement=shape.placement,
-        ep=shape.ep,
+        **plan_fields(tp=shape.tp, pp=shape.pp, dp=shape.dp, cp=shape.cp, zero=sw.zero,
+                      mbs=shape.mbs, recompute=sw.recompute,
+                      recompute_num_layers=sw.recompute_num_layers, sp=sw.sp, vpp=shape.vpp,
+                      offload=sw.offload, placement=shape.placement, ep=shape.ep),
+        global_batch_size=training.global_batch,
+        num_microbatches=shape.num_microbatches(training.global_batch),
+        world_size=shape.tp * shape.pp * shape.dp * shape.cp,
         stages=stages, pipeline_schedule=pipeline_schedule(training.runtime, shape.vpp),
     )
 

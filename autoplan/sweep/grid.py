@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from autoplan.degrees import DEGREE, SWEPT, sweep_fields
 from autoplan.errors import AutoplanError, ConstraintError
 from autoplan.files import replacing, write_atomically
 from autoplan.plan import Plan, one_line
@@ -40,15 +41,16 @@ from autoplan.sweep.fronts import FRONTS, pareto_mask
 
 logger = logging.getLogger(__name__)
 
-PIN_NAMES = ("tp", "pp", "dp", "mbs", "zero", "recompute", "sp", "vpp", "offload")
+PIN_NAMES = SWEPT
+"""The pins a sweep point may set (``autoplan.degrees``)."""
 DEFAULT_PRICE_PER_GPU_HOUR = 2.0
 """US dollars per GPU-hour; a placeholder near 2024 cloud A100 list prices. Pass your own."""
 DEFAULT_TRAIN_TOKENS = 1e12
 """Tokens of the training run whose time-to-train the cost front uses (Llama 2: 2T)."""
 
 
-class PointInputs(BaseModel):
-    """The inputs of one point; unset ones come from the base cluster.yaml or the defaults."""
+class _RunInputs(BaseModel):
+    """The inputs of one point other than its pins."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     nodes: int | None = Field(default=None, ge=1)
@@ -65,25 +67,21 @@ class PointInputs(BaseModel):
     seq_len: int | None = Field(default=None, ge=1)
     runtime: str | None = None
     precision: str | None = None
-    tp: int | None = Field(default=None, ge=1)
-    pp: int | None = Field(default=None, ge=1)
-    dp: int | None = Field(default=None, ge=1)
-    mbs: int | None = Field(default=None, ge=1)
-    zero: int | None = Field(default=None, ge=0, le=3)
-    recompute: str | None = None
-    sp: bool | None = None
-    vpp: int | None = Field(default=None, ge=1)
-    offload: str | None = None
 
     def set_values(self) -> dict:
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
+class PointInputs(create_model("PointFields", __base__=_RunInputs, **sweep_fields())):
+    """The inputs of one point: the run's, then the pins (``autoplan.degrees.SWEPT``); unset
+    ones come from the base cluster.yaml or the defaults."""
+
+
 SWEEPABLE = tuple(PointInputs.model_fields)
 
 
-class Axes(BaseModel):
-    """The swept inputs: each a list of values; the points are their cartesian product."""
+class _RunAxes(BaseModel):
+    """The swept inputs other than pins."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     nodes: list[int] | None = None
@@ -95,15 +93,11 @@ class Axes(BaseModel):
     seq_len: list[int] | None = None
     runtime: list[str] | None = None
     precision: list[str] | None = None
-    tp: list[int] | None = None
-    pp: list[int] | None = None
-    dp: list[int] | None = None
-    mbs: list[int] | None = None
-    zero: list[int] | None = None
-    recompute: list[str] | None = None
-    sp: list[bool] | None = None
-    vpp: list[int] | None = None
-    offload: list[str] | None = None
+
+
+class Axes(create_model("AxesFields", __base__=_RunAxes, **sweep_fields(lists=True))):
+    """The swept inputs, each a list of values (the run's, then the pins); the points are
+    their cartesian product."""
 
 
 class SweepSpec(BaseModel):
@@ -409,8 +403,9 @@ def document(inputs: list[PointInputs], rows: list[dict], *,
 # ---------------------------------------------------------------------------------------------
 # Tables
 
-_PLAN_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "zero_stage", "micro_batch_size", "recompute",
-                 "sequence_parallel", "vpp", "offload")
+_PLAN_COLUMNS = tuple(DEGREE[name].plan for name in (
+    "tp", "pp", "dp", "cp", "ep", "zero", "mbs", "recompute", "sp", "vpp", "offload"))
+"""The plan's degrees in the table (``plan_<Plan field>`` columns), in this order."""
 _ESTIMATE_COLUMNS = ("step_time_s", "tokens_per_s", "mfu", "peak_memory_gib", "memory_limit_gib")
 _METRIC_COLUMNS = ("gpus", "cost_per_million_tokens", "time_to_train_days", "headroom_gib")
 

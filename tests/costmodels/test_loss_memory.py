@@ -8,12 +8,15 @@ import weakref
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import loss as tensor_parallel_loss
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from autoplan.costmodels.compute import Split
-from autoplan.costmodels.memory import loss_peak_bytes
+from autoplan.costmodels.memory import cross_entropy_bytes_per_logit, loss_peak_bytes
 from autoplan.costmodels.profiles import runtime_profile
 
 TOKENS, VOCAB = 256, 4096
@@ -30,7 +33,7 @@ class LiveBytes(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
+            if type(t) is torch.Tensor:  # not a collective's wrapper (its storage is its own)
                 self._track(t.untyped_storage())
         return out
 
@@ -100,6 +103,44 @@ def test_fused_softmax_cross_entropy_peaks_at_6_bytes_per_logit():
     predicted = loss_peak_bytes(TOKENS * VOCAB * 2, Split(tp=1, cp=1, sp=False, mbs=1),
                                 bytes_per_logit=runtime_profile("megatron").loss_bytes_per_logit)
     assert measured == pytest.approx(predicted, rel=0.01)
+
+
+@pytest.fixture
+def one_rank_mesh(tmp_path):
+    """A one-process gloo group and its device mesh on CPU (a file store: no port to share)."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_loss_parallel_cross_entropy_peaks_at_16_bytes_per_logit(one_rank_mesh):
+    """torchtitan with TP takes ``cross_entropy(logits.float())`` under torch's loss_parallel:
+    DTensor runs its own log-softmax and nll-loss backward on each vocabulary shard. Those
+    functions of torch (tensor/parallel/loss.py) run here on a shard as autograd calls them:
+    the fp32 copy is the log-softmax's argument (freed after it), the log-softmax output is
+    saved for backward and is the backward's input, and the fp32 gradient is cast back to
+    the logits' bf16. Their high-water mark is the fsdp runtime's price with TP."""
+    torch.manual_seed(0)
+    logits = torch.randn(TOKENS, VOCAB, dtype=torch.bfloat16)
+    targets = torch.randint(0, VOCAB, (TOKENS,))
+    mesh_dim, mean, no_ignore = 0, 1, -100
+    with LiveBytes() as mode:
+        upcast = logits.float()
+        log_probs = tensor_parallel_loss._log_softmax(upcast, 1, False, one_rank_mesh, mesh_dim)
+        del upcast
+        grad = tensor_parallel_loss._nll_loss_and_log_softmax_backward(
+            torch.tensor(1.0), log_probs, targets, None, mean, no_ignore,
+            torch.tensor(float(TOKENS)), log_probs.shape, 1, one_rank_mesh, mesh_dim)
+        del log_probs
+        grad.to(torch.bfloat16)
+    fsdp = runtime_profile("fsdp")
+    predicted = loss_peak_bytes(TOKENS * VOCAB * 2, Split(tp=1, cp=1, sp=False, mbs=1),
+                                bytes_per_logit=cross_entropy_bytes_per_logit(fsdp, tp=2))
+    assert mode.peak == pytest.approx(predicted, rel=0.01)
+    assert cross_entropy_bytes_per_logit(fsdp, tp=1) == fsdp.loss_bytes_per_logit  # no TP
 
 
 def test_loss_peak_splits_over_tp_and_cp_and_scales_with_the_micro_batch():
