@@ -54,6 +54,7 @@ from autoplan.training import (
 
 if TYPE_CHECKING:
     from autoplan.explain import Explanation
+    from autoplan.search.solve import Solution
 
 MIN_SHARE_S = 0.05
 """The least time one runtime's search gets (it then returns its hint or runs out of time)."""
@@ -138,8 +139,8 @@ def make_problem(model: Model, cluster: LoadedCluster, training: TrainingSpec,
 def runtime_with(runtime: RuntimeProfile, settings: Mapping[str, Any] | None) -> RuntimeProfile:
     """The runtime's profile with some fields replaced: how a particular run was configured or
     what its framework version could do, e.g. ``{"tp_bwd_overlap": False}`` for Megatron-LM
-    before its asynchronous TP all-reduce or ``{"dp_overlap": 0.0}`` without
-    ``--overlap-grad-reduce``."""
+    before its asynchronous TP all-reduce or ``{"overlap_grad_reduce": False}`` for a launch
+    without ``--overlap-grad-reduce``."""
     if not settings:
         return runtime
     known = {f.name for f in dataclasses.fields(RuntimeProfile)} - {"name", "source"}
@@ -292,9 +293,9 @@ def solve(model: ModelLike, cluster: ClusterLike, *, seq_len: int,
     mem_limit = mem_limit if mem_limit is not None else options_mem_limit(opts, cluster.cluster)
 
     def solve_for(one: Runtime, zero: int | None = None) -> Result:
-        """The best plan on runtime ``one`` (at ZeRO stage ``zero``: no runners-up), in an
-        equal share of the time left among the runtimes still to solve (ZeRO variants, solved
-        last, in what is left)."""
+        """The best plan on runtime ``one`` (at ZeRO stage ``zero``: no runners-up, and a
+        ZeRO stage that fits nothing is not explained), in an equal share of the time left
+        among the runtimes still to solve (ZeRO variants, solved last, in what is left)."""
         left = start + constraints.time_limit_s - time.perf_counter()
         if zero is not None and left <= 0:
             raise NoPlanInTimeError("no time left for the ZeRO-2/ZeRO-3 comparison")
@@ -310,11 +311,16 @@ def solve(model: ModelLike, cluster: ClusterLike, *, seq_len: int,
                                        opts.optimizer_in_backward if optimizer_in_backward is None
                                        else optimizer_in_backward),
                                    headroom=solve_headroom(headroom, opts))
-        return _solve_problems(problems, model, cluster, pinned, num_workers=num_workers,
-                               time_limit_s=max(share, MIN_SHARE_S), profile=profile,
-                               runners_up=runners_up and zero is None)
+        result, solution = _solve_problems(problems, model, cluster, pinned,
+                                           num_workers=num_workers,
+                                           time_limit_s=max(share, MIN_SHARE_S),
+                                           profile=profile, explain=zero is None)
+        if zero is None and solution is not None:
+            solutions[one] = solution
+        return result
 
     start = time.perf_counter()
+    solutions: dict[Runtime, Solution] = {}  # each runtime's own search, for the runners-up
     _choice(Precision, precision, "--precision")  # before the runtimes are asked for it
     searched = runtimes_to_search(runtime)
     features = pinned_features(constraints.pins, precision,
@@ -323,6 +329,9 @@ def solve(model: ModelLike, cluster: ClusterLike, *, seq_len: int,
     best = compare(solve_for, searched, features, objective=constraints.objective,
                    per_token=len(batches or []) > 1, time_limit_s=constraints.time_limit_s,
                    zero_pinned=constraints.pins.zero is not None or not runners_up)
+    chosen = solutions.get(Runtime(best.training.runtime))
+    if runners_up and chosen is not None:  # only the chosen runtime's are reported
+        best = best.model_copy(update={"runners_up": chosen.table.runners_up(chosen.row)})
     priced = _priced_elsewhere(best, model, cluster, mem_limit=mem_limit, profile=profile,
                                attention=attention)
     solver = best.solver.model_copy(update={"wall_time_s": time.perf_counter() - start})
@@ -359,24 +368,23 @@ def _uneven_chunks(plan: Plan, model: Model, training: TrainingInfo) -> bool:
 
 def _solve_problems(problems: list[Problem], model: Model, cluster: LoadedCluster,
                     constraints: Constraints, *, num_workers: int, time_limit_s: float,
-                    runners_up: bool, profile=None) -> Result:
-    """The best plan of one runtime's problems (one per allowed global batch)."""
+                    profile=None, explain: bool = True) -> tuple[Result, Solution | None]:
+    """The best plan of one runtime's problems (one per allowed global batch), with the
+    search that found it (None on node groups, which have no runners-up)."""
     if not cluster.cluster.is_homogeneous:  # stages on node groups; no runners-up
         found = solve_on_groups(problems, constraints.pins, time_limit_s=time_limit_s,
                                 objective=constraints.objective, bounds=constraints.bounds,
                                 max_gpus=constraints.max_gpus)
         return _result(found.problem, model, cluster, found.plan, found.estimate, found.info,
-                       profile)
+                       profile), None
     from autoplan.search.solve import solve_search  # CP-SAT: loaded by the commands that solve
 
     solution = solve_search(problems, constraints.pins, time_limit_s=time_limit_s,
                             objective=constraints.objective, bounds=constraints.bounds,
-                            max_gpus=constraints.max_gpus, num_workers=num_workers)
-    result = _result(solution.problem, model, cluster, solution.plan, solution.estimate,
-                     solution.info, profile)
-    if not runners_up:
-        return result
-    return result.model_copy(update={"runners_up": solution.table.runners_up(solution.row)})
+                            max_gpus=constraints.max_gpus, num_workers=num_workers,
+                            explain=explain)
+    return _result(solution.problem, model, cluster, solution.plan, solution.estimate,
+                   solution.info, profile), solution
 
 
 def _batch_problems(model: Model, cluster: LoadedCluster, batches: list[int] | None, pins: Pins,

@@ -7,9 +7,9 @@ squares (``scipy.optimize.least_squares``, ``loss="soft_l1"`` with a 5% scale: o
 pulls the fit linearly, not quadratically).
 
 Never one knob per run: a parameter is fitted only if the runs identify it. The Jacobian of the
-residuals at the catalog values is factorised with column pivoting (QR); a parameter no run
-depends on, or one the runs cannot tell apart from a parameter already chosen, stays at its
-catalog value, and at most ``runs - 1`` parameters are fitted per kind (time, memory). Which
+residuals at the catalog values is factorised with column pivoting (Gram-Schmidt in the order
+of pivoted QR, largest remaining effect first); a parameter no run depends on, or one the runs
+cannot tell apart from the parameters already chosen, stays at its catalog value, and at most ``runs - 1`` parameters are fitted per kind (time, memory). Which
 were fixed and why is part of the result.
 
 The leave-one-run-out (LORO) error refits without each run in turn (same selection rule on the
@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
-from scipy.linalg import qr
 from scipy.optimize import least_squares
 
 from autoplan.costmodels.parameters import parameter, parameter_values, with_parameters
@@ -133,20 +132,41 @@ def _select(jacobian: np.ndarray, rows: np.ndarray, names: list[str], fixed: dic
             fixed[name] = "no run's prediction depends on it"
     if not sensitive:
         return []
-    sub = block[:, sensitive]
-    _, r, order = qr(sub, mode="economic", pivoting=True)
-    diagonal = np.abs(np.diag(r))
     cap = max(0, len(rows) - 1)
-    chosen = []
-    for k, column in enumerate(order):
+    chosen: list[str] = []
+    for column, separable in pivot_order(block[:, sensitive]):
         name = names[sensitive[column]]
         if len(chosen) >= cap:
             fixed[name] = f"{len(rows)} run(s) identify at most {cap} parameter(s) of this kind"
-        elif k >= len(diagonal) or diagonal[k] < COLLINEARITY_TOL * diagonal[0]:
+        elif not separable:
             fixed[name] = "the runs cannot tell it apart from " + ", ".join(chosen or ["others"])
         else:
             chosen.append(name)
     return chosen
+
+
+def pivot_order(block: np.ndarray) -> list[tuple[int, bool]]:
+    """The columns in the order of column-pivoted QR (largest remaining effect first), each
+    with whether it is separable from those before it: the part of it no combination of the
+    earlier separable columns explains is at least COLLINEARITY_TOL of its own length.
+
+    Judging each column against its own length, not the first column's, keeps a parameter
+    with a small but distinct effect (a link's efficiency beside the GEMM efficiency, which
+    moves every run) when the runs do tell it apart."""
+    remaining = list(range(block.shape[1]))
+    basis: list[np.ndarray] = []
+    out = []
+    while remaining:
+        residuals = {c: block[:, c] - sum((b @ block[:, c]) * b for b in basis)
+                     for c in remaining}
+        column = max(remaining, key=lambda c: (np.linalg.norm(residuals[c]), -c))
+        remaining.remove(column)
+        left = np.linalg.norm(residuals[column])
+        separable = left >= COLLINEARITY_TOL * np.linalg.norm(block[:, column]) and left > 0
+        if separable:
+            basis.append(residuals[column] / left)
+        out.append((column, separable))
+    return out
 
 
 def _free_parameters(runs: Sequence[FitRun], catalog: dict[str, float]

@@ -108,6 +108,9 @@ def _check_header(path: Path, header: list[str] | None) -> None:
                 ([f"unknown column(s) {', '.join(unknown)}"] if unknown else [])
         raise RunsError(f"{path} row 1 (header): {'; '.join(parts)}. The header must be exactly "
                         f"{','.join(HEADER)}.")
+    if tuple(names) != HEADER:
+        raise RunsError(f"{path} row 1 (header): the columns are repeated or in another order "
+                        f"({','.join(names)}); the header must be exactly {','.join(HEADER)}.")
 
 
 def _measured_run(path: Path, line: int, row: RunRow) -> MeasuredRun:

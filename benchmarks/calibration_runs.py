@@ -1,114 +1,317 @@
-"""Calibrate on three measured runs per model, judge on the rest (prints; not a test).
+"""Calibrate on three measured runs per model of one sweep, judge on the rest (prints; not a test).
 
-Data: the 52 llm-foundry H100 rows of data/more_runs.csv (LLMF-H100-01..52, MPT 760M to
-70B, PyTorch FSDP FULL_SHARD, 8-64 H100 GPUs), copied verbatim into
-tests/data/calibration/llmf_h100/more_runs_llmf_h100.csv and converted to runs.csv there (row
-k+1 of runs.csv is LLMF-H100-k). For each model the calibration takes its first, middle and
-last row (by row id); every other row is held out. Printed: the fit (what was fitted, what was
-fixed and why), per held-out row measured / before / after, and the mean |error| of
-tokens/s/GPU before and after on the held-out rows, with the leave-one-run-out error of the
-calibration set.
+A sweep is one source of data/more_runs.csv: one cluster, one framework, many configurations.
+The Ultra-Scale Playbook's nanotron sweep (about 4,000 runs on up to 512 H100) publishes its
+results only as a Hugging Face dataset (nanotron/ultrascale-playbook-data), which is not among
+the sources this repository carries, so the sweeps judged here are the largest it has:
 
-    .venv/bin/python benchmarks/calibration_runs.py [--no-loro]
+- ``bsprq``: BigScience's configuration search before BLOOM-176B (BSPRQ-*, 139 rows): Jean Zay,
+  8x A100 80GB per node, Megatron-DeepSpeed, TP/PP/DP/micro-batch and model shape swept on up to
+  384 GPUs, with the runs that ran out of memory and nvidia-smi memory of the first node;
+- ``llmf-h100``, ``llmf-a100-40``, ``llmf-a100-80``: llm-foundry's MPT tables (PyTorch FSDP,
+  125M to 70B, 8 to 128 GPUs, seq 512 to 65536); no OOMs, no memory.
+
+Each row is posed as benchmarks/more_runs.py says (its shape, its cluster, its configuration).
+The calibration takes, of every model with more than three timed runs, its first, middle and
+last (by row id); every other row of the sweep, models with three runs or fewer included, is
+held out and never seen by the fit (autoplan.fit, the code behind ``calibrate --runs``).
+Printed, before and after calibration:
+- the fit: what was fitted (catalog -> fitted), what was fixed and why; per calibration run
+  measured / before / after (/ left out with --loro);
+- held out: tokens/s/GPU mean |error| and peak-memory mean |error| (rows that report memory);
+- selection: in each cell (one model at one sequence length and precision: the configurations
+  tried for that job), the configuration predicted fastest in tokens/s/GPU is chosen and its
+  measured tokens/s/GPU compared with the cell's measured best; only held-out rows take part, a
+  configuration measured more than once counts with the mean of its measurements;
+- out of memory: the share of the held-out rows that ran out of memory that the model judges
+  to fit (and the share of rows that ran judged not to fit).
+
+    .venv/bin/python benchmarks/calibration_runs.py [--sweep bsprq|llmf-h100|...|all] [--loro] [--rows]
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import shutil
-import tempfile
+import dataclasses
+import math
+import statistics
+import sys
 import time
+from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
-from autoplan import api
-from autoplan.fit import mean_abs_error, predict
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "calibration" / "llmf_h100"
+from fit import pose  # noqa: E402
+from more_runs import CSV, more_runs, out_of_memory_runs  # noqa: E402
+
+from autoplan.costmodels.parameters import parameter, with_parameters  # noqa: E402
+from autoplan.costmodels.step import estimate  # noqa: E402
+from autoplan.fit import FitRun, fit, mean_abs_error  # noqa: E402
+
+SWEEPS = {"bsprq": "BSPRQ", "llmf-h100": "LLMF-H100", "llmf-a100-40": "LLMF-A100-40",
+          "llmf-a100-80": "LLMF-A100-80"}
+"""Benchmark name -> row-id prefix in data/more_runs.csv."""
+
+CALIBRATION_RUNS_PER_MODEL = 3
+SELECTION_GOAL, OOM_GOAL, ERROR_GOAL = 0.03, 0.05, 0.15
 
 
-def split(rows: list[dict]) -> tuple[list[int], list[int]]:
-    """(calibration, held-out) indices: first, middle and last row of each model."""
-    by_model: dict[str, list[int]] = {}
-    for i, row in enumerate(rows):
-        by_model.setdefault(row["model"], []).append(i)
-    chosen = []
-    for indices in by_model.values():
-        picks = {indices[0], indices[len(indices) // 2], indices[-1]}
-        chosen += sorted(picks)
-    return sorted(chosen), [i for i in range(len(rows)) if i not in chosen]
+@dataclass(frozen=True)
+class Row:
+    """A posed row of the sweep: the fit's run, the CSV row, and what it measured."""
+
+    run: FitRun
+    csv: dict
+    ran: bool
+    """False: the row ran out of memory (no throughput)."""
+
+    @property
+    def row_id(self) -> str:
+        return self.csv["row_id"]
+
+    @property
+    def model(self) -> str:
+        r = self.csv
+        return f"{r['num_layers']}x{r['hidden']}/{r['num_heads']}h"
+
+    @property
+    def cell(self) -> tuple:
+        r = self.csv
+        return self.model, r["seq_len"], r["precision"][:4]
+
+    @property
+    def configuration(self) -> tuple:
+        plan = self.run.plan
+        return (plan.world_size, plan.tp, plan.pp, plan.dp, plan.micro_batch_size,
+                self.run.problem.training.global_batch, self.csv["zero_or_fsdp"])
 
 
-def selection_loss(rows: list[dict], predicted: dict[int, tuple], column: int) -> str:
-    """Mean and worst loss of measured tokens/s/GPU when, in each cell of two or more runs,
-    the run predicted fastest is chosen instead of the measured fastest."""
-    cells: dict[tuple, list[int]] = {}
-    for i, row in enumerate(rows):
-        cells.setdefault((row["model"], row["seq_len"]), []).append(i)
-    losses = []
-    for members in cells.values():
-        if len(members) < 2:
+BF16_OPTIMIZER = {"grad_bytes": 6, "fp32_grad_bytes": 0, "reduce_bytes": 4}
+"""How DeepSpeed's BF16_Optimizer (bf16 without a ZeRO stage, as BigScience ran BSPRQ-120 on)
+holds gradients, as runtime settings of the deepspeed runtime with ZeRO 1: beside the bf16
+gradients a full fp32 accumulation buffer (deepspeed/runtime/bf16_optimizer.py
+``fp32_groups_gradients_flat``: ``torch.zeros_like(bf16_groups_flat[i], dtype=grad_acc_dtype)``,
+not partitioned), so 2 + 4 bytes per parameter, reduced in fp32 (``get_grads_for_reduction``);
+only the fp32 master weights and Adam moments are partitioned over data parallelism."""
+
+
+def _as_ran(run, row: dict):
+    """The posed run with what its row's optimizer does that ZeRO-1 does not."""
+    if row["zero_or_fsdp"].startswith("BF16Optimizer"):
+        return dataclasses.replace(run, runtime_settings={**run.runtime_settings, **BF16_OPTIMIZER})
+    return run
+
+
+def _prefix(row_id: str) -> str:
+    return row_id.rsplit("-", 1)[0]
+
+
+def posed_rows(prefix: str) -> tuple[list[Row], list[str]]:
+    """The sweep's rows posed (those that ran and those that ran out of memory), and why the
+    others could not be."""
+    with CSV.open() as f:
+        by_id = {r["row_id"]: r for r in csv.DictReader(f) if _prefix(r["row_id"]) == prefix}
+    ran, skipped = more_runs()
+    ran = [r for r in ran if _prefix(r.row_id) == prefix]
+    oom = [r for r in out_of_memory_runs() if _prefix(r.row_id) == prefix]
+    posed = {r.row_id for r in oom}
+    notes = [f"{s.row_id}: {s.reason}" for s in skipped
+             if _prefix(s.row_id) == prefix and s.row_id not in posed]
+    questions, refused = pose([_as_ran(r, by_id[r.row_id]) for r in ran + oom])
+    notes += [f"{run.row_id}: refused: {message}" for run, message in refused]
+    rows = []
+    for q in questions:
+        measured = q.run.global_batch * q.run.seq_len / (q.run.step_time_s * q.plan.world_size)
+        memory = by_id[q.run.row_id]["mem_reserved_peak_GiB"]
+        run = FitRun(q.run.row_id, q.problem, q.plan, measured, float(memory) if memory else None)
+        rows.append(Row(run, by_id[q.run.row_id], not math.isnan(measured)))
+    return sorted(rows, key=lambda r: r.row_id), notes
+
+
+def split(rows: list[Row]) -> tuple[list[Row], list[Row]]:
+    """(calibration, held out): first, middle and last timed run of each model with more."""
+    by_model: dict[str, list[Row]] = defaultdict(list)
+    for row in rows:
+        if row.ran:
+            by_model[row.model].append(row)
+    chosen = set()
+    for members in by_model.values():
+        if len(members) > CALIBRATION_RUNS_PER_MODEL:
+            chosen |= {members[0].row_id, members[len(members) // 2].row_id, members[-1].row_id}
+    return ([r for r in rows if r.row_id in chosen], [r for r in rows if r.row_id not in chosen])
+
+
+@dataclass(frozen=True)
+class Judged:
+    tokens_per_s_per_gpu: float
+    peak_memory_gib: float
+    fits: bool
+
+
+def judge(row: Row, values: dict[str, float]) -> Judged:
+    est = estimate(with_parameters(row.run.problem, values), row.run.plan)
+    return Judged(est.tokens_per_s / row.run.plan.world_size, est.peak_memory_gib, est.feasible)
+
+
+def selection(rows: list[Row], judged: dict[str, Judged]) -> list[tuple]:
+    """Per cell with two configurations or more: (cell, configurations, measured best, measured
+    of the predicted fastest, loss)."""
+    cells: dict[tuple, dict[tuple, list[Row]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        if row.ran:
+            cells[row.cell][row.configuration].append(row)
+    out = []
+    for cell, configurations in cells.items():
+        if len(configurations) < 2:
             continue
-        best = max(predicted[i][0] for i in members)
-        chosen = max(members, key=lambda i: predicted[i][column])
-        losses.append(1 - predicted[chosen][0] / best)
-    return (f"mean loss {sum(losses) / len(losses):.1%}, worst {max(losses):.1%} over "
-            f"{len(losses)} cells")
+        measured = {c: statistics.mean(r.run.tokens_per_s_per_gpu for r in members)
+                    for c, members in configurations.items()}
+        predicted = {c: judged[members[0].row_id].tokens_per_s_per_gpu
+                     for c, members in configurations.items()}
+        best = max(measured.values())
+        chosen = max(predicted, key=lambda c: (predicted[c], c))
+        out.append((cell, len(configurations), best, measured[chosen], 1 - measured[chosen] / best))
+    return out
 
 
-def write_subset(lines: list[str], indices: list[int], folder: Path, name: str) -> Path:
-    path = folder / name
-    path.write_text("\n".join([lines[0], *(lines[i + 1] for i in indices)]) + "\n")
-    return path
+def _percent(part: int, whole: int) -> str:
+    return f"{part}/{whole} ({part / whole:.0%})" if whole else "none"
+
+
+def _at_bound(name: str, value: float, catalog: float) -> str:
+    """' (at its upper bound)' where a fit stopped at the range costmodels/parameters.py
+    allows (autoplan.fit keeps a lower bound of 0 at a millionth of the catalog value): the
+    runs ask for more than that physical constant can give."""
+    p = parameter(name)
+    for side, bound in (("lower", max(p.lower, 1e-6 * catalog)), ("upper", p.upper)):
+        if math.isclose(value, bound, rel_tol=1e-3, abs_tol=1e-12):
+            return f" (at its {side} bound)"
+    return ""
+
+
+def report_fit(result, calibration: list[Row]) -> None:
+    print("fitted: " + (", ".join(f"{k} {result.catalog[k]:.4g} -> {v:.4g}{_at_bound(k, v, result.catalog[k])}"
+                                  for k, v in result.values.items()) or "nothing"))
+    for name, reason in result.fixed.items():
+        print(f"  fixed {name}: {reason}")
+    loro = result.loro or [None] * len(calibration)
+    print(f"{'calibration run':>16} {'model':>16} {'GPUs':>5} {'measured':>9} {'before':>9} "
+          f"{'after':>9} {'left out':>9} {'mem':>6} {'before':>6} {'after':>6}")
+    for row, b, a, o in zip(calibration, result.before, result.after, loro):
+        memory = row.run.peak_memory_gib
+        mem = (f"{memory:>6.1f} {b.peak_memory_gib:>6.1f} {a.peak_memory_gib:>6.1f}"
+               if memory else "")
+        print(f"{row.row_id:>16} {row.model:>16} {row.run.plan.world_size:>5} "
+              f"{row.run.tokens_per_s_per_gpu:>9,.1f} {b.tokens_per_s_per_gpu:>9,.1f} "
+              f"{a.tokens_per_s_per_gpu:>9,.1f} "
+              f"{(f'{o.tokens_per_s_per_gpu:,.1f}' if o else '-'):>9} {mem}")
+    measured = [r.run.tokens_per_s_per_gpu for r in calibration]
+    line = (f"calibration set ({len(calibration)} runs): mean |error| "
+            f"{mean_abs_error([b.tokens_per_s_per_gpu for b in result.before], measured):.1%} "
+            f"before, {mean_abs_error([a.tokens_per_s_per_gpu for a in result.after], measured):.1%} after")
+    if result.loro:
+        line += (f", leave-one-run-out "
+                 f"{mean_abs_error([o.tokens_per_s_per_gpu for o in loro], measured):.1%}")
+    print(line)
+
+
+def report_held_out(held_out: list[Row], before: dict, after: dict, show_rows: bool) -> dict:
+    ran = [r for r in held_out if r.ran]
+    if show_rows:
+        print(f"{'held-out row':>16} {'model':>16} {'GPUs':>5} {'tp':>3} {'pp':>3} {'dp':>3} "
+              f"{'mbs':>3} {'measured':>9} {'before':>9} {'after':>9} {'mem':>6} {'before':>6} "
+              f"{'after':>6}")
+        for row in held_out:
+            b, a, plan = before[row.row_id], after[row.row_id], row.run.plan
+            measured = f"{row.run.tokens_per_s_per_gpu:,.1f}" if row.ran else "OOM"
+            memory = f"{row.run.peak_memory_gib:.1f}" if row.run.peak_memory_gib else "-"
+            print(f"{row.row_id:>16} {row.model:>16} {plan.world_size:>5} {plan.tp:>3} "
+                  f"{plan.pp:>3} {plan.dp:>3} {plan.micro_batch_size:>3} {measured:>9} "
+                  f"{b.tokens_per_s_per_gpu:>9,.1f} {a.tokens_per_s_per_gpu:>9,.1f} {memory:>6} "
+                  f"{b.peak_memory_gib:>6.1f}{'' if b.fits else '!'} "
+                  f"{a.peak_memory_gib:>6.1f}{'' if a.fits else '!'}")
+    measured = [r.run.tokens_per_s_per_gpu for r in ran]
+    figures = {}
+    for label, judged in (("before", before), ("after", after)):
+        figures[label] = mean_abs_error([judged[r.row_id].tokens_per_s_per_gpu for r in ran],
+                                        measured)
+    print(f"held out ({len(ran)} runs that ran): tokens/s/GPU mean |error| "
+          f"{figures['before']:.1%} before calibration, {figures['after']:.1%} after "
+          f"(goal <= {ERROR_GOAL:.0%})")
+    with_memory = [r for r in ran if r.run.peak_memory_gib]
+    if with_memory:
+        memory = [r.run.peak_memory_gib for r in with_memory]
+        print(f"held out ({len(with_memory)} runs with memory): peak memory mean |error| "
+              + ", ".join(f"{mean_abs_error([j[r.row_id].peak_memory_gib for r in with_memory], memory):.1%} {label}"
+                          for label, j in (("before", before), ("after", after))))
+    return figures
+
+
+def report_selection(held_out: list[Row], before: dict, after: dict) -> None:
+    for label, judged in (("before", before), ("after", after)):
+        cells = selection(held_out, judged)
+        if not cells:
+            print("selection: no cell has two configurations or more among the held-out rows")
+            return
+        losses = [c[-1] for c in cells]
+        within = sum(loss <= SELECTION_GOAL + 1e-12 for loss in losses)
+        print(f"selection {label}: mean loss {statistics.mean(losses):.1%}, worst "
+              f"{max(losses):.1%}, {within}/{len(cells)} cells within {SELECTION_GOAL:.0%}")
+        for cell, count, best, chosen, loss in sorted(cells, key=lambda c: -c[-1]):
+            print(f"    {' '.join(cell):>28}: {count:>2} configurations, measured best "
+                  f"{best:,.1f}, predicted fastest measures {chosen:,.1f} (loss {loss:.1%})")
+
+
+def report_out_of_memory(held_out: list[Row], before: dict, after: dict) -> None:
+    oom = [r for r in held_out if not r.ran]
+    ran = [r for r in held_out if r.ran]
+    if not oom:
+        print("out of memory: no row of this sweep ran out of memory")
+    for label, judged in (("before", before), ("after", after)):
+        if oom:
+            fits = sum(judged[r.row_id].fits for r in oom)
+            print(f"out of memory {label}: {_percent(fits, len(oom))} of the rows that ran out of "
+                  f"memory judged to fit (goal <= {OOM_GOAL:.0%}): "
+                  + ", ".join(f"{r.row_id} {judged[r.row_id].peak_memory_gib:.1f} GiB" for r in oom))
+        refused = sum(not judged[r.row_id].fits for r in ran)
+        print(f"refusals {label}: {_percent(refused, len(ran))} of the rows that ran judged not "
+              "to fit")
+
+
+def run_sweep(name: str, loro: bool, show_rows: bool) -> None:
+    prefix = SWEEPS[name]
+    start = time.perf_counter()
+    rows, notes = posed_rows(prefix)
+    calibration, held_out = split(rows)
+    print(f"== sweep {name} ({prefix}-*): {len(rows)} rows posed "
+          f"({sum(not r.ran for r in rows)} ran out of memory), {len(notes)} not posed; "
+          f"calibration on {len(calibration)} "
+          f"({', '.join(r.row_id.rsplit('-', 1)[1] for r in calibration)}), "
+          f"{len(held_out)} held out")
+    for note in notes:
+        print(f"  not posed: {note}")
+    result = fit([r.run for r in calibration], leave_one_out=loro)
+    report_fit(result, calibration)
+    before = {r.row_id: judge(r, {}) for r in held_out}
+    after = {r.row_id: judge(r, result.values) for r in held_out}
+    report_held_out(held_out, before, after, show_rows)
+    report_selection(held_out, before, after)
+    report_out_of_memory(held_out, before, after)
+    print(f"wall time {time.perf_counter() - start:.0f} s\n")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--no-loro", action="store_true", help="skip the leave-one-run-out refits")
+    parser.add_argument("--sweep", default="all", choices=[*SWEEPS, "all"])
+    parser.add_argument("--loro", action="store_true",
+                        help="also refit without each calibration run and predict it")
+    parser.add_argument("--rows", action="store_true", help="print every held-out row")
     args = parser.parse_args()
-    lines = (DATA / "runs.csv").read_text().splitlines()
-    rows = list(csv.DictReader(lines))
-    calibration, held_out = split(rows)
-    start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as folder:
-        for source in [*DATA.glob("*.py"), *DATA.glob("*.yaml")]:
-            shutil.copy(source, folder)
-        subset = write_subset(lines, calibration, Path(folder), "calibration.csv")
-        profile = api.calibrate_runs([subset], Path(folder) / "profile.yaml", force=True,
-                                     leave_one_out=not args.no_loro)
-        rest = write_subset(lines, held_out, Path(folder), "held_out.csv")
-        from autoplan.runs import read_runs
-        judged = api.fit_runs(read_runs(rest))
-    fit_s = time.perf_counter() - start
-    print(f"calibration rows (LLMF-H100-): {', '.join(f'{i + 1:02d}' for i in calibration)}")
-    print(f"fitted: {', '.join(f'{k} {profile.catalog[k]:.4g} -> {v:.4g}' for k, v in profile.parameters.items())}")
-    for name, reason in profile.fixed.items():
-        print(f"fixed {name}: {reason}")
-    f = profile.fit
-    print(f"calibration set ({len(calibration)} runs): mean |error| {f.mean_abs_error_before:.1%} "
-          f"before, {f.mean_abs_error_after:.1%} after"
-          + (f", leave-one-run-out {f.loro_mean_abs_error:.1%}" if f.loro_mean_abs_error else ""))
-    measured, before, after = [], [], []
-    print(f"{'row':>14} {'model':>12} {'seq':>6} {'GPUs':>5} {'measured':>9} {'before':>9} {'after':>9}")
-    for index, run in zip(held_out, judged):
-        b = predict(run, {}).tokens_per_s_per_gpu
-        a = predict(run, profile.parameters).tokens_per_s_per_gpu
-        measured.append(run.tokens_per_s_per_gpu)
-        before.append(b)
-        after.append(a)
-        print(f"LLMF-H100-{index + 1:02d} {rows[index]['model'][:-3]:>12} {rows[index]['seq_len']:>6} "
-              f"{run.plan.world_size:>5} {run.tokens_per_s_per_gpu:>9,.0f} {b:>9,.0f} {a:>9,.0f}")
-    print(f"held-out ({len(held_out)} runs): tokens/s/GPU mean |error| "
-          f"{mean_abs_error(before, measured):.1%} before calibration, "
-          f"{mean_abs_error(after, measured):.1%} after")
-    predicted = {i: (r.tokens_per_s_per_gpu[0], r.tokens_per_s_per_gpu[1], r.tokens_per_s_per_gpu[2])
-                 for i, r in zip(calibration, profile.runs)}
-    predicted.update({i: t for i, t in zip(held_out, zip(measured, before, after))})
-    for label, column in (("before", 1), ("after", 2)):
-        print(f"choosing the predicted-fastest run of each (model, seq_len) cell, {label}: "
-              f"{selection_loss(rows, predicted, column)}")
-    print("out-of-memory judgement: not measurable here (every LLMF-H100 row ran)")
-    print(f"wall time {fit_s:.0f} s")
+    for name in SWEEPS if args.sweep == "all" else [args.sweep]:
+        run_sweep(name, args.loro, args.rows)
 
 
 if __name__ == "__main__":

@@ -208,6 +208,28 @@ def main() -> None:
         print(f"median |error| {source}: {statistics.median(values):.1%} over {len(values)} rows")
     print("leave-one-source-out: nothing in the memory model is fitted to these rows "
           "(no refit to report)")
+    report_timed_runs_refused()
+
+
+def report_timed_runs_refused() -> None:
+    """False refusals among the runs that state no memory but ran (their step time was
+    measured: llm-foundry, BigScience, flash-attention), posed as accuracy.py poses them."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from fit import pose
+    from more_runs import more_runs
+
+    from autoplan.costmodels.step import estimate
+
+    questions, refused = pose(more_runs()[0])
+    by_source: dict[str, list[bool]] = {}
+    for q in questions:
+        e = estimate(q.problem, q.plan)
+        by_source.setdefault(q.run.source, []).append(e.peak_memory_gib > e.memory_limit_gib)
+    for run, _ in refused:
+        by_source.setdefault(run.source, []).append(True)
+    print("\nruns that ran (step time measured) judged not to fit, per source:")
+    for source, verdicts in sorted(by_source.items()):
+        print(f"  {source:9} {sum(verdicts)} of {len(verdicts)}")
 
 
 def _compared_gib(row: MemoryRow, e) -> float:

@@ -21,6 +21,7 @@ import csv
 import re
 from dataclasses import dataclass
 
+from autoplan.cluster.catalog import get_gpu
 from published_runs import DATA, PublishedRun, _gpt_module
 
 CSV = DATA / "more_runs.csv"
@@ -92,7 +93,25 @@ def _why_not(row: dict) -> str | None:
         return "fp8 (Transformer Engine) is not a precision autoplan models"
     if _gpu(row) is None:
         return f"GPU {row['gpu_type']!r} not mapped to the catalog"
+    if _above_peak(row):
+        return "step time and batch imply more than the GPUs' peak FLOP/s (inconsistent row)"
     return None
+
+
+def _above_peak(row: dict) -> bool:
+    """The row's step would need more than the GPUs' dense peak for its model FLOPs alone
+    (6 x 12 L h^2 per token, attention and embedding left out): its stated batch and time
+    cannot both be right (BSPRQ-044..046: GBS 2048 in the table, 512 in the text, and the
+    row's own TFLOP/s figure fits 512)."""
+    if not row["step_time_s"]:
+        return False
+    layers, hidden = int(row["num_layers"]), int(row["hidden"])
+    tokens = int(row["global_batch_seqs"]) * int(row["seq_len"]) if row["global_batch_seqs"] \
+        else int(row["micro_batch"]) * int(row["grad_accum"] or 1) * int(row["DP"]) * int(row["seq_len"])
+    flops = 6 * 12 * layers * hidden**2 * tokens
+    precision = "fp16" if row["precision"].startswith("fp16") else "bf16"
+    peak = get_gpu(_gpu(row)).peak_flops(precision)
+    return flops / (int(row["num_gpus"]) * float(row["step_time_s"])) > peak
 
 
 def _run(row: dict) -> PublishedRun:
@@ -129,8 +148,23 @@ def _runtime_settings(source: str) -> dict:
     """What a row's framework does unlike the runtime's default: llm-foundry runs Composer's
     FSDP1 (FlatParameter), whose all-gathers write the flat parameter in place and whose fp32
     gradient cast runs on the post-backward stream, so none of FSDP2's copy kernels
-    (profiles.yaml, fsdp.unshard_copy_bytes) sit on its compute stream."""
-    return {"unshard_copy_bytes": 0} if source == "LLMF" else {}
+    (profiles.yaml, fsdp.unshard_copy_bytes) sit on its compute stream. Its MPT models compute
+    the loss with flash-attn's fused cross-entropy (llm-foundry ``ComposerMPTCausalLM``:
+    ``loss_fn='fused_crossentropy'`` by default; ``flash_attn/ops/triton/cross_entropy.py``
+    keeps only per-row fp32 losses and log-sum-exps and in backward writes one 16-bit gradient
+    the logits' size), not ``cross_entropy(logits.float())``: 2 bytes per logit, not 12."""
+    if source == "LLMF":
+        return {"unshard_copy_bytes": 0, "loss_bytes_per_logit": 2}
+    return {}
+
+
+def out_of_memory_runs() -> list[PublishedRun]:
+    """The rows that ran out of memory and state their shape, posed with the configuration
+    they tried; they have no measured time (``step_time_s`` is NaN)."""
+    with CSV.open() as f:
+        rows = [r for r in csv.DictReader(f) if r["outcome"] == "oom"]
+    return [_run({**row, "step_time_s": "nan", "tokens_per_s_per_gpu": "nan"}) for row in rows
+            if row["num_layers"] and row["num_heads"] and _gpu(row) is not None]
 
 
 def more_runs() -> tuple[list[PublishedRun], list[Skipped]]:

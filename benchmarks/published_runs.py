@@ -46,6 +46,13 @@ its asynchronous ColumnParallelLinear backward (late 2021): Korthikanti et al. 2
 (their Table 4), the SC'21 runs of Narayanan et al. (arXiv 2104.04473, April 2021) without."""
 
 
+OVERLAP_GRAD_REDUCE_YEAR = 2023
+"""Megatron-LM reduces gradients bucket by bucket under the backward since its own DDP gained
+--overlap-grad-reduce (2023, megatron-core's DistributedDataParallel); the runs before it
+(Narayanan et al. 2021, Korthikanti et al. 2022) ran its default local DDP, which all-reduces
+the gradients after the backward."""
+
+
 def _runtime_settings(row: dict, zero3: bool) -> dict:
     """What the row says of how its framework ran: the software of its year, and stated
     settings such as a DP gradient all-reduce not overlapped with backward."""
@@ -53,6 +60,8 @@ def _runtime_settings(row: dict, zero3: bool) -> dict:
     year = int(re.search(r"\b(20\d\d)\b", row["source"]).group(1))
     if not zero3 and year < ASYNC_TP_ALLREDUCE_YEAR:
         settings["tp_bwd_overlap"] = False
+    if not zero3 and year < OVERLAP_GRAD_REDUCE_YEAR:
+        settings["overlap_grad_reduce"] = False
     if "no overlap of DP gradient all-reduce" in row["notes"]:
         settings["dp_overlap"] = 0.0
     return settings

@@ -4,7 +4,10 @@ imports, trace (or the trace cache), search and printing.
     .venv/bin/python benchmarks/whole_process.py [--repeats 3]
 
 Cold: an empty trace cache ($XDG_CACHE_HOME pointed at a fresh folder), so model.py is traced;
-warm: the same command again, the trace read from the cache. Each figure is the median of
+warm: the same command again, the trace read from the cache. The floors are printed first:
+the interpreter importing what a warm solve needs (autoplan's API and the CP-SAT solver, which
+brings pandas), and what a cold one adds, torch and torch._dynamo (torch imports it lazily the
+first time a meta tensor goes through one of its reference kernels, which every trace does). Each figure is the median of
 --repeats runs; the machine's load average is printed with them (the figures are only
 comparable at a similar load). For comparison, Calculon (Isaev et al., SC'23) reports 77 s for
 its search of the 530B job on 5,128 A100; it is not re-measured here (it is not on PyPI).
@@ -36,6 +39,12 @@ def dgx_a100(nodes: int) -> dict:
             "inter_node": {"link": "infiniband", "nics_per_node": 8, "bandwidth": "200Gbps",
                            "latency": "5us", "interface": "ib0"}}
 
+
+FLOORS = [  # (label, python statement)
+    ("import autoplan.api + CP-SAT", "import autoplan.api, autoplan.search.solve"),
+    ("import torch", "import torch"),
+    ("import torch + torch._dynamo", "import torch, torch._dynamo"),
+]
 
 JOBS = [  # (label, model file, nodes, seq len, global batch)
     ("MT-NLG 530B on 5,128 A100", "mtnlg_530b.py", 641, 2048, 1920),
@@ -84,6 +93,10 @@ def main() -> None:
         scratch = Path(scratch_dir)
         help_runs = [timed([*AUTOPLAN, "--help"], scratch / "help") for _ in range(args.repeats)]
         print(f"{'autoplan --help':<32} {median(help_runs)}")
+        for label, statement in FLOORS:
+            runs = [timed([sys.executable, "-c", statement], scratch / "floor")
+                    for _ in range(args.repeats)]
+            print(f"{label:<32} {median(runs)}")
         for label, model, nodes, seq_len, batch in JOBS:
             cluster = scratch / f"dgx-a100-x{nodes}.yaml"
             cluster.write_text(yaml.safe_dump(dgx_a100(nodes)))

@@ -12,7 +12,8 @@ needed: a frozen Linear's weight gets no gradient, a Linear whose input needs no
 first trainable parameter) computes no input gradient, and a layer before the first trainable
 parameter has no backward at all. Frozen weights stored quantized are dequantized before each
 use (quantization.py).
-Attention runs as the fused flash kernel (causal masks skip half the tiles) or, for runtimes
+Attention runs as the fused flash kernel (its 128-token score tiles, a causal mask skipping
+those above the diagonal, at its padded head dimension: :func:`flash_work`) or, for runtimes
 without it, as batched GEMMs plus a memory-bound softmax/dropout over the s x s scores.
 Everything else is memory-bound: its traced bytes over HBM bandwidth.
 """
@@ -26,7 +27,7 @@ from autoplan.cluster.catalog import GpuSpec
 from autoplan.costmodels.profiles import ComputeProfile
 from autoplan.costmodels.quantization import HALF_BYTES, quantized_gemms, stored_bytes_per_param
 from autoplan.graph.layer_graph import Gemm, Layer, LayerKind, TpSplit
-from autoplan.plan import Recompute
+from autoplan.plan import Plan, Recompute
 from autoplan.training import FrozenDtype
 
 BACKWARD_TRAFFIC_FACTOR = 2.0
@@ -39,8 +40,33 @@ dropout: fused scale-mask-softmax reads 2 and writes 2, dropout reads 2, writes 
 mask (Megatron's fused kernels; Korthikanti et al. 2022 sec. 4.1 lists the same tensors)."""
 
 EXPLICIT_SCORE_BYTES_NO_DROPOUT = 4.0
-FLASH_CAUSAL_WORK = 0.5
-"""Causal flash attention skips the tiles above the diagonal (Dao 2023)."""
+FLASH_BLOCK = 128
+"""Rows and columns of the score tile one flash-attention thread block computes at a time:
+flash-attn 2 pads the sequence to multiples of 128 (``seqlen_q_rounded = round_multiple(
+seqlen_q, 128)`` in csrc/flash_attn/flash_api.cpp) and its kernels walk 128-row blocks of Q."""
+
+
+def flash_head_dim(head_dim: int) -> int:
+    """The head dimension the flash kernel runs for ``head_dim``: flash-attn 2 dispatches
+    kernels for multiples of 32 up to 192 and 256 above (flash_api.cpp:
+    ``head_size <= 192 ? round_multiple(head_size, 32) : 256``), so a head of 80 costs a
+    96-wide kernel."""
+    if head_dim <= 192:
+        return -(-head_dim // 32) * 32
+    return max(256, head_dim)
+
+
+def flash_work(seq_len: int, head_dim: int, causal: bool) -> float:
+    """Work of one flash-attention call relative to its dense ``4 s^2 d`` FLOPs: the score
+    tiles it computes (``ceil(s/128)`` blocks a side; a causal mask skips only the blocks
+    wholly above the diagonal, so the diagonal blocks run whole: ``nb (nb + 1) / 2`` of
+    ``nb^2``, 0.625 at 512 tokens, 0.504 at 64k) times the padded head dimension."""
+    if seq_len <= 0 or head_dim <= 0:
+        return 0.0
+    blocks = -(-seq_len // FLASH_BLOCK)
+    tiles = blocks * (blocks + 1) / 2 if causal else blocks**2
+    area = tiles * FLASH_BLOCK**2 / seq_len**2
+    return area * flash_head_dim(head_dim) / head_dim
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +78,12 @@ class Split:
     sp: bool
     mbs: int
     flash: bool = True
+
+    @classmethod
+    def of(cls, plan: Plan, flash: bool) -> "Split":
+        """How ``plan`` divides each micro-batch (``flash``: the problem's attention kernel)."""
+        return cls(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel, mbs=plan.micro_batch_size,
+                   flash=flash)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +207,7 @@ def attention_time(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
     for att in layer.attention:
         shard = split.mbs / (split.tp * split.cp)
         if split.flash:
-            work = FLASH_CAUSAL_WORK if att.causal else 1.0
+            work = flash_work(att.seq_len, att.head_dim, att.causal)
             rate = peak * profile.attention_efficiency
             fwd += att.fwd_flops * shard * work / rate
             bwd += att.bwd_flops * shard * work / rate

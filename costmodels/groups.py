@@ -153,8 +153,7 @@ def _stage_base(problem: Problem, plan: Plan, rank: int, groups: tuple[str, ...]
     base = memo(problem).get(key)
     if base is not None:
         return base
-    split = Split(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel, mbs=plan.micro_batch_size,
-                  flash=problem.flash_attention)
+    split = Split.of(plan, problem.flash_attention)
     links = plan_links(sub, plan)
     sums = chunk_sums(sub, compositions, split, links["tp"], links["cp"])
     pp_s = _pp_time(problem, plan, rank, groups, stage) if plan.pp > 1 else 0.0

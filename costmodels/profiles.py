@@ -8,10 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from functools import cache
-from importlib import resources
 
-import yaml
-
+from autoplan.packaged import read_yaml
 from autoplan.units import parse_quantity
 
 
@@ -68,6 +66,22 @@ class RuntimeProfile:
     pp_holds_stage_outputs: bool = False
     """The pipeline engine keeps each in-flight micro-batch's stage output until that
     micro-batch's backward (DeepSpeed's PipelineEngine: ``pipe_buffers['outputs']``)."""
+    overlap_grad_reduce: bool = False
+    """Gradients reduced bucket by bucket as the last micro-batch's backward produces them
+    (Megatron's --overlap-grad-reduce), priced by that schedule (costmodels.sync) instead
+    of the ``dp_overlap`` fraction."""
+    overlap_param_gather: bool = False
+    """With the distributed optimizer, the updated parameters all-gathered bucket by bucket
+    under the next step's first forward (Megatron's --overlap-param-gather)."""
+    grad_bucket_params: float = 4.0e7
+    grad_bucket_params_per_rank: float = 1.0e6
+    """Bucket of ``max(grad_bucket_params, grad_bucket_params_per_rank * dp)`` parameters
+    (megatron-core's default bucket_size)."""
+    ddp_bucket_bytes: float = 0.0
+    ddp_first_bucket_bytes: float = 0.0
+    """PyTorch DDP's gradient buckets where the runtime runs ZeRO 0 as DDP: each all-reduced
+    as soon as the backward has filled it, the first (the last layers) smaller; 0: the
+    runtime's ZeRO 0 does not bucket this way."""
     cublas_workspace_bytes: float = 32 * 2**20
     """cuBLAS workspace PyTorch allocates per handle and stream through its caching allocator:
     32 MiB, the size the cuBLAS docs recommend for Hopper (``cublasSetWorkspace``; 4 MiB
@@ -97,7 +111,7 @@ def fit_grid(key: str) -> tuple[float, ...]:
 
 @cache
 def _profiles() -> dict:
-    return yaml.safe_load(resources.files("autoplan.costmodels").joinpath("profiles.yaml").read_text())
+    return read_yaml("autoplan.costmodels", "profiles.yaml")
 
 
 def _build(cls, entry: dict, **extra):

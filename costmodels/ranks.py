@@ -194,8 +194,7 @@ def rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLin
     """What pipeline rank ``rank`` costs running ``stages`` (default: its chunks of the plan's
     layout) under the plan's degrees and switches."""
     stages = stages or rank_stages(plan, rank)
-    split = Split(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel, mbs=plan.micro_batch_size,
-                  flash=problem.flash_attention)
+    split = Split.of(plan, problem.flash_attention)
     sums, pp_comm_s, holds = rank_base(problem, plan, rank, split, links, stages)
     experts, ep_comm_s, routing_s = _rank_experts(problem, plan, split, links, stages)
     holds = holds.without(experts * (plan.ep - 1), experts * (plan.ep - 1))  # 1/ep of experts

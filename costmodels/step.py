@@ -161,8 +161,7 @@ def peak_moments(problem: Problem, plan: Plan) -> list[str]:
     links = plan_links(problem, plan)
     for ranks in rank_groups(problem, plan):
         for rank in ranks:
-            split = Split(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel,
-                          mbs=plan.micro_batch_size, flash=problem.flash_attention)
+            split = Split.of(plan, problem.flash_attention)
             sums, _, holds = rank_base(problem, plan, rank, split, links)
             held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp,
                                     num_microbatches=plan.num_microbatches)

@@ -3,13 +3,15 @@ gathers), the optimizer step, and parameter offload's host copies."""
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 from autoplan.costmodels import comm
 from autoplan.costmodels.compute import unshard_copy_time
 from autoplan.costmodels.memory import (
     WEIGHT_BYTES,
     optimizer_step_bytes,
 )
-from autoplan.costmodels.problem import Problem
+from autoplan.costmodels.problem import Problem, memo
 
 from autoplan.cluster.topology import GroupLinks
 from autoplan.plan import Offload, Plan
@@ -42,7 +44,10 @@ def dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
              trained: float | None = None) -> float:
     """Exposed gradient reduction (and ZeRO gathers) per step for one GPU's parameters.
 
-    Gradient reduction can overlap the last micro-batch's backward (``backward_s``); ZeRO-3
+    Gradient reduction can overlap the last micro-batch's backward (``backward_s``): a
+    runtime's ``dp_overlap`` share of it, or, with ``overlap_grad_reduce``, the bucket
+    schedule of :func:`_bucketed_dp_time` (``compute_s`` then gives the forward that hides
+    the parameter all-gathers); ZeRO-3
     parameter gathers and reduce-scatters run every micro-batch and can overlap all compute.
     ZeRO-3 issues them per gather unit (``gathers`` per pass over the GPU's layers), each a
     ring over the DP group that pays its latency (:func:`comm.ring_latency`). ``experts``:
@@ -60,6 +65,15 @@ def dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
     if experts is not None and experts[0]:
         groups = [(params - experts[0], trained - experts[0], links),
                   (experts[0], experts[0], experts[1])]
+    if plan.zero_stage < 3 and _bucketed(runtime, plan):
+        forward_s = compute_s / plan.num_microbatches - backward_s
+        key = ("bucketed_dp", plan.vpp, plan.pp, plan.zero_stage,
+               tuple((t, l) for _, t, l in groups), backward_s, forward_s)
+        cached = memo(problem).get(key)
+        if cached is None:
+            cached = memo(problem)[key] = _bucketed_dp_time(problem, plan, groups, backward_s,
+                                                            forward_s)
+        return cached
     sync = sum(_dp_collectives(problem, plan, p, t, l, gathers) for p, t, l in groups)
     if plan.zero_stage < 3:
         return _overlapped(sync, backward_s, runtime.dp_overlap)
@@ -67,6 +81,122 @@ def dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
                                problem.compute)
     return plan.num_microbatches * copies + _overlapped(plan.num_microbatches * sync, compute_s,
                                                         runtime.zero3_overlap)
+
+
+def grad_bucket_params(runtime, dp_size: int) -> float:
+    """Parameters per gradient bucket: megatron-core's default ``max(40M, 1M * dp size)``
+    (DistributedDataParallelConfig.bucket_size; larger DP groups get larger buckets so each
+    rank's ring chunk stays large)."""
+    return max(runtime.grad_bucket_params, runtime.grad_bucket_params_per_rank * dp_size)
+
+
+def bucket_sizes(params: float, bucket: float, first: float | None = None) -> list[float]:
+    """``params`` cut into buckets of ``bucket`` in backward order, the first of ``first``
+    (DDP's smaller first bucket) where given; the last (the first layers, the embedding)
+    holds the remainder."""
+    if params <= 0:
+        return []
+    head = [] if first is None else [min(first, params)]
+    params -= sum(head)
+    full = int(params // bucket)
+    rest = params - full * bucket
+    return head + [bucket] * full + ([rest] if rest > 0 else [])
+
+
+def _bucketed(runtime, plan: Plan) -> bool:
+    """Whether the gradient reduction runs bucket by bucket under the backward: Megatron
+    with --overlap-grad-reduce, or DDP (a runtime's ZeRO 0 with DDP buckets)."""
+    return runtime.overlap_grad_reduce or (plan.zero_stage == 0 and runtime.ddp_bucket_bytes > 0)
+
+
+def _buckets(runtime, plan: Plan, params: float, dp_size: int, grad_bytes: float) -> list[float]:
+    """One model chunk's gradient buckets (parameters each), in the runtime's sizes."""
+    if plan.zero_stage == 0 and runtime.ddp_bucket_bytes:
+        return bucket_sizes(params, runtime.ddp_bucket_bytes / grad_bytes,
+                            runtime.ddp_first_bucket_bytes / grad_bytes)
+    return bucket_sizes(params, grad_bucket_params(runtime, dp_size))
+
+
+def filled_at(sizes: list[float], start_s: float, span_s: float) -> list[float]:
+    """When each bucket's gradients are all there, for buckets filled in order by a backward
+    running from ``start_s`` for ``span_s`` at an even rate per parameter."""
+    total = sum(sizes)
+    return [start_s + span_s * done / total for done in accumulate(sizes)]
+
+
+def reduced_as_ready(ready_s: list[float], times: list[float], end_s: float) -> float:
+    """Exposed seconds of per-bucket reductions, each launched when its bucket is ready
+    (``ready_s``, in launch order) and run one after another on one communication stream:
+    what is still running at ``end_s``, when the backward ends. The last bucket is ready only
+    at the end, so its whole reduction is exposed."""
+    done = 0.0
+    for ready, seconds in zip(ready_s, times):
+        done = max(done, ready) + seconds
+    return max(0.0, done - end_s) if times else 0.0
+
+
+def begun_at(sizes: list[float], start_s: float, span_s: float) -> list[float]:
+    """When the layers of each bucket start, for buckets used in order by a forward running
+    from ``start_s`` for ``span_s`` at an even rate per parameter."""
+    total = sum(sizes)
+    return [ready - span_s * size / total
+            for ready, size in zip(filled_at(sizes, start_s, span_s), sizes)]
+
+
+def gathered_ahead(needed_s: list[float], times: list[float]) -> float:
+    """Exposed seconds of per-bucket parameter all-gathers issued back to back from the start
+    of the step's forward, each waited for when its layers start (``needed_s``; megatron-core's
+    --overlap-param-gather prefetches them in order): the longest wait, at least the first
+    bucket's gather."""
+    done, wait = 0.0, 0.0
+    for needed, seconds in zip(needed_s, times):
+        done += seconds
+        wait = max(wait, done - needed)
+    return wait
+
+
+def _bucketed_dp_time(problem: Problem, plan: Plan, groups: list, backward_s: float,
+                      forward_s: float) -> float:
+    """Megatron's --overlap-grad-reduce (megatron-core DistributedDataParallel), and DDP's
+    Reducer, which schedules its buckets the same way: each bucket's
+    all-reduce (reduce-scatter with the distributed optimizer) starts once the last
+    micro-batch's backward has produced its gradients (the earlier micro-batches run under
+    no_sync). Each model chunk has its own buckets: with interleaving (VPP v) the chunks
+    finish their last backward one after another in the cool-down, ``pp`` chunk-backwards
+    apart (the schedule runs pp micro-batches per chunk), so a chunk's reduction can run
+    under the backwards of the chunks after it. With the distributed optimizer the updated
+    parameters are all-gathered bucket by bucket, under the next step's first forward with
+    --overlap-param-gather (``overlap_param_gather``), else after the step."""
+    runtime = problem.runtime
+    grad_bytes = runtime.reduce_bytes or runtime.grad_bytes
+    chunk_s = backward_s / plan.vpp  # one chunk's backward of one micro-batch
+    forward_chunk_s = forward_s / plan.vpp
+    ready, reduce_s, needed, gather_s = [], [], [], []
+    for chunk in range(plan.vpp):
+        for _, trained, links in groups:
+            sizes = _buckets(runtime, plan, trained / plan.vpp, links.size, grad_bytes)
+            ready += filled_at(sizes, chunk * plan.pp * chunk_s, chunk_s)
+            # the forward runs the chunks in the opposite order, each pp micro-batches long
+            needed += begun_at(sizes[::-1], (plan.vpp - 1 - chunk) * plan.pp * forward_chunk_s,
+                               forward_chunk_s)
+            reduce = comm.all_reduce_time if plan.zero_stage == 0 else comm.reduce_scatter_time
+            priced = {size: reduce(grad_bytes * size, links) for size in set(sizes)}
+            reduce_s += [priced[size] for size in sizes]
+            if plan.zero_stage:
+                priced = {size: comm.all_gather_time(WEIGHT_BYTES * size, links)
+                          for size in set(sizes)}
+                gather_s += [priced[size] for size in sizes[::-1]]
+    end = ((plan.vpp - 1) * plan.pp + 1) * chunk_s
+    exposed = reduced_as_ready(*_in_order(ready, reduce_s), end)
+    if gather_s and runtime.overlap_param_gather:
+        return exposed + gathered_ahead(*_in_order(needed, gather_s))
+    return exposed + sum(gather_s)
+
+
+def _in_order(times: list[float], costs: list[float]) -> tuple[list[float], list[float]]:
+    """Both lists sorted by ``times`` (the order the collectives are issued in)."""
+    order = sorted(range(len(times)), key=times.__getitem__)
+    return [times[i] for i in order], [costs[i] for i in order]
 
 
 def _dp_collectives(problem: Problem, plan: Plan, params: float, trained: float,

@@ -139,6 +139,13 @@ def _optimizer_args(result: Result) -> list[str]:
     args = []
     if plan.zero_stage >= 1 or plan.offload == Offload.OPTIMIZER:
         args.append("--use-distributed-optimizer")
+    if plan.zero_stage < 3:
+        # The cost model's megatron runtime prices gradient buckets reduced under the last
+        # micro-batch's backward and, with the distributed optimizer, parameters gathered
+        # under the next forward: both are off in Megatron-LM unless asked for.
+        args.append("--overlap-grad-reduce")
+        if "--use-distributed-optimizer" in args:
+            args.append("--overlap-param-gather")
     if plan.zero_stage == 3:
         # Megatron-FSDP saves only fsdp_dtensor checkpoints and has no fused grad accumulation.
         args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params",

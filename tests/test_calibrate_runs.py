@@ -6,12 +6,13 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from autoplan import api
 from autoplan.cli import app
-from autoplan.fit import mean_abs_error, predict
+from autoplan.fit import mean_abs_error, pivot_order, predict
 from autoplan.plugins.training_logs import read_training_log
 from autoplan.run_profile import FitFigures, FittedOn, RunsProfile
 from autoplan.runs import HEADER, RunsError, read_runs
@@ -51,6 +52,16 @@ def test_megatron_log_median_step_after_the_first_interval_and_max_reserved_over
     assert run.global_batch == 64 and run.tflops_per_gpu == pytest.approx(118.5)
 
 
+def test_megatron_mem_max_reserved_bytes_line_is_the_peak(tmp_path):
+    """The issue's ``mem-max-reserved-bytes`` (Megatron's name for
+    memory_stats()["reserved_bytes.all.peak"], as its TensorBoard/W&B exports print it)."""
+    log = tmp_path / "train.log"
+    log.write_text((LOGS / "megatron.log").read_text().replace("max reserved: 17408.00", "max "
+                   "reserved: 100.00") + "mem-max-reserved-bytes: 18253611008\n")
+    # 18253611008 B = 17 * 2**30 B, above the MB report's 16334 MB = 15.95 GiB
+    assert read_training_log(log).peak_memory_gib == pytest.approx(17.0)
+
+
 def test_torchtitan_log_tps_and_memory_through_ansi_colours():
     run = read_training_log(LOGS / "torchtitan.log")
     assert run.tokens_per_s_per_gpu == 6321  # median of 6,321 6,400 6,300 (step 1 dropped)
@@ -77,9 +88,17 @@ def test_a_log_without_its_configuration_is_refused(tmp_path):
 GOOD = "mpt_760m.py,h100-x1.yaml,2048,384,1,1,8,1,24,3,none,false,fsdp,63147,"
 
 
+def test_the_header_is_the_issues_contract():
+    """Issue 18 writes the header out; external checks rely on it character for character."""
+    assert ",".join(HEADER) == ("model,cluster,seq_len,global_batch,tp,pp,dp,cp,mbs,zero,"
+                                "recompute,sp,runtime,tokens_per_s_per_gpu,peak_memory_gib")
+
+
 @pytest.mark.parametrize("header, row, expected", [
     (",".join(HEADER[:-1]), GOOD[:-1], "missing column(s) peak_memory_gib"),
     (",".join(HEADER) + ",notes", GOOD + ",x", "unknown column(s) notes"),
+    (",".join(HEADER).replace("tp,pp", "pp,tp"), GOOD, "row 1 (header): the columns are "
+     "repeated or in another order"),
     (None, GOOD.replace(",63147,", ",0,"), "row 2, column tokens_per_s_per_gpu"),
     (None, GOOD.replace(",none,", ",partial,"), "row 2, column recompute"),
     (None, GOOD.replace(",false,", ",maybe,"), "row 2, column sp"),
@@ -218,3 +237,13 @@ def test_logs_of_two_runtimes_are_not_fitted_together(tmp_path):
         "--out", str(tmp_path / "p.yaml")])
     assert result.exit_code == 2, result.output
     assert "column runtime: fsdp, but" in " ".join(result.output.split())
+
+
+def test_a_small_distinct_effect_is_separable_and_a_rescaled_copy_is_not():
+    """Columns: a moves every run alike; b moves them 20x less but in a pattern of its own;
+    c is 2a. Worked by hand: c has the largest norm (4) and goes first; after it b's residual
+    is all of b (orthogonal to c, length 0.2) and a's is 0 (a = c/2), so b comes next and is
+    separable although its length is 5% of c's, and a last, not separable."""
+    a = np.array([1.0, 1.0, 1.0, 1.0])
+    b = 0.1 * np.array([1.0, -1.0, 1.0, -1.0])
+    assert pivot_order(np.column_stack([a, b, 2 * a])) == [(2, True), (1, True), (0, False)]

@@ -5,11 +5,9 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
-
-import yaml
 
 from autoplan.errors import ClusterSpecError
+from autoplan.packaged import read_yaml
 from autoplan.units import parse_quantity
 
 
@@ -49,8 +47,7 @@ class LinkSpec:
 
 @cache
 def _catalog() -> dict:
-    text = resources.files("autoplan.cluster").joinpath("catalog.yaml").read_text()
-    return yaml.safe_load(text)
+    return read_yaml("autoplan.cluster", "catalog.yaml")
 
 
 def _gpu_from_entry(name: str, entry: dict) -> GpuSpec:

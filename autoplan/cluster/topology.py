@@ -17,11 +17,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from autoplan.cluster.profile import NcclProfile
 from autoplan.cluster.spec import Cluster
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 SWITCH_LATENCY_S = 0.3e-6
 """Port-to-port latency of an InfiniBand/Ethernet switch hop (NVIDIA Quantum HDR/NDR datasheets
@@ -46,27 +48,35 @@ def _leaf_name(cluster: Cluster, node: int, nic: int) -> str:
     return f"leaf:{fabric.leaf_of(node)}"
 
 
-def _add_node(graph: nx.Graph, cluster: Cluster, group: Cluster, node: int) -> None:
+def _node_parts(cluster: Cluster, group: Cluster, node: int
+                ) -> tuple[list[tuple[str, dict]], list[tuple[str, str, dict]]]:
+    """The graph nodes (name, attributes) and edges (ends, attributes) of one cluster node:
+    its GPUs, switch, host memory and NICs, each NIC joined to its leaf."""
     switch = f"switch:{node}"
-    graph.add_node(switch, kind=group.intra.kind, node=node, group=group.name)
+    nodes = [(switch, {"kind": group.intra.kind, "node": node, "group": group.name})]
+    edges = []
     for local in range(group.gpus_per_node):
         gpu = f"gpu:{node}:{local}"
-        graph.add_node(gpu, kind="gpu", node=node, local=local, gpu=group.gpu.name)
-        graph.add_edge(gpu, switch, bandwidth=group.intra.bandwidth_Bps,
-                       latency=group.intra.latency_s, link=group.intra.name)
+        nodes.append((gpu, {"kind": "gpu", "node": node, "local": local, "gpu": group.gpu.name}))
+        edges.append((gpu, switch, {"bandwidth": group.intra.bandwidth_Bps,
+                                    "latency": group.intra.latency_s, "link": group.intra.name}))
     if group.host_bandwidth_Bps is not None:
-        graph.add_node(f"cpu:{node}", kind="cpu", node=node, memory=group.cpu_memory_bytes)
-        graph.add_edge(f"cpu:{node}", switch, link="pcie", latency=0.0,
-                       bandwidth=group.host_bandwidth_Bps * group.gpus_per_node)
+        nodes.append((f"cpu:{node}", {"kind": "cpu", "node": node,
+                                      "memory": group.cpu_memory_bytes}))
+        edges.append((f"cpu:{node}", switch, {
+            "link": "pcie", "latency": 0.0,
+            "bandwidth": group.host_bandwidth_Bps * group.gpus_per_node}))
     if group.inter is None:
-        return
+        return nodes, edges
     for i in range(group.nics_per_node):
         nic, leaf = f"nic:{node}:{i}", _leaf_name(cluster, node, i)
-        graph.add_node(nic, kind="nic", node=node)
-        graph.add_node(leaf, kind="leaf" if leaf != "fabric" else "single-switch")
-        graph.add_edge(nic, switch, bandwidth=group.inter.bandwidth_Bps, latency=0.0, link="pcie")
-        graph.add_edge(nic, leaf, bandwidth=group.inter.bandwidth_Bps,
-                       latency=group.inter.latency_s, link=group.inter.name)
+        nodes.append((nic, {"kind": "nic", "node": node}))
+        nodes.append((leaf, {"kind": "leaf" if leaf != "fabric" else "single-switch"}))
+        edges.append((nic, switch, {"bandwidth": group.inter.bandwidth_Bps, "latency": 0.0,
+                                    "link": "pcie"}))
+        edges.append((nic, leaf, {"bandwidth": group.inter.bandwidth_Bps,
+                                  "latency": group.inter.latency_s, "link": group.inter.name}))
+    return nodes, edges
 
 
 def _add_spines(graph: nx.Graph, cluster: Cluster) -> None:
@@ -92,10 +102,14 @@ def build_topology(cluster: Cluster) -> nx.Graph:
         >>> graph.edges["gpu:0:0", "switch:0"]["bandwidth"]
         300000000000.0
     """
+    import networkx as nx  # only the commands that draw or summarize the graph need it
+
     graph = nx.Graph(name=cluster.name)
     for first, group in _node_clusters(cluster):
         for node in range(first, first + group.num_nodes):
-            _add_node(graph, cluster, group, node)
+            nodes, edges = _node_parts(cluster, group, node)
+            graph.add_nodes_from(nodes)
+            graph.add_edges_from(edges)
     _add_spines(graph, cluster)
     return graph
 
@@ -160,22 +174,18 @@ def group_leaves(gpus_per_node: int, size: int, stride: int, nodes_per_leaf: int
 @lru_cache(maxsize=4096)
 def _node_links(cluster: Cluster) -> tuple[float, float, float, float]:
     """(intra bandwidth per GPU, intra latency, NIC bandwidth per GPU, inter latency) from the
-    graph's edges of node 0 (all nodes of a homogeneous cluster are alike)."""
-    graph = build_topology_for_node(cluster)
-    gpu_edges = [graph.edges["gpu:0:%d" % g, "switch:0"] for g in range(cluster.gpus_per_node)]
+    edges of node 0 (all nodes of a homogeneous cluster are alike), without building the
+    graph (and importing networkx) for it."""
+    first = cluster.groups[0] if cluster.groups else cluster
+    one = replace(first, num_nodes=1, hosts=(), groups=())
+    edges = {(a, b): data for a, b, data in _node_parts(one, one, 0)[1]}
+    gpu_edges = [edges["gpu:0:%d" % g, "switch:0"] for g in range(cluster.gpus_per_node)]
     intra_bw = min(e["bandwidth"] for e in gpu_edges)
     intra_lat = max(e["latency"] for e in gpu_edges)
-    nic_edges = [graph.edges[f"nic:0:{i}", _leaf_name(cluster, 0, i)]
-                 for i in range(cluster.nics_per_node)]
+    nic_edges = [edges[f"nic:0:{i}", _leaf_name(one, 0, i)] for i in range(cluster.nics_per_node)]
     nic_total = sum(e["bandwidth"] for e in nic_edges)
     inter_lat = max((e["latency"] for e in nic_edges), default=0.0)
     return intra_bw, intra_lat, nic_total / cluster.gpus_per_node, inter_lat
-
-
-def build_topology_for_node(cluster: Cluster) -> nx.Graph:
-    """The graph of one node and its NICs (what group costs need; nodes are identical)."""
-    first = cluster.groups[0] if cluster.groups else cluster
-    return build_topology(replace(first, num_nodes=1, hosts=(), groups=()))
 
 
 def group_links(cluster: Cluster, size: int, stride: int, *,

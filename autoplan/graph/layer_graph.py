@@ -197,6 +197,19 @@ class LayerGraph:
     dims: ModelDims | None = None
     tp_divisors: tuple[int, ...] = field(default=())  # counts TP must divide (heads, KV heads)
     lora: LoraSpec | None = None  # a PEFT LoRA model's adapters
+    _blocks: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _moe: bool = field(init=False, repr=False, compare=False)
+    """Found once (the blocks' indices, whether any layer holds experts): the search asks for
+    them thousands of times."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_blocks", tuple(
+            i for i, layer in enumerate(self.layers) if layer.kind is LayerKind.BLOCK))
+        object.__setattr__(self, "_moe", any(layer.experts for layer in self.layers))
+
+    def has_experts(self) -> bool:
+        """Whether any layer is a mixture of experts."""
+        return self._moe
 
     @property
     def num_params(self) -> int:
@@ -215,4 +228,4 @@ class LayerGraph:
         return sum(layer.bwd_flops for layer in self.layers)
 
     def block_indices(self) -> list[int]:
-        return [i for i, layer in enumerate(self.layers) if layer.kind is LayerKind.BLOCK]
+        return list(self._blocks)

@@ -69,10 +69,32 @@ def load_model_source(source: str | Path | types.ModuleType) -> ModelSource:
     )
 
 
-def build_on_meta(source: ModelSource) -> nn.Module:
-    """Call build_model() under the meta device and check nothing real was allocated."""
+@contextlib.contextmanager
+def _initializers_skipped():
+    """``torch.nn.init``'s in-place initializers return their tensor untouched: a meta tensor
+    holds no values to fill, yet each call runs torch's reference kernel (half the time of
+    building a 105-layer GPT). Restored on exit."""
+    names = [n for n in vars(nn.init) if n.endswith("_") and not n.startswith("_")]
+    saved = {n: getattr(nn.init, n) for n in names}
+    for name in names:
+        setattr(nn.init, name, _unchanged)
     try:
-        with torch.device("meta"), contextlib.redirect_stdout(io.StringIO()):
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
+
+
+def _unchanged(tensor, *args, **kwargs):
+    return tensor
+
+
+def build_on_meta(source: ModelSource) -> nn.Module:
+    """Call build_model() under the meta device (initializers skipped: there is nothing to
+    fill) and check nothing real was allocated."""
+    try:
+        with torch.device("meta"), _initializers_skipped(), \
+                contextlib.redirect_stdout(io.StringIO()):
             model = source.build_model()
     except Exception as err:
         raise ModelFileError(

@@ -37,6 +37,8 @@ EXPLAIN_BUDGET_S = 10.0
 """Seconds the screens and table builds of one explanation may take together; requirements
 not tried by then stay in the set (it still conflicts, maybe not minimally) and the message
 says so."""
+UNEXPLAINED = "no plan meeting these requirements fits (the conflict was not explained)"
+"""The message where the caller asked only whether a plan fits (``explain=False``)."""
 
 
 @dataclass(frozen=True)
@@ -224,9 +226,11 @@ def explain_conflict(problems: list[Problem], pins: Pins, *, objective: Objectiv
 
 
 def conflict_if_nothing_fits(problems: list[Problem], pins: Pins, *, objective: Objective,
-                             bounds: Bounds | None, max_gpus: int | None) -> str | None:
+                             bounds: Bounds | None, max_gpus: int | None,
+                             explain: bool = True) -> str | None:
     """Before any step-time search: when no plan meeting the pins, bounds and GPU budget fits
-    in memory (``screen``), the explanation of the conflict; None when one fits, when the
+    in memory (``screen``), the explanation of the conflict (``UNEXPLAINED`` unless
+    ``explain``: naming it takes more screens and searches); None when one fits, when the
     objective asks for a throughput (that takes step times) or when the screen ran out of
     time."""
     if objective.min_tokens_per_s is not None:
@@ -235,7 +239,7 @@ def conflict_if_nothing_fits(problems: list[Problem], pins: Pins, *, objective: 
     reqs = requirements(pins, bounds, max_gpus, objective, problems[0].mem_limit_bytes)
     if builds.admits(reqs) is not False:
         return None
-    return _explain(builds, reqs)
+    return _explain(builds, reqs) if explain else UNEXPLAINED
 
 
 def _explain(builds: Builds, reqs: list[Requirement]) -> str:

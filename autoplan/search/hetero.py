@@ -110,8 +110,7 @@ class _Bounds:
     def _layer_time(self, group: str, plan: Plan, recompute: Recompute, first: int,
                     num: int) -> float:
         sub = self.problem.on_group(group)
-        split = Split(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel,
-                      mbs=plan.micro_batch_size, flash=self.problem.flash_attention)
+        split = Split.of(plan, self.problem.flash_attention)
         tp_links, cp_links, total = plan_axis_links(sub, plan, "tp"), plan_axis_links(sub, plan, "cp"), 0.0
         for class_id, count in sub.layer_counts(first, num):
             cost = layer_cost(sub, sub.layer_class(class_id), class_id, split, recompute,

@@ -14,7 +14,7 @@ from ortools.sat.python import cp_model
 from autoplan.costmodels.problem import Problem
 from autoplan.errors import InfeasibleError, NoPlanInTimeError
 from autoplan.plan import Estimate, Plan, SolverInfo
-from autoplan.search.conflicts import conflict_if_nothing_fits, explain_conflict
+from autoplan.search.conflicts import UNEXPLAINED, conflict_if_nothing_fits, explain_conflict
 from autoplan.search.objective import from_key as objective_from_key
 from autoplan.search.objective import value as objective_value
 from autoplan.search.solver import PlanModel
@@ -53,15 +53,18 @@ def solve_table(problem: Problem, pins: Pins, *, time_limit_s: float, num_worker
 
 def solve_search(problems: Problem | list[Problem], pins: Pins, *, time_limit_s: float,
                  objective: Objective | None = None, bounds: Bounds | None = None,
-                 max_gpus: int | None = None, num_workers: int = 1) -> Solution:
+                 max_gpus: int | None = None, num_workers: int = 1,
+                 explain: bool = True) -> Solution:
     """Tabulate the candidates of every problem (one per allowed global batch), solve for the
     objective with ``num_workers`` CP-SAT workers, and return the chosen row with its table
-    (for runners-up)."""
+    (for runners-up). ``explain=False`` when only whether a plan exists matters (the ZeRO-2 /
+    ZeRO-3 comparison): the infeasible error then says so without naming the conflict, which
+    takes more searches."""
     start = time.perf_counter()
     objective = objective or Objective()
     problems = [problems] if isinstance(problems, Problem) else list(problems)
     conflict = conflict_if_nothing_fits(problems, pins, objective=objective, bounds=bounds,
-                                        max_gpus=max_gpus)
+                                        max_gpus=max_gpus, explain=explain)
     if conflict is not None:  # from memory lower bounds alone, before any step-time search
         raise InfeasibleError(conflict)
     table = Table.build(problems, pins, deadline=start + time_limit_s, objective=objective,
@@ -73,7 +76,8 @@ def solve_search(problems: Problem | list[Problem], pins: Pins, *, time_limit_s:
     rows = table.eligible()
     if not rows:
         raise InfeasibleError(explain_conflict(table.problems, pins, objective=objective,
-                                               bounds=bounds, max_gpus=max_gpus))
+                                               bounds=bounds, max_gpus=max_gpus)
+                              if explain else UNEXPLAINED)
     model = PlanModel(table, rows)
     best = min(rows, key=table.order)
     model.add_hint(best)

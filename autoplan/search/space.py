@@ -83,7 +83,13 @@ def leanest_members(shapes_: Iterable[Shape]) -> dict[tuple, list[Shape]]:
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    return list(_divisors(n))
+
+
+@functools.lru_cache(maxsize=4096)
+def _divisors(n: int) -> tuple[int, ...]:
+    """Kept: a search asks for the divisors of the same few counts thousands of times."""
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
 def balanced_stages(graph: LayerGraph, pp: int, vpp: int = 1, *, first: int | None = None,
@@ -331,7 +337,7 @@ def ep_options(graph: LayerGraph, runtime: Runtime, replicas: int, pinned: int |
     """Expert-parallel degrees: divisors of the experts every MoE layer has that divide the
     dp*cp ``replicas`` they are carved from; 1 for dense models and runtimes without EP (or
     without EP next to TP, when ``tp`` > 1)."""
-    experts = common_expert_count(graph.layers)
+    experts = common_expert_count(graph.layers) if graph.has_experts() else None
     caps = RUNTIMES[runtime]
     if experts is None or not caps.expert_parallel or tp > 1 and not caps.expert_parallel_with_tp:
         options = [1]

@@ -41,5 +41,10 @@ def test_rows_that_cannot_be_posed_say_why(posed):
     assert "outcome: oom" in skipped["BS1B3-24"].reason  # an OOM has no step time
     assert "not stated" in skipped["BSPRQ-007"].reason  # layers not stated
     assert "fp8" in skipped["LLMF-H100FP8-01"].reason
+    # BSPRQ-044: 18B (L=6, h=14336) on 8 A100 at GBS 2048 x 2048 tokens in 130.43 s would be
+    # 6 * 12 * 6 * 14336^2 * 4,194,304 / (8 * 130.43) = 357 TFLOP/s per GPU, above the A100's
+    # 312 peak; the row's own 143.48 TFLOP/s fits the text's GBS 512.
+    assert "peak" in skipped["BSPRQ-044"].reason
+    assert "BSPRQ-043" not in skipped and "BSPRQ-047" not in skipped
     # Every row of the file is either posed or skipped: 390 rows (data/README.md).
     assert len(runs) + len(skipped) == 390

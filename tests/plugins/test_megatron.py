@@ -47,6 +47,7 @@ _ELSEWHERE = {"--micro-batch-size", "--global-batch-size", "--seq-length", "--ma
               "--data-parallel-sharding-strategy", "--ckpt-format",
               "--no-gradient-accumulation-fusion",
               "--use-tp-pp-dp-mapping",  # parallel_state's rank order, not the TransformerConfig
+              "--overlap-grad-reduce", "--overlap-param-gather",  # DistributedDataParallelConfig
               "--rotary-base", "--use-rope-scaling", "--rope-scaling-factor"}  # GPTModel's
 
 
@@ -252,3 +253,19 @@ def test_expert_parallelism_with_tp_needs_sequence_parallelism():
     result = _moe(load_plan("llama8b_3d_vpp_sp"), ep=2, sequence_parallel=False)
     with pytest.raises(ExportError, match="needs sequence parallelism"):
         megatron_args(result)
+
+
+def test_the_launch_overlaps_what_the_cost_model_prices_as_overlapped():
+    # megatron-core's DistributedDataParallelConfig defaults both to False; the megatron
+    # runtime profile prices them on, so the launch must ask for them (Megatron-LM copies
+    # --overlap-grad-reduce / --overlap-param-gather into these same-named fields).
+    ddp = require("megatron.core.distributed.distributed_data_parallel_config")
+    from autoplan.costmodels.profiles import runtime_profile
+    defaults = ddp.DistributedDataParallelConfig()
+    assert defaults.overlap_grad_reduce is False and defaults.overlap_param_gather is False
+    profile = runtime_profile("megatron")
+    result = changed(load_plan("llama8b_3d_vpp_sp"), plan={"zero_stage": 1})
+    args = megatron_args(result)
+    assert profile.overlap_grad_reduce and "--overlap-grad-reduce" in args
+    assert profile.overlap_param_gather and "--overlap-param-gather" in args
+    assert "--overlap-param-gather" not in megatron_args(changed(result, plan={"zero_stage": 0}))
