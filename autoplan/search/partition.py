@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from autoplan.costmodels.problem import Problem, limit_mib, memory_mib
+from autoplan.costmodels.problem import Problem, limit_mib, memo, memory_mib
 from autoplan.costmodels.step import rank_profile
 from autoplan.graph.layer_graph import LayerGraph
 from autoplan.plan import Plan, Stage
@@ -110,36 +110,63 @@ def _canonical_stage(graph: LayerGraph, rank: int, pp: int, count: int) -> tuple
 def _stage_cost(problem: Problem, plan: Plan, rank: int, count: int,
                 memory: bool = True) -> tuple[int, int] | None:
     """(t, e) of a stage in ns, None when over the memory limit (``memory``)."""
-    stage = _canonical_stage(problem.graph, rank, plan.pp, count)
-    profile = rank_profile(problem, plan, rank, stage)
-    if memory and memory_mib(profile.memory_bytes) > limit_mib(problem):
+    t, e, mib = _stage_profile(problem, plan, rank, count)
+    if memory and mib > limit_mib(problem):
         return None
-    return round(profile.micro_batch_s * NS), round(profile.after_s * NS)
+    return t, e
+
+
+def _stage_profile(problem: Problem, plan: Plan, rank: int, count: int) -> tuple[int, int, int]:
+    """(t ns, e ns, memory MiB) of a stage, kept in the problem's memo: the fit screens, the
+    tables of each switch setting and the runners-up ask for the same stages again."""
+    key = ("partition_stage", plan, rank, count)
+    table = memo(problem)
+    if key not in table:
+        stage = _canonical_stage(problem.graph, rank, plan.pp, count)
+        profile = rank_profile(problem, plan, rank, stage)
+        table[key] = (round(profile.micro_batch_s * NS), round(profile.after_s * NS),
+                      memory_mib(profile.memory_bytes))
+    return table[key]
+
+
+class StageCosts:
+    """Each stage's (t, e) per block count, computed when first asked (``_stage_cost``), and
+    the counts admissible under the memory limit and the hint's slowest-stage cap."""
+
+    def __init__(self, problem: Problem, plan: Plan, hint: tuple[int, ...], memory: bool):
+        self.problem, self.plan, self.hint, self.memory = problem, plan, hint, memory
+        self.total = len(problem.graph.block_indices())
+        self._known: dict[tuple[int, int], tuple[int, int] | None] = {}
+        self.cap = _slowest_cap(problem, plan, hint, self.cost)
+
+    def cost(self, s: int, c: int) -> tuple[int, int] | None:
+        if (s, c) not in self._known:
+            self._known[s, c] = _stage_cost(self.problem, self.plan, s, c, self.memory)
+        return self._known[s, c]
+
+    def admissible(self, s: int, c: int) -> bool:
+        """Stage s may run c blocks: it fits and is not slower than the cap."""
+        if not 1 <= c <= self.total - (self.plan.pp - 1):
+            return False
+        cost = self.cost(s, c)
+        return cost is not None and (self.cap is None or cost[0] <= self.cap)
 
 
 def read_problem(problem: Problem, plan: Plan, hint: tuple[int, ...], *,
-                 memory: bool = True) -> StageTable:
+                 memory: bool = True, costs: StageCosts | None = None) -> StageTable:
     """Tabulate each stage's costs per block count (see the module docstring); ``memory``
     False tabulates counts over the limit too. A stage's time and memory grow with its count,
     so its largest admissible count is found by binary search, and its smallest is what the
     other stages' largest leave."""
-    pp, total, m = plan.pp, len(problem.graph.block_indices()), plan.num_microbatches
-    memo: dict[tuple[int, int], tuple[int, int] | None] = {}
-
-    def cost(s: int, c: int):
-        if (s, c) not in memo:
-            memo[s, c] = _stage_cost(problem, plan, s, c, memory)
-        return memo[s, c]
-
-    cap = _slowest_cap(problem, plan, hint, cost)
-    admissible = lambda s, c: cost(s, c) is not None and (  # noqa: E731
-        cap is None or cost(s, c)[0] <= cap)
-    highest = [_largest(lambda c, s=s: admissible(s, c), total - (pp - 1)) for s in range(pp)]
-    costs = []
+    costs = costs or StageCosts(problem, plan, hint, memory)
+    pp, total = plan.pp, costs.total
+    highest = [_largest_from(lambda c, s=s: costs.admissible(s, c), hint[s], total - (pp - 1))
+               for s in range(pp)]
+    rows = []
     for s in range(pp):
         lowest = max(1, total - (sum(highest) - highest[s]))
-        costs.append({c: cost(s, c) for c in range(lowest, highest[s] + 1)})
-    return StageTable(tuple(costs), total, m)
+        rows.append({c: costs.cost(s, c) for c in range(lowest, highest[s] + 1)})
+    return StageTable(tuple(rows), total, plan.num_microbatches)
 
 
 def _slowest_cap(problem: Problem, plan: Plan, hint: tuple[int, ...], cost) -> float | None:
@@ -155,11 +182,11 @@ def _slowest_cap(problem: Problem, plan: Plan, hint: tuple[int, ...], cost) -> f
     return (_objective(hinted, m) - times + len(hint) + 1) / (m - 1)
 
 
-def _largest(admissible, most: int) -> int:
+def _largest(admissible, most: int, least: int = 0) -> int:
     """The largest c in 1..most with ``admissible(c)`` (a predicate true up to some count),
-    0 when none."""
-    low, high = 1, most
-    if not admissible(1):
+    0 when none; ``least`` is a count known admissible (the search starts above it)."""
+    low, high = max(least, 1), most
+    if not least and not admissible(1):
         return 0
     while low < high:
         middle = (low + high + 1) // 2
@@ -168,6 +195,14 @@ def _largest(admissible, most: int) -> int:
         else:
             high = middle - 1
     return low
+
+
+def _largest_from(admissible, hinted: int, most: int) -> int:
+    """``_largest`` searched from the hint's count: above it where it is admissible, below
+    it where not (the largest count is usually near the balanced one)."""
+    if hinted <= most and admissible(hinted):
+        return _largest(admissible, most, hinted)
+    return _largest(admissible, min(hinted, most + 1) - 1)
 
 
 def _objective(costs: list[tuple[int, int]], m: int) -> int:
@@ -313,10 +348,13 @@ def near_optimal_splits(problem: Problem, plan: Plan, *, memory: bool = True,
     ZeRO stages that change no stage's time, post-drain term or fit, have equal answers)."""
     graph = problem.graph
     hint = block_counts(graph, balanced_stages(graph, plan.pp))
-    table = read_problem(problem, plan, hint, memory=memory)
+    costs = StageCosts(problem, plan, hint, memory)
+    if hint_is_alone(costs, plan.num_microbatches):
+        return [stages_of_counts(graph, hint)]
+    table = read_problem(problem, plan, hint, memory=memory, costs=costs)
     pool = None if cache is None else cache.get(table.key)
     if pool is None:
-        pool = [hint] if hint_is_alone(table, hint) else _solve_pool(table, hint)
+        pool = _solve_pool(table, hint)
         if cache is not None:
             cache[table.key] = pool
     return [stages_of_counts(graph, counts) for counts in pool]
@@ -330,22 +368,22 @@ def _solve_pool(table: StageTable, hint: tuple[int, ...]) -> list[tuple[int, ...
     return model.solve(hint if admissible else None)[1]
 
 
-def hint_is_alone(table: StageTable, hint: tuple[int, ...]) -> bool:
+def hint_is_alone(costs: StageCosts, m: int) -> bool:
     """Whether the hint is admissible and every other split is outside the window above it,
-    so the model's pool would be the hint alone. Any other split gives some stage s more
-    blocks than the hint (the counts sum to the same B), so its objective is at least
-    (m - 1) t[s][hint_s + 1] + S - p (T at least that stage's time, post-drain term at least
-    0, and S, the same for every split, less one unit of rounding per stage); a stage whose
-    next count is not in the table (over the memory limit or the slowest-stage cap) cannot
-    grow. The usual case for alike blocks split evenly, where a block moved is worth more than
-    the ends' embedding and head."""
-    costs, m, p = table.costs, table.num_microbatches, len(table.costs)
-    if not all(c in row for c, row in zip(hint, costs)):
+    so the model's pool would be the hint alone; asks for 2p stage costs, not the table. Any
+    other split gives some stage s more blocks than the hint (the counts sum to the same B),
+    so its objective is at least (m - 1) t[s][hint_s + 1] + S - p (T at least that stage's
+    time, post-drain term at least 0, and S, the same for every split, less one unit of
+    rounding per stage); a stage whose next count is not admissible (over the memory limit or
+    the slowest-stage cap) cannot grow. The usual case for alike blocks split evenly, where a
+    block moved is worth more than the ends' embedding and head."""
+    hint, p = costs.hint, len(costs.hint)
+    if not all(costs.admissible(s, c) for s, c in enumerate(hint)):
         return False
-    hinted = [costs[s][c] for s, c in enumerate(hint)]
+    hinted = [costs.cost(s, c) for s, c in enumerate(hint)]
     best = _objective(hinted, m)
     times = sum(t for t, _ in hinted)
-    grown = [costs[s][c + 1][0] for s, c in enumerate(hint) if c + 1 in costs[s]]
+    grown = [costs.cost(s, c + 1)[0] for s, c in enumerate(hint) if costs.admissible(s, c + 1)]
     if not grown:
         return True
     lower = (m - 1) * min(grown) + times - p
@@ -355,9 +393,25 @@ def hint_is_alone(table: StageTable, hint: tuple[int, ...]) -> bool:
 def split_fits(problem: Problem, plan: Plan) -> bool:
     """Whether some split of the blocks fits in memory under ``plan``'s degrees and switches
     (``applies`` must hold), without a model: a stage's memory grows with its blocks, so some
-    split fits exactly when each stage's largest fitting count (binary search) is at least 1
-    and those counts reach the blocks."""
-    total, pp = len(problem.graph.block_indices()), plan.pp
-    largest = [_largest(lambda c, s=s: _stage_cost(problem, plan, s, c) is not None,
-                        total - (pp - 1)) for s in range(pp)]
-    return min(largest) >= 1 and sum(largest) >= total
+    split fits exactly when each stage's largest fitting count is at least 1 and those counts
+    reach the blocks. Searched from the balanced split: the stages over the limit there give
+    up blocks (binary search below their balanced count), and the others are asked only
+    whether they take up what those gave up."""
+    graph = problem.graph
+    hint = block_counts(graph, balanced_stages(graph, plan.pp))
+    fits = [lambda c, s=s: _stage_cost(problem, plan, s, c) is not None
+            for s in range(plan.pp)]
+    short, spare = 0, []
+    for s, count in enumerate(hint):
+        if fits[s](count):
+            spare.append(s)
+            continue
+        largest = _largest(fits[s], count - 1)
+        if not largest:
+            return False
+        short += count - largest
+    for s in spare:
+        if short <= 0:
+            break
+        short -= _largest(fits[s], hint[s] + short, hint[s]) - hint[s]
+    return short <= 0

@@ -79,7 +79,7 @@ class _Pending:
     shape: Shape = field(compare=False)
     stages: tuple | None = field(compare=False, default=None)
     rest: list = field(compare=False, default_factory=list)
-    deferred: bool = field(compare=False, default=False)  # a split the bound put off
+    deferred: str = field(compare=False, default="")  # how a split the bound put off resumes
 
     @property
     def tp_pp(self) -> tuple[int, int]:
@@ -112,6 +112,10 @@ class Table:
     best_key: tuple | None = None  # of the best eligible row so far (what splits must beat)
     _deferred: list = field(default_factory=list)  # splits put off by their bound, to queue
     _pools: dict = field(default_factory=dict)  # partition stage tables -> their CP-SAT pools
+    _applies: dict = field(default_factory=dict)  # (source, pp, vpp) -> partition.applies
+    _split_bounds: dict = field(default_factory=dict)  # (source, shape, switches) -> bound s
+    _measured: dict = field(default_factory=dict)  # (source, plan) -> step_and_peak
+    _rows: set = field(default_factory=set)  # (source, plan) of every row
 
     @property
     def problem(self) -> Problem:
@@ -213,7 +217,7 @@ class Table:
         whose leanest switches do not fit are dropped first (nothing of theirs can fit), and
         a layout where none fits is dropped whole."""
         problem, shape, groups = self.problems[item.source], item.shape, []
-        if self.choose_splits and applies(problem, shape.pp, shape.vpp):
+        if self._chooses_split(item.source, shape):
             return self._split_group(item)
         for stages in stage_variants(problem.graph, shape.pp, shape.vpp):
             if self.screen and not self._family_may_fit(item.source, shape, stages):
@@ -233,6 +237,15 @@ class Table:
             rest = [sw for sw in kept if sw not in fast and sw not in times]
             groups.append(self._new_pending(bound, item.source, shape, stages, rest))
         return groups
+
+    def _chooses_split(self, source: int, shape: Shape) -> bool:
+        """Whether CP-SAT chooses this shape's split (``partition.applies``, once per pipeline
+        shape: it compares every block of the graph)."""
+        key = (source, shape.pp, shape.vpp)
+        if key not in self._applies:
+            self._applies[key] = self.choose_splits and applies(self.problems[source], shape.pp,
+                                                                shape.vpp)
+        return self._applies[key]
 
     def _split_group(self, item: _Pending) -> list[_Pending]:
         """``_stage_groups`` where CP-SAT chooses the split: the shape's one layout group
@@ -274,10 +287,20 @@ class Table:
         """Least step of ``shape`` and ``sw`` over every split, memory aside: the ranks'
         micro-batch times sum to the same total S whatever the split (alike blocks, the ends
         fixed), so the slowest takes at least S/p and 1F1B at least (m - 1) S/p + S."""
-        problem, template = self.problems[source], self._template(shape, sw, source)
-        total = pipeline_total_s(problem, template)
-        m = template.num_microbatches
-        return ((m - 1) * total / shape.pp + total) * (1 - BOUND_SLACK)
+        key = (source, shape, sw)
+        if key not in self._split_bounds:
+            problem, template = self.problems[source], self._template(shape, sw, source)
+            total = pipeline_total_s(problem, template)
+            m = template.num_microbatches
+            self._split_bounds[key] = ((m - 1) * total / shape.pp + total) * (1 - BOUND_SLACK)
+        return self._split_bounds[key]
+
+    def _cannot_beat(self, bound_s: float, shape: Shape, source: int) -> bool:
+        """Whether a bound of ``shape``'s step is worse than the best eligible row (or no row is
+        eligible yet): its split waits in the queue."""
+        world = shape.tp * shape.pp * shape.dp * shape.cp
+        tokens = self.problems[source].training.tokens_per_step
+        return self.best_key is None or self._key(bound_s, world, tokens) > self.best_key
 
     def add_split(self, shape: Shape, sw, source: int, *, screen: bool = False,
                   balanced: bool = True) -> bool:
@@ -291,27 +314,45 @@ class Table:
         if balanced:
             self.add(template, source)
             fits = self.fits(len(self) - 1)
-        tokens = problem.training.tokens_per_step
         bound = self.split_bound(shape, sw, source)
-        if balanced and (self.best_key is None or self._key(
-                bound, template.world_size, tokens) > self.best_key):
-            self._deferred.append(self._new_pending(bound, source, shape, SPLIT, [sw]))
-            self._deferred[-1].deferred = True
+        if balanced and self._cannot_beat(bound, shape, source):
+            self._defer(bound, source, shape, [sw])
             return fits or screen and split_fits(problem, template)
         splits = near_optimal_splits(problem, template, cache=self._pools)
         if splits:
             training = problem.training
             plans = [make_plan(shape, sw, stages, training) for stages in splits]
             best = min(plans, key=lambda plan: self._plan_order(plan, source))
-            if best.stages != template.stages:
+            if (source, best) not in self._rows:
                 self.add(best, source)
         return fits or bool(splits)
+
+    def _defer(self, bound_s: float, source: int, shape: Shape, options: list,
+               how: str = "chain") -> None:
+        """Queue the splits of ``options`` (switch settings of ``shape``) under ``bound_s``:
+        to solve in turn (``how`` "chain") or, partial-recompute settings, to search first for
+        the smallest N that fits ("search")."""
+        self._deferred.append(self._new_pending(bound_s, source, shape, SPLIT, options))
+        self._deferred[-1].deferred = how
+
+    def _split_chain(self, shape: Shape, source: int, options: list) -> None:
+        """Solve the splits of partial-recompute settings that differ only in N (fewest first)
+        while their bound can beat the best row: the bound grows with N (more blocks recomputed,
+        more time on every rank), so from the first that cannot, none can, and the rest wait
+        in the queue as one item under that bound. No balanced rows: the split solved for N
+        is at least as good as N's balanced layout, and a bound that cannot win covers it."""
+        for index, sw in enumerate(options):
+            bound = self.split_bound(shape, sw, source)
+            if self._cannot_beat(bound, shape, source):
+                self._defer(bound, source, shape, options[index:])
+                return
+            self.add_split(shape, sw, source, balanced=False)
 
     def _plan_order(self, plan: Plan, source: int) -> tuple:
         """Where ``plan`` would sit in this table's order among plans of its shape: eligible
         first, then the objective key, then memory."""
         problem = self.problems[source]
-        step_s, peak = step_and_peak(problem, plan)
+        step_s, peak = self._measure(plan, source)
         tokens = problem.training.tokens_per_step
         eligible = memory_mib(peak) <= limit_mib(problem) and meets_throughput(
             self.objective, step_s, tokens)
@@ -376,13 +417,15 @@ class Table:
         return list(range(start, len(self)))
 
     def _expand_split(self, group: _Pending) -> None:
-        """``_expand`` where CP-SAT chooses each switch setting's split. Partial recompute:
-        below the smallest N that fits with some split nothing fits (less recompute, more
-        memory, whatever the split), found by binary search; every larger N is evaluated, since
-        it may let a faster split fit."""
+        """``_expand`` where CP-SAT chooses each switch setting's split. Partial recompute
+        (settings that differ only in N): ``_partial_splits``."""
         shape, source = group.shape, group.source
-        if group.deferred:
+        if group.deferred == "chain":
             self.add_split(shape, group.rest[0], source, balanced=False)
+            self._split_chain(shape, source, group.rest[1:])
+            return
+        if group.deferred == "search":  # its bound came off the queue: search now
+            self._partial_splits(shape, source, group.rest, searched_now=True)
             return
         partial: dict[tuple, list] = {}
         for sw in group.rest:
@@ -391,18 +434,30 @@ class Table:
             else:
                 partial.setdefault((sw.zero, sw.sp, sw.offload), []).append(sw)
         for options in partial.values():
-            options = sorted(options, key=lambda sw: sw.recompute_num_layers)
-            low, high, fitted = 0, len(options) - 1, set()
-            while low <= high:
-                middle = (low + high) // 2
-                if self.add_split(shape, options[middle], source, screen=True):
-                    fitted.add(middle)
-                    high = middle - 1
-                else:
-                    low = middle + 1
-            for index in range(low, len(options)):
-                if index not in fitted:
-                    self.add_split(shape, options[index], source)
+            self._partial_splits(shape, source,
+                                 sorted(options, key=lambda sw: sw.recompute_num_layers))
+
+    def _partial_splits(self, shape: Shape, source: int, options: list,
+                        searched_now: bool = False) -> None:
+        """Splits of partial-recompute settings that differ only in N (fewest first). Below
+        the smallest N that fits with some split nothing fits (less recompute, more memory,
+        whatever the split), found by binary search (``partition.split_fits``, no model);
+        every larger N may let a faster split fit (``_split_chain``). Where even the fewest
+        N's bound (the least: bounds grow with N) cannot beat the best row, nothing is
+        searched (unless ``searched_now``): the settings wait in the queue under that bound."""
+        bound = self.split_bound(shape, options[0], source)
+        if not searched_now and self._cannot_beat(bound, shape, source):
+            self._defer(bound, source, shape, options, "search")
+            return
+        problem = self.problems[source]
+        low, high = 0, len(options) - 1
+        while low <= high:
+            middle = (low + high) // 2
+            if split_fits(problem, self._template(shape, options[middle], source)):
+                high = middle - 1
+            else:
+                low = middle + 1
+        self._split_chain(shape, source, options[low:])
 
     def _smallest_fitting(self, options: list, shape, stages, source: int) -> None:
         """Recomputing N of a chunk's blocks: more N only adds time and only saves memory, so
@@ -421,8 +476,9 @@ class Table:
     def add(self, plan: Plan, source: int = 0) -> float:
         """Evaluate ``plan`` on problem ``source`` into a new row; its step time."""
         problem = self.problems[source]
-        step_s, peak = step_and_peak(problem, plan)
+        step_s, peak = self._measure(plan, source)
         tokens = problem.training.tokens_per_step
+        self._rows.add((source, plan))
         self.plans.append(plan)
         self.step_times_s.append(step_s)
         self.peak_bytes.append(peak)
@@ -433,6 +489,14 @@ class Table:
         if self.eligible_rows[-1] and (self.best_key is None or self.keys[-1] < self.best_key):
             self.best_key = self.keys[-1]
         return step_s
+
+    def _measure(self, plan: Plan, source: int) -> tuple[float, float]:
+        """``step_and_peak``, once per plan: a split's near-optimal plans are measured to pick
+        one, and the one picked becomes a row."""
+        key = (source, plan)
+        if key not in self._measured:
+            self._measured[key] = step_and_peak(self.problems[source], plan)
+        return self._measured[key]
 
     def __len__(self) -> int:
         return len(self.plans)
