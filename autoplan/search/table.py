@@ -24,7 +24,9 @@ from one queue:
 3. a bounded layout is expanded: its remaining switches are evaluated (the smallest fitting
    ``recompute_num_layers`` by binary search on a fixed layout, since it dominates larger ones;
    where CP-SAT chooses the split, every N from the smallest that fits with some split, since a
-   larger N may let a better split fit).
+   larger N may let a better split fit, in order of N while its bound can win, the rest
+   queued; the smallest N is searched only once the least bound of its settings comes off the
+   queue).
 The queue stops when the best bound left is worse than the best eligible row (the rest cannot
 hold the optimum) or at the deadline. A bound that already misses ``min_tokens_per_s`` admits no
 eligible row either. Under GPUS and COST the time-only dominance of the DP degrees
