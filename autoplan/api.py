@@ -16,8 +16,8 @@ from pydantic import ValidationError
 
 from autoplan.cluster.spec import Cluster, load_cluster_spec, require_homogeneous, resolve
 from autoplan.calibrate import MeasuredProfile, fitted_profile, load_profile, measure, write_profile
-from autoplan.costmodels.profiles import (ComputeProfile, RuntimeProfile, compute_profile,
-                                          runtime_profile)
+from autoplan.costmodels.profiles import (ATTENTION_KERNELS, ComputeProfile, RuntimeProfile,
+                                          compute_profile, runtime_profile)
 from autoplan.costmodels.groups import check_groups, on_groups_in_order
 from autoplan.costmodels.parameters import with_parameters
 from autoplan.costmodels.problem import Problem
@@ -148,6 +148,10 @@ def runtime_with(runtime: RuntimeProfile, settings: Mapping[str, Any] | None) ->
     if unknown:
         raise ConstraintError(f"runtime settings {', '.join(unknown)} are not known; choose from "
                               f"{', '.join(sorted(known))}.")
+    kernel = settings.get("attention_kernel", runtime.attention_kernel)
+    if kernel not in ATTENTION_KERNELS:
+        raise ConstraintError(f"runtime setting attention_kernel {kernel!r} is not a kernel "
+                              f"autoplan prices; choose from {', '.join(ATTENTION_KERNELS)}.")
     return dataclasses.replace(runtime, **settings)
 
 
@@ -310,7 +314,7 @@ def solve(model: ModelLike, cluster: ClusterLike, *, seq_len: int,
                                    optimizer_in_backward=(
                                        opts.optimizer_in_backward if optimizer_in_backward is None
                                        else optimizer_in_backward),
-                                   headroom=solve_headroom(headroom, opts))
+                                   headroom=solve_headroom(headroom, opts), made=made)
         result, solution = _solve_problems(problems, model, cluster, pinned,
                                            num_workers=num_workers,
                                            time_limit_s=max(share, MIN_SHARE_S),
@@ -321,6 +325,7 @@ def solve(model: ModelLike, cluster: ClusterLike, *, seq_len: int,
 
     start = time.perf_counter()
     solutions: dict[Runtime, Solution] = {}  # each runtime's own search, for the runners-up
+    made: dict[TrainingSpec, Problem] = {}  # a ZeRO re-solve reuses its runtime's evaluations
     _choice(Precision, precision, "--precision")  # before the runtimes are asked for it
     searched = runtimes_to_search(runtime)
     features = pinned_features(constraints.pins, precision,
@@ -391,8 +396,12 @@ def _batch_problems(model: Model, cluster: LoadedCluster, batches: list[int] | N
                     *, seq_len: int, precision: str, runtime: str, attention: str,
                     mem_limit, profile=None, optimizer: str | None = None,
                     frozen_dtype: str | None = None, headroom: float = 0.0,
-                    optimizer_in_backward: bool = False) -> list[Problem]:
-    """One problem per allowed global batch whose pins are legal (all checked if none is)."""
+                    optimizer_in_backward: bool = False,
+                    made: dict[TrainingSpec, Problem] | None = None) -> list[Problem]:
+    """One problem per allowed global batch whose pins are legal (all checked if none is).
+    ``made``: the problems of earlier calls by their training settings, reused (with the memo
+    of what was evaluated on them) rather than made again."""
+    made = {} if made is None else made
     if not batches:
         raise ConstraintError("give --global-batch (or global_batch in --options).")
     _check_ep_cluster(cluster, pins.ep)
@@ -400,8 +409,10 @@ def _batch_problems(model: Model, cluster: LoadedCluster, batches: list[int] | N
     for batch in batches:
         training = _training(seq_len, batch, precision, runtime, attention, optimizer,
                              frozen_dtype, optimizer_in_backward)
-        problem = make_problem(model, cluster, training, mem_limit, profile=profile,
-                               headroom=headroom)
+        if training not in made:
+            made[training] = make_problem(model, cluster, training, mem_limit, profile=profile,
+                                          headroom=headroom)
+        problem = made[training]
         try:
             check_pins(problem.graph, world=cluster.cluster.num_gpus, training=training, pins=pins)
         except ConstraintError as err:

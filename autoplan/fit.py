@@ -1,7 +1,11 @@
 """Fit the global physical parameters (costmodels/parameters.py) to measured runs.
 
 The residual of a run is the log of predicted over measured throughput (tokens/s/GPU), and, for
-runs that report it, the log of predicted over measured peak memory. Parameters are fitted in
+runs that report it, the log of predicted over measured peak memory: the allocator-reserved peak
+(``torch.cuda.max_memory_reserved``, what runs.csv's ``peak_memory_gib``, Megatron-LM's ``max
+reserved`` and torchtitan's ``memory:`` state) against the model's reserved peak, so the CUDA
+context and NCCL buffers outside the allocator keep their catalog size; a whole-device
+measurement (nvidia-smi, ``FitRun.whole_device``) against the model's whole peak. Parameters are fitted in
 log space relative to their catalog value (a parameter at 0 is left alone) by robust least
 squares (``scipy.optimize.least_squares``, ``loss="soft_l1"`` with a 5% scale: one odd run
 pulls the fit linearly, not quadratically).
@@ -55,6 +59,11 @@ class FitRun:
     plan: Plan
     tokens_per_s_per_gpu: float
     peak_memory_gib: float | None = None
+    """The allocator-reserved peak of the most loaded GPU (or, with ``whole_device``, all the
+    memory it used)."""
+    whole_device: bool = False
+    """The memory measured is the device's whole use (nvidia-smi: CUDA context, NCCL buffers
+    and the allocator's cache), not the allocator's reserved peak."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +89,8 @@ class FitResult:
 def predict(run: FitRun, values: dict[str, float]) -> Prediction:
     """What the cost model says of ``run`` with the parameters set to ``values``."""
     est = estimate_plan(with_parameters(run.problem, values), run.plan)
-    return Prediction(est.tokens_per_s / run.plan.world_size, est.peak_memory_gib)
+    memory = est.peak_memory_gib if run.whole_device else est.peak_reserved_gib
+    return Prediction(est.tokens_per_s / run.plan.world_size, memory)
 
 
 def _residuals(runs: Sequence[FitRun], values: dict[str, float]) -> np.ndarray:

@@ -52,8 +52,8 @@ class RunRow(BaseModel):
     recompute: Literal["none", "selective", "full"]
     sp: bool
     runtime: Literal["megatron", "deepspeed", "fsdp"]
-    tokens_per_s_per_gpu: float = Field(gt=0)
-    peak_memory_gib: float | None = Field(default=None, gt=0)
+    tokens_per_s_per_gpu: float = Field(gt=0, allow_inf_nan=False)
+    peak_memory_gib: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
     @field_validator("peak_memory_gib", mode="before")
     @classmethod

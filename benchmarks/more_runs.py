@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 
 from autoplan.cluster.catalog import get_gpu
+from autoplan.costmodels.profiles import runtime_profile
 from published_runs import DATA, PublishedRun, _gpt_module
 
 CSV = DATA / "more_runs.csv"
@@ -140,11 +141,12 @@ def _run(row: dict) -> PublishedRun:
         cluster=_cluster(f"{source.lower()}-{n}", gpu, n, per_node, node), seq_len=seq,
         global_batch=batch, pins=pins, runtime=runtime,
         precision="fp16" if row["precision"].startswith("fp16") else "bf16",
-        step_time_s=step, runtime_settings=_runtime_settings(source), source=source, gpu=gpu,
+        step_time_s=step, runtime_settings=_runtime_settings(source, row["zero_or_fsdp"]),
+        source=source, gpu=gpu,
         attention="flash" if flash else "explicit")
 
 
-def _runtime_settings(source: str) -> dict:
+def _runtime_settings(source: str, zero_text: str = "") -> dict:
     """What a row's framework does unlike the runtime's default: llm-foundry runs Composer's
     FSDP1 (FlatParameter), whose all-gathers write the flat parameter in place and whose fp32
     gradient cast runs on the post-backward stream, so none of FSDP2's copy kernels
@@ -152,9 +154,15 @@ def _runtime_settings(source: str) -> dict:
     the loss with flash-attn's fused cross-entropy (llm-foundry ``ComposerMPTCausalLM``:
     ``loss_fn='fused_crossentropy'`` by default; ``flash_attn/ops/triton/cross_entropy.py``
     keeps only per-row fp32 losses and log-sum-exps and in backward writes one 16-bit gradient
-    the logits' size), not ``cross_entropy(logits.float())``: 2 bytes per logit, not 12."""
+    the logits' size), not ``cross_entropy(logits.float())``: 2 bytes per logit, not 12.
+    BigScience's bf16 rows ran DeepSpeed's BF16_Optimizer (ZeRO stage 0, which shards the
+    optimizer states like ZeRO-1, so they are posed as ZeRO 1) with its fp32 gradient update
+    each micro-batch (profiles.yaml, deepspeed.bf16_optimizer_accumulation_bytes)."""
     if source == "LLMF":
         return {"unshard_copy_bytes": 0, "loss_bytes_per_logit": 2}
+    if "BF16Optimizer" in zero_text:
+        bf16_optimizer = runtime_profile("deepspeed").bf16_optimizer_accumulation_bytes
+        return {"grad_accumulation_bytes": bf16_optimizer}
     return {}
 
 

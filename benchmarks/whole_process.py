@@ -1,15 +1,18 @@
 """Whole-process wall time of `autoplan` commands, as a user waits for them: interpreter start,
 imports, trace (or the trace cache), search and printing.
 
-    .venv/bin/python benchmarks/whole_process.py [--repeats 3]
+    .venv/bin/python benchmarks/whole_process.py [--repeats 3] [--against OTHER/.venv/bin/autoplan]
 
 Cold: an empty trace cache ($XDG_CACHE_HOME pointed at a fresh folder), so model.py is traced;
 warm: the same command again, the trace read from the cache. The floors are printed first:
-the interpreter importing what a warm solve needs (autoplan's API and the CP-SAT solver, which
-brings pandas), and what a cold one adds, torch and torch._dynamo (torch imports it lazily the
-first time a meta tensor goes through one of its reference kernels, which every trace does). Each figure is the median of
---repeats runs; the machine's load average is printed with them (the figures are only
-comparable at a similar load). For comparison, Calculon (Isaev et al., SC'23) reports 77 s for
+the interpreter importing what a warm solve needs (autoplan's API and the CP-SAT solver,
+without pandas: search/cpsat.py), and what a cold one adds, torch (torch._dynamo, which torch
+would import at a trace's first meta kernel, is left out: graph/no_compile.py; its import is
+printed for comparison). Each figure is the median of --repeats runs, with the CPU time
+(user + sys, children included), which moves less with the machine's load than the wall time;
+the load average is printed with them. ``--against`` times another checkout's console script
+(e.g. main's) on the same jobs, its runs interleaved with this checkout's so that both see the
+same load. For comparison, Calculon (Isaev et al., SC'23) reports 77 s for
 its search of the 530B job on 5,128 A100; it is not re-measured here (it is not on PyPI).
 """
 
@@ -74,19 +77,27 @@ def median(runs: list[tuple[float, float]]) -> str:
     return f"{wall:6.2f} s ({cpu:5.2f} s CPU)"
 
 
-def cold_and_warm(argv: list[str], repeats: int, scratch: Path) -> tuple[str, str]:
-    cold, warm = [], []
+def cold_and_warm(commands: dict[str, list[str]], repeats: int, scratch: Path
+                  ) -> dict[str, tuple[str, str]]:
+    """Each command's (cold, warm) medians, the commands' runs interleaved."""
+    cold: dict[str, list] = {name: [] for name in commands}
+    warm: dict[str, list] = {name: [] for name in commands}
     for i in range(repeats):
-        cache = scratch / f"cache-{Path(argv[2]).stem}-{i}"
-        cold.append(timed(argv, cache))
-        warm.append(timed(argv, cache))
-    return median(cold), median(warm)
+        for name, argv in commands.items():
+            cache = scratch / f"cache-{name}-{Path(argv[2]).stem}-{i}"
+            cold[name].append(timed(argv, cache))
+            warm[name].append(timed(argv, cache))
+    return {name: (median(cold[name]), median(warm[name])) for name in commands}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--against", type=Path, help="another checkout's autoplan script")
+    parser.add_argument("--time-limit", type=float, help="solve --time-limit (on a loaded "
+                        "machine the default 60 s can cut a search short, and its CPU time)")
     args = parser.parse_args()
+    scripts = {"this": AUTOPLAN} | ({"against": [str(args.against)]} if args.against else {})
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
           f"on {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory() as scratch_dir:
@@ -100,11 +111,15 @@ def main() -> None:
         for label, model, nodes, seq_len, batch in JOBS:
             cluster = scratch / f"dgx-a100-x{nodes}.yaml"
             cluster.write_text(yaml.safe_dump(dgx_a100(nodes)))
-            argv = [*AUTOPLAN, "solve", str(MODELS / model), str(cluster), "--seq-len",
-                    str(seq_len), "--global-batch", str(batch)]
-            cold, warm = cold_and_warm(argv, args.repeats, scratch)
-            print(f"{label:<32} cold {cold}   warm {warm}   (Calculon: "
-                  f"{'77 s, not re-measured' if '530B' in label else 'n/a'})")
+            tail = ["solve", str(MODELS / model), str(cluster), "--seq-len", str(seq_len),
+                    "--global-batch", str(batch),
+                    *(["--time-limit", str(args.time_limit)] if args.time_limit else [])]
+            found = cold_and_warm({name: [*script, *tail] for name, script in scripts.items()},
+                                  args.repeats, scratch)
+            for name, (cold, warm) in found.items():
+                which = "" if name == "this" else f" ({args.against})"
+                print(f"{label + which:<32} cold {cold}   warm {warm}   (Calculon: "
+                      f"{'77 s, not re-measured' if '530B' in label else 'n/a'})")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

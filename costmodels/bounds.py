@@ -3,7 +3,7 @@ and switches (the search prunes shapes with them)."""
 
 from __future__ import annotations
 
-from autoplan.costmodels.compute import Split
+from autoplan.costmodels.compute import Split, best_attention_fraction
 from autoplan.costmodels.flops import model_flops_per_sample
 from autoplan.costmodels.layers import layer_cost
 from autoplan.costmodels.problem import Problem, memo
@@ -26,8 +26,9 @@ def lower_bound_s(problem: Problem) -> float:
 
 def _best_rate(problem: Problem) -> float:
     """FLOP/s of one GPU at the best efficiency any kernel reaches."""
-    return problem.cluster.gpu.peak_flops(problem.precision) * max(
-        problem.compute.gemm_efficiency, problem.compute.attention_efficiency)
+    peak = problem.cluster.gpu.peak_flops(problem.precision)
+    return peak * max(problem.compute.gemm_efficiency, best_attention_fraction(
+        problem.compute, peak, problem.runtime.attention_kernel))
 
 
 def shape_lower_bound_s(problem: Problem, *, tp: int, pp: int, cp: int, mbs: int, vpp: int,
@@ -48,8 +49,9 @@ def shape_lower_bound_s(problem: Problem, *, tp: int, pp: int, cp: int, mbs: int
                  group_links(problem.cluster, cp, tp))  # (ring attention is left out)
         counts = problem.layer_counts(0, len(problem.graph.layers))
         per_microbatch = min(
-            sum(k * _layer_time_and_tp_comm(problem, c, Split(tp=tp, cp=cp, sp=sp, mbs=mbs,
-                                                               flash=problem.flash_attention),
+            sum(k * _layer_time_and_tp_comm(problem, c, Split(
+                tp=tp, cp=cp, sp=sp, mbs=mbs, flash=problem.flash_attention,
+                kernel=problem.runtime.attention_kernel),
                                             *links) for c, k in counts)
             for sp in ((False, True) if tp > 1 else (False,)))
         memo(problem)[key] = per_microbatch

@@ -14,13 +14,18 @@ the group crosses:
   to all of a leaf's traffic (the conservative bound; a ring laid out leaf by leaf would cross
   each uplink only twice).
 
-Time = alpha + bytes / (busbw * e(S)). alpha is NCCL's launch floor plus one hop latency per
-step of the algorithm: ring 2(n-1) steps, tree 2*log2(n) (NCCL's double binary tree keeps the
-ring's bandwidth at logarithmic latency). e(S) is the fraction of the plateau busbw a message of
-S bytes reaches, fitted to the DGX H100 all_reduce_perf curve (README 4.2) and, assuming a fixed
-per-chunk overhead, shifted with the link's bandwidth: a link k times slower reaches the same
-efficiency at a k times smaller message. A measured profile (autoplan/cluster/profile.py)
-replaces busbw*e(S) and alpha by its table.
+Inside a node, time = alpha + bytes / (busbw * e(S)). alpha is NCCL's launch floor plus one hop
+latency per step of the algorithm: ring 2(n-1) steps, tree 2*log2(n). e(S) is the fraction of
+the plateau busbw a message of S bytes reaches, fitted to the DGX H100 all_reduce_perf curve
+(README 4.2) and, assuming a fixed per-chunk overhead, shifted with the link's bandwidth: a link
+k times slower reaches the same efficiency at a k times smaller message.
+
+Across nodes, all-reduce, reduce-scatter and all-gather take NCCL's own tuning model
+(costmodels.nccl_tuning) on the plateau busbw above: the latency of every ring step (of which
+2(nodes-1) cross the network) or tree level, each protocol's bandwidth (LL, LL128, Simple), the
+tree's bandwidth loss at medium sizes, the latency the network plugin adds per network step
+(EFA's 75 us), and the fastest choice, as NCCL's tuner makes it. A measured profile
+(autoplan/cluster/profile.py) replaces busbw*e(S) and alpha, or the tuning model, by its table.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import bisect
 import math
 
 from autoplan.cluster.topology import GroupLinks
+from autoplan.costmodels import nccl_tuning
 
 NCCL_BASE_LATENCY_S = 9e-6
 """[Empirical] launch floor: with 2*log2(8)=6 NVLink hops of 1 us it gives the 13-17 us of an
@@ -161,6 +167,9 @@ def all_reduce_time(message_bytes: float, links: GroupLinks, *, algorithm: str =
         return 0.0
     if algorithm == "hierarchical":
         return _hierarchical_all_reduce(message_bytes, links)
+    if _tuned_across_nodes(links):
+        return nccl_tuning.tuned_time(_collective("all_reduce", links), message_bytes,
+                                      _checked(algorithm))
     volume = 2 * (n - 1) / n * message_bytes
     ring = _flat(volume, message_bytes, links, 2 * (n - 1))
     tree = _flat(volume, message_bytes, links, _tree_steps(n))
@@ -173,12 +182,30 @@ def _checked(algorithm: str) -> str:
     return algorithm
 
 
+def _tuned_across_nodes(links: GroupLinks) -> bool:
+    """Whether NCCL's tuning model prices the group: it crosses nodes and no measured
+    inter-node table stands in for it."""
+    return links.crosses_nodes and (links.profile is None or links.profile.inter is None)
+
+
+def _collective(kind: str, links: GroupLinks) -> nccl_tuning.Collective:
+    """The group as NCCL's tuner sees it, with the links' plateau as its ring Simple busbw."""
+    return nccl_tuning.Collective(
+        kind=kind, ranks=links.size, nodes=links.num_nodes,
+        intra="pci" if links.intra_kind == "pcie" else "nvlink",
+        busbw=bus_bandwidth(links), net_latency_us=links.net_latency * 1e6)
+
+
 def reduce_scatter_time(message_bytes: float, links: GroupLinks, *, algorithm: str = "auto") -> float:
     """Reduce-scatter of ``message_bytes`` (the full, unsharded size) per rank (ring: n-1
     steps; ``tree``/``auto`` take NCCL's log-latency schedule)."""
     n = links.size
     if n <= 1 or message_bytes <= 0:
         return 0.0
+    if _tuned_across_nodes(links):
+        chosen = "ring" if _checked(algorithm) in ("ring", "tree") else "auto"
+        # NCCL prices reduce-scatter and all-gather alike; neither runs as a tree
+        return nccl_tuning.tuned_time(_collective("reduce_scatter", links), message_bytes, chosen)
     steps = n - 1 if _checked(algorithm) == "ring" else min(n - 1, _tree_steps(n))
     return _flat((n - 1) / n * message_bytes, message_bytes, links, steps)
 
@@ -190,7 +217,12 @@ def all_gather_time(message_bytes: float, links: GroupLinks, *, algorithm: str =
 
 def ring_latency(links: GroupLinks) -> float:
     """Latency of one ring all-gather or reduce-scatter over the group beyond its launch floor:
-    NCCL runs these two only as rings (its tree serves all-reduce), n - 1 steps of one hop."""
+    NCCL runs these two as rings (its tree serves all-reduce), n - 1 steps of one hop; across
+    nodes, the steps of NCCL's tuning model for Simple (nodes - 1 of them over the network)."""
+    if _tuned_across_nodes(links):
+        simple = nccl_tuning.PROTOCOLS.index("Simple")
+        latency_us = nccl_tuning.latency_us(_collective("reduce_scatter", links), "ring", "Simple")
+        return (latency_us - nccl_tuning.BASE_LATENCY_US["ring"][simple]) * 1e-6
     return (links.size - 1) * _hop(links)
 
 

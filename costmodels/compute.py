@@ -12,9 +12,11 @@ needed: a frozen Linear's weight gets no gradient, a Linear whose input needs no
 first trainable parameter) computes no input gradient, and a layer before the first trainable
 parameter has no backward at all. Frozen weights stored quantized are dequantized before each
 use (quantization.py).
-Attention runs as the fused flash kernel (its 128-token score tiles, a causal mask skipping
-those above the diagonal, at its padded head dimension: :func:`flash_work`) or, for runtimes
-without it, as batched GEMMs plus a memory-bound softmax/dropout over the s x s scores.
+Attention runs as the runtime's fused kernel (flash-attn 2, cuDNN, flash-attn 3) at the speed
+its authors published for that GPU and sequence length (:func:`attention_rate`; on a GPU without
+such a table, at one efficiency over the 128-token score tiles it computes, a causal mask
+skipping those above the diagonal: :func:`flash_work`), at its padded head dimension, or, for
+runtimes without it, as batched GEMMs plus a memory-bound softmax/dropout over the s x s scores.
 Everything else is memory-bound: its traced bytes over HBM bandwidth.
 """
 
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from autoplan.cluster.catalog import GpuSpec
 from autoplan.costmodels.profiles import ComputeProfile
 from autoplan.costmodels.quantization import HALF_BYTES, quantized_gemms, stored_bytes_per_param
-from autoplan.graph.layer_graph import Gemm, Layer, LayerKind, TpSplit
+from autoplan.graph.layer_graph import Attention, Gemm, Layer, LayerKind, TpSplit
 from autoplan.plan import Plan, Recompute
 from autoplan.training import FrozenDtype
 
@@ -69,21 +71,77 @@ def flash_work(seq_len: int, head_dim: int, causal: bool) -> float:
     return area * flash_head_dim(head_dim) / head_dim
 
 
+REFERENCE_KERNEL = "flash2"
+"""The kernel whose causal forward plateau a GPU's ``attention_efficiency`` states."""
+
+
+def _interpolated(points: tuple, seq_len: float) -> float:
+    """A published rate at ``seq_len``: linear in log2 of the length between the benchmarked
+    lengths, the nearest end outside them (the tables plateau by their longest length)."""
+    if seq_len <= points[0][0]:
+        return points[0][1]
+    for (s0, r0), (s1, r1) in zip(points, points[1:]):
+        if seq_len <= s1:
+            w = math.log2(seq_len / s0) / math.log2(s1 / s0)
+            return r0 + w * (r1 - r0)
+    return points[-1][1]
+
+
+def _table_scale(profile: ComputeProfile, peak: float) -> float:
+    """FLOP/s per published TFLOP/s: 1e12 where ``attention_efficiency`` is the reference
+    kernel's causal forward plateau as profiles.yaml states it, in proportion otherwise."""
+    plateau = next(points for k, d, points in profile.attention_kernels
+                   if (k, d) == (REFERENCE_KERNEL, "causal_fwd"))[-1][1]
+    return profile.attention_efficiency * peak / plateau
+
+
+def attention_rate(profile: ComputeProfile, peak: float, kernel: str, seq_len: float,
+                   causal: bool) -> tuple[float, float] | None:
+    """(forward, backward) FLOP/s of the fused attention ``kernel`` at ``seq_len`` from the
+    GPU's published table, causal FLOPs counted as half the dense ones; None where the GPU has
+    no table for it. The published backward has no causal mask: a causal backward is taken to
+    lose what the causal forward loses against the unmasked one at that length (the same
+    tiles skipped, the same imbalance of the diagonal blocks). Scaled by ``attention_efficiency``
+    against the reference kernel's causal forward plateau, so a calibration moves every
+    kernel alike."""
+    table = {(k, d): points for k, d, points in profile.attention_kernels}
+    if (kernel, "causal_fwd") not in table:
+        return None
+    scale = _table_scale(profile, peak)
+    causal_fwd, fwd, bwd = (_interpolated(table[(kernel, d)], seq_len) * scale
+                            for d in ("causal_fwd", "fwd", "bwd"))
+    if not causal:
+        return fwd, bwd
+    return causal_fwd, bwd * causal_fwd / fwd
+
+
+def best_attention_fraction(profile: ComputeProfile, peak: float, kernel: str) -> float:
+    """The largest share of peak any attention call reaches counted in dense FLOPs (a causal
+    one does half of them, so up to twice its kernel rate): what a lower bound on step time
+    may assume of attention."""
+    rates = [r for k, _, points in profile.attention_kernels if k == kernel for _, r in points]
+    if not rates:
+        return 2 * profile.attention_efficiency
+    return 2 * max(rates) * _table_scale(profile, peak) / peak
+
+
 @dataclass(frozen=True, slots=True)
 class Split:
-    """How a micro-batch is divided across GPUs for compute."""
+    """How a micro-batch is divided across GPUs for compute (``kernel``: the runtime's fused
+    attention kernel, costmodels.profiles.RuntimeProfile.attention_kernel)."""
 
     tp: int
     cp: int
     sp: bool
     mbs: int
     flash: bool = True
+    kernel: str = REFERENCE_KERNEL
 
     @classmethod
-    def of(cls, plan: Plan, flash: bool) -> "Split":
+    def of(cls, plan: Plan, flash: bool, kernel: str = REFERENCE_KERNEL) -> "Split":
         """How ``plan`` divides each micro-batch (``flash``: the problem's attention kernel)."""
         return cls(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel, mbs=plan.micro_batch_size,
-                   flash=flash)
+                   flash=flash, kernel=kernel)
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +258,21 @@ def dequantize_time(layer: Layer, split: Split, gpu: GpuSpec, profile: ComputePr
     return fwd, bwd
 
 
+def _flash_times(att: Attention, split: Split, peak: float,
+                 profile: ComputeProfile) -> tuple[float, float]:
+    """(forward, backward) seconds of one sample's fused attention call: at the kernel's
+    published rate for the length each GPU's chunk has (``seq_len / cp``) where the GPU has a
+    table (the dense FLOPs, halved when causal, at the padded head dimension), else at
+    ``attention_efficiency`` of peak over the tiles it computes (:func:`flash_work`)."""
+    rates = attention_rate(profile, peak, split.kernel, att.seq_len / split.cp, att.causal)
+    if rates is None:
+        work = flash_work(att.seq_len, att.head_dim, att.causal)
+        rate = peak * profile.attention_efficiency
+        return att.fwd_flops * work / rate, att.bwd_flops * work / rate
+    work = (0.5 if att.causal else 1.0) * flash_head_dim(att.head_dim) / att.head_dim
+    return att.fwd_flops * work / rates[0], att.bwd_flops * work / rates[1]
+
+
 def attention_time(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
                    profile: ComputeProfile) -> tuple[float, float]:
     """(forward, backward) seconds of the layer's attention calls for one micro-batch."""
@@ -207,10 +280,9 @@ def attention_time(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
     for att in layer.attention:
         shard = split.mbs / (split.tp * split.cp)
         if split.flash:
-            work = flash_work(att.seq_len, att.head_dim, att.causal)
-            rate = peak * profile.attention_efficiency
-            fwd += att.fwd_flops * shard * work / rate
-            bwd += att.bwd_flops * shard * work / rate
+            fwd_s, bwd_s = _flash_times(att, split, peak, profile)
+            fwd += fwd_s * shard
+            bwd += bwd_s * shard
             continue
         rate = peak * profile.bmm_efficiency
         elements = att.num_heads * att.seq_len * att.seq_len * shard / split.cp
@@ -228,10 +300,29 @@ def elementwise_time(layer: Layer, split: Split, gpu: GpuSpec, profile: ComputeP
     return traffic * split.mbs / split.cp / (gpu.memory_bandwidth_Bps * profile.memory_efficiency)
 
 
+def op_sac_recompute_time(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
+                          profile: ComputeProfile) -> float:
+    """What torchtitan's op-level selective checkpointing recomputes of a block in backward
+    (torchtitan/distributed/activation_checkpoint.py, SelectiveAC ``_get_custom_policy``): the
+    ops outside its save list (norms, activations, rotary, residual adds: PREFER_RECOMPUTE) and
+    every second matmul of the block in forward order (``mm_count % 2 == 0``); attention, in
+    the save list, is not rerun."""
+    matmuls, index = 0.0, 0
+    for gemm in layer.gemms:
+        rows, k, n = local_shape(gemm, split)
+        for _ in range(gemm.count):
+            index += 1
+            matmuls += gemm_time(rows, n, k, gpu, peak, profile) if index % 2 == 0 else 0.0
+    return matmuls + elementwise_time(layer, split, gpu, profile)
+
+
 def layer_time(layer: Layer, split: Split, recompute: Recompute, *, gpu: GpuSpec, precision: str,
-               profile: ComputeProfile, frozen_dtype: FrozenDtype | None = None) -> LayerTime:
+               profile: ComputeProfile, frozen_dtype: FrozenDtype | None = None,
+               op_sac: bool = False) -> LayerTime:
     """Compute time of one layer for one micro-batch (no communication); ``frozen_dtype``:
-    the storage of its frozen Linear weights (quantized ones are dequantized at each use)."""
+    the storage of its frozen Linear weights (quantized ones are dequantized at each use);
+    ``op_sac``: selective recompute is torchtitan's op-level policy, not Megatron's
+    recompute of core attention."""
     peak = gpu.peak_flops(precision)
     gemm, dgrad, wgrad = _backward_gemm_times(layer, split, gpu, peak, profile)
     att_fwd, att_bwd = attention_time(layer, split, gpu, peak, profile)
@@ -247,6 +338,9 @@ def layer_time(layer: Layer, split: Split, recompute: Recompute, *, gpu: GpuSpec
     recomputed = 0.0  # none in a layer without backward: it saved nothing to rebuild
     if layer.in_backward and layer.kind is LayerKind.BLOCK and recompute is Recompute.FULL:
         recomputed = fwd
+    elif layer.in_backward and recompute is Recompute.SELECTIVE and op_sac:
+        recomputed = (op_sac_recompute_time(layer, split, gpu, peak, profile)
+                      if layer.kind is LayerKind.BLOCK else 0.0)
     elif layer.in_backward and recompute is Recompute.SELECTIVE:
         recomputed = att_fwd
     return LayerTime(fwd_s=fwd, bwd_s=bwd, recompute_s=recomputed,

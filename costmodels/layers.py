@@ -18,6 +18,7 @@ from autoplan.costmodels.memory import (
     layer_trained_on_gpu,
     layer_weight_bytes,
     loss_peak_bytes,
+    replaced_output_bytes,
 )
 from autoplan.costmodels.problem import Problem, memo
 
@@ -61,8 +62,9 @@ def layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
     if cached is not None:
         return cached
     frozen_dtype = problem.training.frozen_storage
+    op_sac = problem.runtime.selective_recompute == "op"
     t = layer_time(layer, split, recompute, gpu=problem.cluster.gpu, precision=problem.precision,
-                   profile=problem.compute, frozen_dtype=frozen_dtype)
+                   profile=problem.compute, frozen_dtype=frozen_dtype, op_sac=op_sac)
     fwd_n, bwd_n, message = _tp_messages(layer, split)
     one = comm.all_reduce_time(message, tp_links) if split.tp > 1 else 0.0
     full = recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK
@@ -72,7 +74,8 @@ def layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
         compute_s=t.fwd_s + t.bwd_s + t.recompute_s, backward_s=t.bwd_s + t.recompute_s,
         tp_comm_s=tp_comm,
         cp_comm_s=ring_attention_time(layer, split, t, cp_links,
-                                      recomputed=full or recompute is Recompute.SELECTIVE),
+                                      recomputed=full or (recompute is Recompute.SELECTIVE
+                                                          and not op_sac)),
         wgrad_s=t.wgrad_s,
         act_bytes=_kept_bytes(problem, layer, split, recompute),
         working_bytes=_working_bytes(problem, layer, split),
@@ -107,7 +110,9 @@ def _working_bytes(problem: Problem, layer: Layer, split: Split) -> float:
                                                                          split.tp),
                            logit_element_bytes=element)
     if problem.runtime.pp_holds_stage_outputs:  # counted with the held stage output
-        peak -= held_fp32_logits_bytes(head.boundary_bytes, split, logit_element_bytes=element)
+        held = held_fp32_logits_bytes(head.boundary_bytes, split, logit_element_bytes=element)
+        cast = head.boundary_bytes * split.mbs / (split.tp * split.cp) if element < 4 else 0.0
+        return max(peak - held, replaced_output_bytes(held, cast))
     return peak
 
 

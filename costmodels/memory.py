@@ -17,9 +17,10 @@ DistributedOptimizer and DeepSpeed's ZeRO filter on it; FSDP's optimizer gets
 optimizer's state per trained parameter: Adam(W) two fp32 moments (8 bytes); bitsandbytes'
 8-bit Adam two uint8 states with one fp32 absmax each per block of 256 (2 + 8/256 bytes,
 ``Optimizer8bit.init_state``); SGD with momentum one fp32 buffer (4 bytes).
-The peak is the larger of two moments: the backward (states, activations in flight, the
-largest transient) and the optimizer step (states and its transient, the activations freed;
-``step_moment_excess_bytes``).
+The peak is the largest of three moments: the backward (states, activations in flight, the
+largest transient), the end of a micro-batch's backward (one micro-batch fewer in flight, the
+largest gradient's copy as it is accumulated: ``upcast_grad_moment_bytes``) and the optimizer
+step (states and its transient, the activations freed; ``step_moment_excess_bytes``).
 Activations per layer come from the trace (bytes saved for backward), split by TP where the
 tensor lies between a column- and a row-parallel Linear and by SP elsewhere (Korthikanti et al.
 2022, Table 2); full recompute keeps only each layer's input.
@@ -221,6 +222,50 @@ def held_fp32_logits_bytes(logits_bytes: float, split: Split, *,
     return FP32_BYTES * logits_bytes / logit_element_bytes * split.mbs / (split.tp * split.cp)
 
 
+LAST_STAGE_PIPE_BUFFERS = 2
+"""Pipe buffers of DeepSpeed's last pipeline stage: ``TrainSchedule.num_pipe_buffers`` is
+``max(2, min(stages - stage_id, micro_batches))``, 2 at ``stage_id = stages - 1``."""
+
+
+def last_stage_output_slots(num_microbatches: int) -> int:
+    """fp32 logits DeepSpeed's PipelineEngine keeps on its last stage between micro-batches.
+    ``_exec_backward_pass`` returns right after the loss's backward on the last stage, without
+    the ``pipe_buffers['outputs'][buffer_id] = None`` the other stages run, and the buffers
+    persist across steps (``_reserve_pipe_buffers`` only extends them): each buffer the
+    schedule uses keeps the last output written to it until a later forward replaces it."""
+    return min(LAST_STAGE_PIPE_BUFFERS, num_microbatches)
+
+
+def replaced_output_bytes(held_fp32_logits: float, logits_16bit: float) -> float:
+    """The last stage's transient at the end of a forward under DeepSpeed's PipelineEngine,
+    beyond the output slots it keeps: the new micro-batch's fp32 logits exist before
+    ``pipe_buffers['outputs'][buffer_id] = outputs`` drops the older output in that buffer
+    (``held_fp32_logits`` of it), while ``float16_to_fp32`` reads the ``logits_16bit``."""
+    return held_fp32_logits + logits_16bit
+
+
+def grad_copy_bytes_per_element(*, upcast_bytes: float, accumulates_into_grad: bool,
+                                num_microbatches: int) -> float:
+    """Bytes per element of the largest gradient's transient copy after a micro-batch's
+    backward: a runtime's fp32 upcast (``upcast_bytes``), or where gradients accumulate in
+    ``param.grad`` across micro-batches, the 16-bit gradient the backward op produces for a
+    later micro-batch, alive beside ``.grad`` until autograd's AccumulateGrad adds it in place
+    (the first micro-batch's is stolen into ``.grad``, no copy)."""
+    accumulated = WEIGHT_BYTES if accumulates_into_grad and num_microbatches > 1 else 0
+    return max(upcast_bytes, accumulated)
+
+
+def upcast_grad_moment_bytes(largest_params: float, *, bytes_per_element: float,
+                             acts_per_chunk: float, held: int) -> float:
+    """Activation-side bytes when a runtime adds each 16-bit gradient into its fp32 accumulator
+    after a micro-batch's backward: DeepSpeed's BF16_Optimizer (``update_hp_grads``:
+    ``hp_grad.data.add_(lp.grad.data.to(hp_grad.dtype))``) copies one parameter's gradient at
+    a time to fp32, so the largest parameter's (``bytes_per_element`` 4 each) is the
+    transient, once that micro-batch's activations are freed and the other ``held - 1`` are
+    still in flight."""
+    return max(0, held - 1) * acts_per_chunk + bytes_per_element * largest_params
+
+
 def backward_working_bytes(layer: Layer, split: Split, *, gathered_inputs: bool = False) -> float:
     """Transient bytes while one layer runs its backward: the gradients it produces are about
     as large as what it saved, and a fully recomputed layer first rebuilds all of that."""
@@ -261,6 +306,17 @@ def grad_norm_copy_bytes(largest_params: float, partition_params: float, *,
     (``zero.utils.get_norm_dtype``: ``torch.double``, 8 bytes per element) one tensor at a time,
     so the largest gradient piece a rank owns, at most its partition, is copied whole."""
     return bytes_per_element * min(largest_params, partition_params)
+
+
+def flat_grad_copy_excess_bytes(trained_params: float, *, grad_bytes: float, dp: int) -> float:
+    """What a ZeRO-1 optimizer's step adds over the resident states when it flattens its
+    partition's 16-bit gradients into a new buffer before casting them to fp32 (DeepSpeed's
+    ``stage_1_and_2.step``: ``flat_grad_partition = self.flatten(self.averaged_gradients[i])``,
+    then ``.to(fp32)``, the flat copy deleted after). Just before, it frees the gradients of the
+    parameters outside its partition (``free_grad_in_param_list(params_not_in_partition)``):
+    the copy (``grad_bytes / dp`` per parameter) outweighs what was freed (``grad_bytes (dp - 1)
+    / dp``) only for dp = 1, where it is a second whole copy of the gradients."""
+    return grad_bytes * trained_params * max(0, 2 - dp) / dp
 
 
 def step_moment_excess_bytes(transient: float, activations: float, fragmentation: float) -> float:

@@ -23,6 +23,13 @@ class ComputeProfile:
     bmm_efficiency: float
     memory_efficiency: float
     kernel_overhead_s: float
+    attention_kernels: tuple = ()
+    """Published speed of fused attention kernels on this GPU: ``(kernel, pass, ((seq,
+    TFLOP/s), ...))`` for the causal forward (``causal_fwd``) and the unmasked forward and
+    backward (``fwd``, ``bwd``) at head dim 128, in the kernels' own FLOP convention (a causal
+    call counts half the dense ``4 s^2 d`` FLOPs per head);
+    empty: the scalar ``attention_efficiency`` at every length
+    (costmodels.compute.attention_rate)."""
     source: str = ""
 
 
@@ -42,6 +49,9 @@ class RuntimeProfile:
     pp_scatter_gather: bool
     cuda_context_bytes: float
     fragmentation: float
+    attention_kernel: str = "flash2"
+    """The fused attention kernel the runtime runs (a key of the GPU's ``attention_kernels``):
+    flash-attn 2's kernels for every runtime costed, see profiles.yaml."""
     zero3_gather_unit: str = "layer"
     selective_recompute: str = "attention"
     loss_bytes_per_logit: int = 12
@@ -63,9 +73,36 @@ class RuntimeProfile:
     grad_norm_bytes: float = 0.0
     """Bytes per element of the copy a ZeRO-1/2 optimizer makes of each gradient to take its
     norm at the step (memory.grad_norm_copy_bytes); 0: the norm is taken in place."""
+    grad_upcast_bytes: float = 0.0
+    """Bytes per element of the copy a runtime makes of each 16-bit gradient, one parameter at
+    a time, to add it into an fp32 gradient accumulator after every micro-batch's backward
+    (DeepSpeed's BF16_Optimizer: memory.upcast_grad_moment_bytes); 0: accumulated in place."""
+    accumulates_into_grad: bool = False
+    """Gradients accumulate in ``param.grad`` across micro-batches through autograd's
+    AccumulateGrad (DeepSpeed's ZeRO-0/1 and BF16_Optimizer keep ``.grad``), so a later
+    micro-batch's gradient of a parameter is a second 16-bit copy until added in
+    (memory.grad_copy_bytes_per_element)."""
+    step_flattens_grads: bool = False
+    """The ZeRO-1/2 optimizer flattens its partition's 16-bit gradients into a new buffer at the
+    step (memory.flat_grad_copy_excess_bytes; DeepSpeed's, unless pre-flattened by ZeRO-2)."""
     pp_holds_stage_outputs: bool = False
     """The pipeline engine keeps each in-flight micro-batch's stage output until that
     micro-batch's backward (DeepSpeed's PipelineEngine: ``pipe_buffers['outputs']``)."""
+    pp_batched_p2p: bool = True
+    """Each pipeline exchange is one batched isend/irecv pair (Megatron-LM); False: every send
+    and receive is its own blocking call (DeepSpeed's PipelineEngine,
+    pipeline.blocking_transfers)."""
+    pp_partition_gathers: bool = False
+    """With ``pp_scatter_gather``, each partitioned transfer is preceded by its meta tensor and
+    the TP group all-gathers the pieces (DeepSpeed's PartitionedTensor,
+    pipeline.partition_gathers); False: the 1/tp sends alone are priced."""
+    grad_accumulation_bytes: float = 0.0
+    """HBM bytes per trained parameter that each micro-batch spends folding its gradient into
+    the accumulated one outside the weight-gradient GEMM (ranks.grad_accumulation_time);
+    0 where the GEMM accumulates in place (Megatron's gradient_accumulation_fusion)."""
+    bf16_optimizer_accumulation_bytes: float = 0.0
+    """The same where bf16 training runs DeepSpeed's BF16_Optimizer (ZeRO stage 0 with the
+    pipeline engine), which also keeps an fp32 copy of the accumulated gradients."""
     overlap_grad_reduce: bool = False
     """Gradients reduced bucket by bucket as the last micro-batch's backward produces them
     (Megatron's --overlap-grad-reduce), priced by that schedule (costmodels.sync) instead
@@ -88,6 +125,9 @@ class RuntimeProfile:
     before); none on CPU."""
     source: str = ""
 
+
+ATTENTION_KERNELS = ("flash2", "cudnn", "flash3")
+"""The fused attention kernels a runtime's ``attention_kernel`` may name (profiles.yaml)."""
 
 FITTED = ("compute.gemm_efficiency", "compute.attention_efficiency", "compute.bmm_efficiency",
           "compute.memory_efficiency", "deepspeed.zero3_collective_efficiency",
@@ -119,10 +159,18 @@ def _build(cls, entry: dict, **extra):
     return cls(**{k: v for k, v in entry.items() if k in names}, **extra)
 
 
+def _kernel_table(kernels: dict) -> tuple:
+    """profiles.yaml's ``attention_kernels`` mapping as the hashable tuple ComputeProfile holds."""
+    return tuple((kernel, direction, tuple(sorted((int(s), float(t)) for s, t in rates.items())))
+                 for kernel, passes in kernels.items() for direction, rates in passes.items())
+
+
 def compute_profile(gpu_name: str) -> ComputeProfile:
     """The compute profile of a catalog GPU, or the generic default for others."""
     table = _profiles()["compute"]
-    return _build(ComputeProfile, table.get(gpu_name, table["default"]))
+    entry = dict(table.get(gpu_name, table["default"]))
+    entry["attention_kernels"] = _kernel_table(entry.get("attention_kernels", {}))
+    return _build(ComputeProfile, entry)
 
 
 def runtime_profile(name: str, precision: str = "bf16") -> RuntimeProfile:

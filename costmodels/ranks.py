@@ -15,11 +15,20 @@ from autoplan.costmodels.memory import (
     allocator_slack_bytes,
     grad_norm_copy_bytes,
     held_fp32_logits_bytes,
+    flat_grad_copy_excess_bytes,
+    grad_copy_bytes_per_element,
     in_backward_grads_held,
     in_flight_chunks,
+    last_stage_output_slots,
     model_state_bytes,
     step_moment_excess_bytes,
+    upcast_grad_moment_bytes,
     zero3_buffer_bytes,
+)
+from autoplan.costmodels.pipeline import (
+    blocking_transfers,
+    partition_gathers,
+    partition_meta_bytes,
 )
 from autoplan.costmodels.problem import Problem, memo
 
@@ -158,7 +167,8 @@ def rank_base(problem: Problem, plan: Plan, rank: int, split: Split,
     if cached is None:
         compositions = chunk_compositions(problem, plan, stages)
         sums = chunk_sums(problem, compositions, split, links["tp"], links["cp"])
-        pp_comm_s = pp_comm(problem, plan, stages, links["pp"]) if plan.pp > 1 else 0.0
+        pp_comm_s = (pp_comm(problem, plan, stages, links["pp"], links["tp"]) if plan.pp > 1
+                     else 0.0)
         cached = memo(problem)[key] = (sums, pp_comm_s, held_params(problem, plan, sums, stages))
     return cached
 
@@ -194,7 +204,7 @@ def rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLin
     """What pipeline rank ``rank`` costs running ``stages`` (default: its chunks of the plan's
     layout) under the plan's degrees and switches."""
     stages = stages or rank_stages(plan, rank)
-    split = Split.of(plan, problem.flash_attention)
+    split = Split.of(plan, problem.flash_attention, problem.runtime.attention_kernel)
     sums, pp_comm_s, holds = rank_base(problem, plan, rank, split, links, stages)
     experts, ep_comm_s, routing_s = _rank_experts(problem, plan, split, links, stages)
     holds = holds.without(experts * (plan.ep - 1), experts * (plan.ep - 1))  # 1/ep of experts
@@ -202,14 +212,32 @@ def rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLin
     states = _model_states(problem, plan, holds.without(experts, experts), experts)
     held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp, num_microbatches=plan.num_microbatches)
     acts_per_chunk = sums.acts_per_chunk + _held_output_bytes(problem, plan, stages, split)
-    activations = held * acts_per_chunk + sums.working
-    other = other_bytes(problem, plan, activations, sums.largest, params)
-    compute_s = sums.compute_s + routing_s
+    activations = activation_peak_bytes(problem, plan, sums, acts_per_chunk, held)
+    activations += _kept_last_outputs(problem, plan, stages, split, held)
+    other = other_bytes(problem, plan, activations, sums.largest, params, holds.trained)
+    compute_s = sums.compute_s + routing_s + grad_accumulation_time(problem, plan, holds.trained)
     return RankCost(rank, compute_s + sums.tp_comm_s + sums.cp_comm_s + pp_comm_s + ep_comm_s,
                      compute_s, sums.backward_s, sums.tp_comm_s, sums.cp_comm_s, sums.wgrad_s,
                      pp_comm_s, states, activations, other, params,
                      acts_per_chunk, sums.largest, sums.gathers, ep_comm_s, experts,
                      holds.trained)
+
+
+def grad_accumulation_time(problem: Problem, plan: Plan, trained: float) -> float:
+    """Seconds per micro-batch a GPU holding ``trained`` trained parameters spends folding each
+    micro-batch's gradients into the accumulated ones, a memory-bound pass after the backward
+    of the runtime's ``grad_accumulation_bytes`` per parameter (DeepSpeed: AccumulateGrad's
+    in-place add), or ``bf16_optimizer_accumulation_bytes`` where bf16 at ZeRO 0 with a
+    pipeline runs BF16_Optimizer (its fp32 update each micro-batch). ZeRO-2/3 reduce
+    gradients in their backward hooks instead, not priced here."""
+    runtime = problem.runtime
+    bf16_optimizer = problem.precision == "bf16" and plan.zero_stage == 0 and plan.pp > 1
+    per_param = (runtime.bf16_optimizer_accumulation_bytes if bf16_optimizer
+                 else runtime.grad_accumulation_bytes)
+    if not per_param or plan.zero_stage > 1:
+        return 0.0
+    gpu = problem.cluster.gpu
+    return trained * per_param / (gpu.memory_bandwidth_Bps * problem.compute.memory_efficiency)
 
 
 def _model_states(problem: Problem, plan: Plan, dense: HeldParams, experts: float) -> ModelStates:
@@ -257,8 +285,42 @@ def _rank_experts(problem: Problem, plan: Plan, split: Split, links: dict[str, G
     return cached
 
 
+def activation_peak_bytes(problem: Problem, plan: Plan, sums: ChunkSums, acts_per_chunk: float,
+                          held: int) -> float:
+    """Activation-side bytes at a rank's peak moment: the ``held`` in-flight micro-batch chunks
+    with its largest backward (or loss) transient, or the copy of its largest gradient after a
+    micro-batch's backward (an fp32 upcast, or the 16-bit gradient being accumulated into
+    ``.grad``: memory.grad_copy_bytes_per_element) with one chunk fewer in flight
+    (memory.upcast_grad_moment_bytes)."""
+    backward = held * acts_per_chunk + sums.working
+    runtime = problem.runtime
+    per_element = grad_copy_bytes_per_element(
+        upcast_bytes=runtime.grad_upcast_bytes,
+        accumulates_into_grad=runtime.accumulates_into_grad and plan.zero_stage <= 1,
+        num_microbatches=plan.num_microbatches)
+    if not per_element:
+        return backward
+    return max(backward, upcast_grad_moment_bytes(sums.largest, bytes_per_element=per_element,
+                                                  acts_per_chunk=acts_per_chunk, held=held))
+
+
+def _kept_last_outputs(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], ...],
+                       split: Split, held: int) -> float:
+    """The fp32 logits DeepSpeed's PipelineEngine keeps on the last stage beyond the in-flight
+    micro-batch's (memory.last_stage_output_slots): the rank whose chunk ends in the loss."""
+    if not problem.runtime.pp_holds_stage_outputs:
+        return 0.0
+    layers = problem.graph.layers
+    head = logits_layer(problem, layers[stages[-1][0] + stages[-1][1] - 1])
+    if head is None:
+        return 0.0
+    element = 4 if problem.precision == "fp32" else WEIGHT_BYTES
+    stale = max(0, last_stage_output_slots(plan.num_microbatches) - held)
+    return stale * held_fp32_logits_bytes(head.boundary_bytes, split, logit_element_bytes=element)
+
+
 def other_bytes(problem: Problem, plan: Plan, activations: float,
-                 largest_gathered: float, params: float) -> float:
+                 largest_gathered: float, params: float, trained: float) -> float:
     """Memory besides model states and activations: outside the allocator the CUDA context and
     NCCL buffers, the allocator's slack (memory.allocator_slack_bytes), a ZeRO optimizer's
     gradient-reduction bucket (DeepSpeed allocates it whole), and with ZeRO-3 the
@@ -269,7 +331,8 @@ def other_bytes(problem: Problem, plan: Plan, activations: float,
                                                                 runtime.cublas_workspace_bytes)
     if plan.zero_stage >= 1:
         other += runtime.zero_bucket_bytes
-    other += step_moment_excess_bytes(step_transient_bytes(problem, plan, largest_gathered, params),
+    other += step_moment_excess_bytes(step_transient_bytes(problem, plan, largest_gathered, params,
+                                                           trained),
                                       activations, runtime.fragmentation)
     if plan.zero_stage >= 3:
         other += zero3_buffer_bytes(
@@ -289,17 +352,33 @@ def _tied_copy_params(problem: Problem, stages: tuple[tuple[int, int], ...]) -> 
                for first, num in stages for c, k in problem.layer_counts(first, num))
 
 
-def pp_comm(problem: Problem, plan: Plan, stages: tuple, links: GroupLinks) -> float:
-    """Activation sends forward and gradient sends backward, per micro-batch, for each chunk."""
+def pp_comm(problem: Problem, plan: Plan, stages: tuple, links: GroupLinks,
+            tp_links: GroupLinks | None = None) -> float:
+    """Activation sends forward and gradient sends backward, per micro-batch, for each chunk:
+    the blocking transfers the runtime's schedule puts on the rank's stream
+    (pipeline.blocking_transfers), each of 1/tp of the boundary with scatter-gather; where the
+    runtime partitions them as DeepSpeed does, each also carries its partition's meta tensor
+    (a second blocking send) and the TP group all-gathers the pieces back
+    (pipeline.partition_gathers, over ``tp_links``)."""
     layers = problem.graph.layers
+    runtime = problem.runtime
     total = 0.0
     for start, num in stages:
         first, last = layers[start], layers[start + num - 1]
         boundary = max(first.input_bytes, last.boundary_bytes)
-        message = boundary * plan.micro_batch_size / plan.cp
-        if problem.runtime.pp_scatter_gather and plan.tp > 1:
-            message /= plan.tp
-        total += 2 * comm.p2p_time(message, links)
+        full = boundary * plan.micro_batch_size / plan.cp
+        split = runtime.pp_scatter_gather and plan.tp > 1
+        message = full / plan.tp if split else full
+        has_prev, has_next = start > 0, start + num < len(layers)
+        transfers = blocking_transfers(has_prev=has_prev, has_next=has_next,
+                                       batched=runtime.pp_batched_p2p)
+        seconds = comm.p2p_time(message, links)
+        if split and runtime.pp_partition_gathers:
+            seconds += comm.p2p_time(partition_meta_bytes(plan.tp), links)
+            if tp_links is not None:
+                total += (partition_gathers(has_prev=has_prev, has_next=has_next)
+                          * comm.all_gather_time(full, tp_links))
+        total += transfers * seconds
     return total
 
 
@@ -321,14 +400,21 @@ def rank_groups(problem: Problem, plan: Plan) -> list[list[int]]:
 
 
 def step_transient_bytes(problem: Problem, plan: Plan, largest_module: float,
-                          params: float) -> float:
-    """The optimizer step's transient on a GPU: ZeRO-1/2's fp64 copy of the largest gradient
-    (``largest_module``: DeepSpeed's largest parameter-owning module) of its 1/dp partition."""
-    bytes_per_element = problem.runtime.grad_norm_bytes
-    if not bytes_per_element or plan.zero_stage not in (1, 2):
+                          params: float, trained: float) -> float:
+    """The optimizer step's transient on a GPU holding ``params`` parameters, ``trained`` of
+    them trained: ZeRO-1/2's fp64 copy of the largest gradient (``largest_module``: DeepSpeed's
+    largest parameter-owning module) of its 1/dp partition, or ZeRO-1's flat copy of its
+    partition's gradients where that is larger (memory.flat_grad_copy_excess_bytes)."""
+    runtime = problem.runtime
+    if plan.zero_stage not in (1, 2):
         return 0.0
-    return grad_norm_copy_bytes(largest_module, params / (plan.dp * plan.cp),
-                                bytes_per_element=bytes_per_element)
+    shards = plan.dp * plan.cp
+    norm = grad_norm_copy_bytes(largest_module, params / shards,
+                                bytes_per_element=runtime.grad_norm_bytes)
+    if not (runtime.step_flattens_grads and plan.zero_stage == 1):
+        return norm
+    return max(norm, flat_grad_copy_excess_bytes(trained, grad_bytes=runtime.grad_bytes,
+                                                 dp=shards))
 
 
 def _held_output_bytes(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], ...],

@@ -26,9 +26,10 @@ from autoplan.costmodels.memory import (
 )
 from autoplan.costmodels.pipeline import pipeline_time
 from autoplan.costmodels.placement import plan_links
-from autoplan.costmodels.problem import Problem
+from autoplan.costmodels.problem import Problem, memo
 from autoplan.costmodels.ranks import (
     RankCost,
+    activation_peak_bytes,
     other_bytes,
     rank_base,
     rank_cost,
@@ -131,8 +132,12 @@ def step_and_peak(problem: Problem, plan: Plan) -> tuple[float, float]:
     for the solver's tables."""
     if plan.stage_groups is not None:
         return step_and_peak_on_groups(problem, plan)
-    evaluation = _evaluate(problem, plan)
-    return evaluation.step_s, evaluation.peak_memory_bytes
+    key = ("step_and_peak", plan)  # a plan met again (a ZeRO re-solve, a runner-up) is free
+    found = memo(problem).get(key)
+    if found is None:
+        evaluation = _evaluate(problem, plan)
+        found = memo(problem)[key] = evaluation.step_s, evaluation.peak_memory_bytes
+    return found
 
 
 def _rank_memories(problem: Problem, plan: Plan, evaluation: _Evaluation) -> list[float]:
@@ -147,7 +152,7 @@ def _rank_memories(problem: Problem, plan: Plan, evaluation: _Evaluation) -> lis
             activations = cost.activations + (held - first) * cost.acts_per_chunk
             memories[rank] = (cost.states.total + activations
                               + other_bytes(problem, plan, activations, cost.largest,
-                                             cost.params))
+                                             cost.params, cost.trained))
     return memories
 
 
@@ -161,13 +166,18 @@ def peak_moments(problem: Problem, plan: Plan) -> list[str]:
     links = plan_links(problem, plan)
     for ranks in rank_groups(problem, plan):
         for rank in ranks:
-            split = Split.of(plan, problem.flash_attention)
+            split = Split.of(plan, problem.flash_attention, problem.runtime.attention_kernel)
             sums, _, holds = rank_base(problem, plan, rank, split, links)
             held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp,
                                     num_microbatches=plan.num_microbatches)
             activations = held * sums.acts_per_chunk + sums.working
+            if activation_peak_bytes(problem, plan, sums, sums.acts_per_chunk, held) > activations:
+                moments[rank] = ("the copy of the largest gradient as it is accumulated "
+                                 f"after a micro-batch's backward, with {held - 1} other "
+                                 "micro-batch chunk(s) in flight")
+                continue
             if step_moment_excess_bytes(step_transient_bytes(problem, plan, sums.largest,
-                                                              holds.count),
+                                                              holds.count, holds.trained),
                                         activations, problem.runtime.fragmentation):
                 moments[rank] = ("the optimizer step (the fp64 copy of the largest gradient "
                                  "for the norm), after every micro-batch's activations are freed")

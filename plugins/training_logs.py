@@ -10,9 +10,13 @@ and, once, a memory report per rank holding data-parallel rank 0
 
     [Rank 0] (after 10 iterations) memory (MB) | allocated: ... | max allocated: ... | reserved: ... | max reserved: 16334.0
 
-Megatron-Bridge and the TensorBoard/W&B exports name the same number ``mem-max-reserved-bytes``
+Megatron-LM's TensorBoard/W&B exports name the same number ``mem-max-reserved-bytes``
 (torch.cuda.memory_stats()["reserved_bytes.all.peak"]); a ``mem-max-reserved-bytes: N`` line is
-read as well. torchtitan (torchtitan/components/metrics.py ``MetricsProcessor.log``) prints::
+read as well. Megatron-Bridge (megatron/bridge/training/utils/train_utils.py ``report_memory``)
+prints that statistic converted to gigabytes of 1e9 bytes, renamed ``...-gigabytes``::
+
+    [Rank 0] (after 10 iterations) memory (GB) | mem-allocated-gigabytes: 9.7876 | ... | mem-max-reserved-gigabytes: 18.254 | ...
+ torchtitan (torchtitan/components/metrics.py ``MetricsProcessor.log``) prints::
 
     step: 10  loss:  7.8542  grad_norm:  1.2345  memory: 35.12GiB(44.37%)  tps: 6,321  tflops: 296.23  mfu: 29.95%
 
@@ -39,6 +43,7 @@ _MEGATRON_TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*([0-9.]+)"
 _MEGATRON_BATCH = re.compile(r"global batch size:\s*([0-9]+)")
 _MEGATRON_MAX_RESERVED_MB = re.compile(r"memory \(MB\).*\|\s*max reserved:\s*([0-9.]+)")
 _MEGATRON_MAX_RESERVED_BYTES = re.compile(r"mem-max-reserved-bytes\W+([0-9.eE+]+)")
+_BRIDGE_MAX_RESERVED_GB = re.compile(r"mem-max-reserved-gigabytes\W+([0-9.eE+]+)")
 _TITAN_STEP = re.compile(r"step:\s*(\d+)\s.*\btps:\s*([0-9,]+)")
 _TITAN_MEMORY = re.compile(r"\bmemory:\s*([0-9.]+)\s*GiB")
 GIB = 2**30
@@ -79,6 +84,8 @@ def _megatron(lines: list[str]) -> LoggedRun:
             peaks.append(float(match.group(1)) * 2**20 / GIB)
         elif (match := _MEGATRON_MAX_RESERVED_BYTES.search(line)) is not None:
             peaks.append(float(match.group(1)) / GIB)
+        elif (match := _BRIDGE_MAX_RESERVED_GB.search(line)) is not None:
+            peaks.append(float(match.group(1)) * 1e9 / GIB)
     return LoggedRun("megatron", step_time_s=_steady(times),
                      tflops_per_gpu=_steady(tflops) if tflops else None,
                      peak_memory_gib=max(peaks) if peaks else None,
@@ -105,7 +112,12 @@ def read_training_log(path: str | Path) -> LoggedRun:
     except OSError as err:
         raise PlanFileError(f"{path}: cannot be read ({err.strerror}).") from None
     if any(_MEGATRON_ITERATION.search(line) for line in lines):
-        return _megatron(lines)
+        run = _megatron(lines)
+        if run.step_time_s:
+            return run
+        raise PlanFileError(f"{path}: every Megatron-LM iteration line shows an elapsed time per "
+                            "iteration of 0 ms; log iterations that trained (after the first) to "
+                            "calibrate on.")
     if any(_TITAN_STEP.search(line) for line in lines):
         run = _torchtitan(lines)
         if run.tokens_per_s_per_gpu:

@@ -43,6 +43,7 @@ class LinkSpec:
     latency_s: float
     allreduce_efficiency: float
     source: str = ""
+    nccl_net_latency_s: float = 0.0  # what the network plugin reports to NCCL's tuner
 
 
 @cache
@@ -113,6 +114,8 @@ def get_link(name: str) -> LinkSpec:
         latency_s=parse_quantity(entry["latency"], "time", field=f"links.{name}.latency"),
         allreduce_efficiency=float(entry["allreduce_efficiency"]),
         source=entry.get("source", ""),
+        nccl_net_latency_s=parse_quantity(entry.get("nccl_net_latency", "0us"), "time",
+                                          field=f"links.{name}.nccl_net_latency"),
     )
 
 

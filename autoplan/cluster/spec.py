@@ -99,15 +99,16 @@ class IntraNode(_Strict):
 class InterNode(_Strict):
     """The network between nodes; bandwidth per NIC per direction."""
 
-    link: Literal["infiniband", "roce", "ethernet"]
+    link: Literal["infiniband", "roce", "ethernet", "efa"]
     nics_per_node: int = Field(default=1, ge=1)
     bandwidth: str
     latency: str | None = None
     interface: str | None = None
+    nccl_net_latency: str | None = None
 
     _bandwidth = field_validator("bandwidth", mode="before")(
         _quantity("bandwidth", MAX_NIC_BANDWIDTH, _NIC_WHY))
-    _latency = field_validator("latency", mode="before")(_quantity("time"))
+    _latency = field_validator("latency", "nccl_net_latency", mode="before")(_quantity("time"))
 
 
 class Host(_Strict):
@@ -372,12 +373,15 @@ def _resolve_gpu(gpu: str | GpuEntry) -> GpuSpec:
     )
 
 
-def _with_overrides(base: LinkSpec, bandwidth: str | None, latency: str | None) -> LinkSpec:
+def _with_overrides(base: LinkSpec, bandwidth: str | None, latency: str | None,
+                    nccl_net_latency: str | None = None) -> LinkSpec:
     return LinkSpec(
         name=base.name, kind=base.kind,
         bandwidth_Bps=parse_quantity(bandwidth, "bandwidth") if bandwidth else base.bandwidth_Bps,
         latency_s=parse_quantity(latency, "time") if latency else base.latency_s,
         allreduce_efficiency=base.allreduce_efficiency, source=base.source,
+        nccl_net_latency_s=(parse_quantity(nccl_net_latency, "time") if nccl_net_latency
+                            else base.nccl_net_latency_s),
     )
 
 
@@ -410,8 +414,9 @@ def _resolve_inter(inter: InterNode) -> LinkSpec:
         "roce": "roce-400g" if rate >= 50e9 else "roce",
         "ethernet": ("ethernet-100g" if rate >= 12.5e9 else
                      "ethernet-25g" if rate >= 3.125e9 else "ethernet-10g"),
+        "efa": "efa",
     }[inter.link]
-    return _with_overrides(get_link(name), inter.bandwidth, inter.latency)
+    return _with_overrides(get_link(name), inter.bandwidth, inter.latency, inter.nccl_net_latency)
 
 
 def _resolve_fabric(fabric: FabricSpec | None, num_nodes: int) -> Fabric:

@@ -122,6 +122,9 @@ class GroupLinks:
     node is in some group of the same kind and they communicate at once, so a node's NICs are
     shared by all its GPUs: each GPU gets ``nic_bandwidth_per_gpu``. A group whose nodes sit under
     ``num_leaves`` > 1 leaf switches crosses the leaf uplinks, ``oversubscription`` times thinner.
+    ``intra_kind`` is the node's link kind (``nvswitch``, ``nvlink``, ``pcie``); ``net_latency``
+    the seconds the network plugin reports to NCCL's tuner per network step (0 for NCCL's own
+    InfiniBand and socket transports).
     """
 
     size: int
@@ -137,6 +140,8 @@ class GroupLinks:
     num_leaves: int = 1
     oversubscription: float = 1.0
     profile: NcclProfile | None = None
+    intra_kind: str = "nvswitch"
+    net_latency: float = 0.0
 
     @property
     def crosses_nodes(self) -> bool:
@@ -214,6 +219,8 @@ def group_links(cluster: Cluster, size: int, stride: int, *,
         gpus_per_node=cluster.gpus_per_node, num_leaves=leaves,
         oversubscription=cluster.fabric.oversubscription,
         profile=profile if profile is not None else cluster.nccl_profile,
+        intra_kind=cluster.intra.kind,
+        net_latency=inter.nccl_net_latency_s if inter else 0.0,
     )
 
 

@@ -29,8 +29,9 @@ logger = logging.getLogger(__name__)
 
 @functools.cache
 def _warm_up() -> None:
-    """Trace a one-Linear model here once, so torch's lazy imports (about 1.5 s) happen before
-    the sandbox forks and every child inherits them."""
+    """Trace a one-Linear model here once, so torch's lazy imports (its meta kernels' Python
+    references; about 0.5 s, torch._dynamo left out: ``no_compile``) happen before the sandbox
+    forks and every child inherits them."""
     import torch
 
     from autoplan.graph.loader import load_model_source

@@ -34,6 +34,7 @@ from autoplan.graph.inputs import default_inputs
 from autoplan.graph.layer_graph import LayerGraph
 from autoplan.graph.loader import ModelSource, build_on_meta
 from autoplan.graph.moe import find_moe, patch_moe
+from autoplan.graph.no_compile import dynamo_left_unloaded
 from autoplan.graph.provenance import ProvenanceMode, Tracker, Weight, nbytes, storage_id, tensors
 
 logger = logging.getLogger(__name__)
@@ -135,7 +136,8 @@ def _run(source: ModelSource, *, seq_len: int, precision: str) -> TraceRun:
 
     inputs = _example_inputs(source, model, seq_len, _DTYPES[precision])
     try:
-        with torch.device("meta"), FlopCounterMode(display=False) as counter:
+        with dynamo_left_unloaded(), torch.device("meta"), \
+                FlopCounterMode(display=False) as counter:
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 with ProvenanceMode(tracker, weights):
                     tracker.enter(START_SEGMENT)

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ortools.sat.python import cp_model
+from autoplan.search.cpsat import cp_model
 
 from autoplan.costmodels.problem import Problem, limit_mib, memo, memory_mib
 from autoplan.costmodels.step import rank_profile

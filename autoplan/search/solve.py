@@ -9,8 +9,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from ortools.sat.python import cp_model
-
+from autoplan.search.cpsat import cp_model  # first: before anything imports it with pandas
 from autoplan.costmodels.problem import Problem
 from autoplan.errors import InfeasibleError, NoPlanInTimeError
 from autoplan.plan import Estimate, Plan, SolverInfo

@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import time
 
-from ortools.sat.python import cp_model
+from autoplan.search.cpsat import cp_model
 
 from autoplan.costmodels.problem import Problem
 from autoplan.plan import one_line

@@ -80,16 +80,19 @@ def test_unknown_runtime_settings_are_refused(megatron):
 
 
 def test_ring_latency_is_one_hop_per_step():
+    # 64 GPUs on 8 nodes: a ring reduce-scatter's 63 steps, 7 of them across the network at
+    # NCCL's hwLat[NET][ring][Simple] = 14 us, the other 56 at NVLink's 3.4 us (tuning.cc):
+    # 56 * 3.4 + 7 * 14 = 288.4 us beyond the launch floor. Inside a node, 7 NVLink hops of 1 us.
     cluster = load_cluster(selene(64)).cluster
-    links = group_links(cluster, 64, 1)  # 8 nodes
-    assert comm.ring_latency(links) == pytest.approx(63 * 5e-6)
+    assert comm.ring_latency(group_links(cluster, 64, 1)) == pytest.approx(288.4e-6)
+    assert comm.ring_latency(group_links(cluster, 8, 1)) == pytest.approx(7 * 1e-6)
 
 
 def test_deepspeed_zero3_pays_one_ring_per_module_and_pass():
     # DeepSpeed gathers each parameter-owning module separately: a GPT block has 6 (ln_1,
     # c_attn, attention c_proj, ln_2, c_fc, MLP c_proj), the embedding 2 (wte, wpe), ln_f 1,
     # the tied head none. Each is gathered twice (forward, backward) and its gradients
-    # reduce-scattered once: 3 rings of 15 hops (16 GPUs on 2 nodes) per module.
+    # reduce-scattered once: 3 rings of 15 steps (16 GPUs on 2 nodes) per module.
     model = load_model(_gpt_module(L, 1024, 16, 1024, 256))
     cluster = load_cluster(selene(16))
     modules = 6 * L + 2 + 1
@@ -103,6 +106,8 @@ def test_deepspeed_zero3_pays_one_ring_per_module_and_pass():
         times[runtime] = estimate(problem, plan).time_breakdown_s["dp_comm"]
     # FSDP gathers a layer at once: embedding, 2 blocks, ln_f (the head has no own weights).
     fsdp_units = 1 + L + 1
-    hop_latency = 15 * 5e-6
+    # a ring over 16 GPUs on 2 nodes: 15 steps, 1 over the network at 14 us and 14 over
+    # NVLink at 3.4 us (NCCL tuning.cc, Simple): 61.6 us
+    hop_latency = 14 * 3.4e-6 + 14e-6
     assert times["deepspeed"] - times["fsdp"] == pytest.approx(
         3 * (modules - fsdp_units) * hop_latency, rel=1e-6)

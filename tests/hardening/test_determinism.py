@@ -62,7 +62,7 @@ def test_ties_in_step_time_go_to_the_stated_rule(workers):
     (GPUs, tp*pp, memory, candidate order): checked on a table that has such ties."""
     problem = api.make_problem(api.load_model(TINY),
                                api.load_cluster(EXAMPLES / "clusters" / "dgx-a100-x16.yaml"),
-                               TrainingSpec(seq_len=256, global_batch=32))
+                               TrainingSpec(seq_len=256, global_batch=64))
     table = Table.build(problem, Pins())
     rows = table.fitting()
     fastest_us = min(round(table.step_times_s[r] * US) for r in rows)

@@ -1,6 +1,7 @@
 """--runtime auto: every runtime searched, the best kept, each runtime's capability table obeyed."""
 
 import importlib
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -132,3 +133,22 @@ def test_pins_no_runtime_has_exit_3_naming_each_runtime():
            "Megatron-LM and FSDP do" in text
     assert "--offload optimizer --runtime fsdp: FSDP has no optimizer offload; Megatron-LM and " \
            "DeepSpeed do" in text
+
+
+def test_an_auto_solve_evaluates_no_plan_twice_on_one_problem(monkeypatch):
+    """The ZeRO-2/ZeRO-3 re-solves and the runners-up search the problems their runtime's
+    search made, whose memo holds what it evaluated: a plan met again costs nothing."""
+    from autoplan.costmodels import step
+
+    evaluated, real = [], step._evaluate
+
+    def counting(problem, plan):
+        if sys._getframe(1).f_code.co_name == "step_and_peak":  # not estimate()'s detail
+            evaluated.append((id(problem), plan))
+        return real(problem, plan)
+
+    monkeypatch.setattr(step, "_evaluate", counting)
+    result = autoplan.solve(tiny_gpt(4, 128, 8), cluster(2, 4, False), seq_len=256,
+                            global_batch=16)
+    assert result.zero_options, "the case should compare ZeRO-2 with ZeRO-3"
+    assert len(evaluated) == len(set(evaluated)) > 0

@@ -1,0 +1,74 @@
+"""Out-of-sample checks of the deepspeed runtime as Megatron-DeepSpeed ran the two largest
+dense models trained with it; neither run is in ../shared/data. Printed: published and
+predicted step time per configuration and the error.
+
+- MT-NLG 530B (Smith et al. 2022, arXiv 2201.11990, Table 2: 105 layers, hidden 20480, 128
+  heads, sequence 2048, global batch 1920, micro-batch 1, TP 8 x PP 35 per replica on DGX A100
+  nodes with 8 HDR 200 Gb/s NICs, bf16, activation checkpointing): 280, 350 and 420 nodes at
+  126, 121 and 113 TFLOP/s per GPU, iterations of 60.1, 50.2 and 44.4 s.
+- BLOOM 176B (BigScience train/tr11-176B-ml/tr11-176B-ml.slurm: 70 layers, hidden 14336, 112
+  heads, vocabulary 250880, sequence 2048, global batch 2048, micro-batch 2, TP 4 x PP 12 x
+  DP 8 on 48 Jean Zay A100 80GB nodes, bf16 with BF16_Optimizer at ZeRO stage 0, activation
+  checkpointing): about 150 TFLOP/s per GPU by BigScience's formula
+  ``N_B * 4 * 2 * s * GBS / (t * GPUs * 1e3)`` with N = 176.25 B, i.e. t = 102.7 s.
+Megatron-DeepSpeed in 2021-22 ran explicit attention (Megatron's fused softmax, no flash
+attention) with dropout 0.1.
+
+    .venv/bin/python benchmarks/megatron_deepspeed_checks.py
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fit import pose  # noqa: E402
+from more_runs import JEAN_ZAY_A100, _cluster  # noqa: E402
+from published_runs import PublishedRun, _gpt_module, selene  # noqa: E402
+
+from autoplan.costmodels.profiles import runtime_profile  # noqa: E402
+from autoplan.costmodels.step import estimate  # noqa: E402
+
+MTNLG_NODES_AND_SECONDS = ((280, 60.1), (350, 50.2), (420, 44.4))
+BLOOM_SECONDS = 176.25 * 4 * 2 * 2048 * 2048 / (150 * 384 * 1e3)
+
+
+def mtnlg_runs() -> list[PublishedRun]:
+    model = _gpt_module(105, 20480, 128, 51200, 2048)  # GPT-2 BPE, padded to 128 x TP
+    return [PublishedRun(
+        row_id=f"MT-NLG-{nodes}", model=model, cluster=selene(8 * nodes), seq_len=2048,
+        global_batch=1920, pins={"tp": 8, "pp": 35, "dp": nodes * 8 // 280, "mbs": 1, "vpp": 1,
+                                 "recompute": "full", "sp": False, "zero": 1},
+        runtime="deepspeed", precision="bf16", step_time_s=seconds, runtime_settings={},
+        source="MTNLG") for nodes, seconds in MTNLG_NODES_AND_SECONDS]
+
+
+def bloom_run() -> PublishedRun:
+    bf16_optimizer = runtime_profile("deepspeed").bf16_optimizer_accumulation_bytes
+    return PublishedRun(
+        row_id="BLOOM-176B", model=_gpt_module(70, 14336, 112, 250880, 2048),
+        cluster=_cluster("jean-zay-384", "a100-sxm4-80gb", 384, 8, JEAN_ZAY_A100),
+        seq_len=2048, global_batch=2048,
+        pins={"tp": 4, "pp": 12, "dp": 8, "mbs": 2, "vpp": 1, "recompute": "full", "sp": False,
+              "zero": 1},  # BF16_Optimizer shards the optimizer states like ZeRO-1
+        runtime="deepspeed", precision="bf16", step_time_s=BLOOM_SECONDS,
+        runtime_settings={"grad_accumulation_bytes": bf16_optimizer}, source="BLOOM")
+
+
+def main() -> None:
+    questions, refused = pose(mtnlg_runs() + [bloom_run()])
+    print(f"{'run':12} {'GPUs':>5} {'published s':>11} {'predicted s':>11} {'error':>7}  breakdown")
+    for q in questions:
+        e = estimate(q.problem, q.plan)
+        parts = " ".join(f"{k}={v:.1f}" for k, v in e.time_breakdown_s.items())
+        gpus = q.plan.tp * q.plan.pp * q.plan.dp
+        print(f"{q.run.row_id:12} {gpus:>5} {q.run.step_time_s:>11.1f} {e.step_time_s:>11.1f} "
+              f"{e.step_time_s / q.run.step_time_s - 1:>+7.1%}  {parts}")
+    for run, why in refused:
+        print(f"{run.row_id:12} refused: {why}")
+
+
+if __name__ == "__main__":
+    main()

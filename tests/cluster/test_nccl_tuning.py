@@ -1,0 +1,133 @@
+"""Collectives across nodes priced as NCCL's tuner prices them (src/graph/tuning.cc).
+
+Expected values are worked by hand from tuning.cc's default constants (quoted in each comment),
+or published nccl-tests figures; none is read back from the code under test."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoplan.api import load_cluster
+from autoplan.errors import ClusterSpecError
+from autoplan.cluster.topology import group_links
+from autoplan.costmodels import comm, nccl_tuning
+from autoplan.costmodels.nccl_tuning import Collective
+
+GIB = 2**30
+
+
+def _h100(nodes: int, **inter) -> dict:
+    return {"gpu": "h100-sxm5-80gb", "nodes": nodes, "gpus_per_node": 8,
+            "intra_node": {"link": "nvswitch", "bandwidth": "450GB/s"},
+            "inter_node": {"link": "infiniband", "nics_per_node": 8, "bandwidth": "400Gbps",
+                           **inter}}
+
+
+def _cluster(spec: dict):
+    return load_cluster(spec).cluster
+
+
+def test_ring_latency_counts_nvlink_steps_and_network_steps_apart():
+    # TP 16 over 2 nodes, Simple: base 8.4 us; 2(16-1) = 30 steps of which 2(2-1) = 2 cross the
+    # network at hwLat[NET][ring][Simple] = 14 us, the other 28 at max(NVLink 3.4, 3 x 1.0 net
+    # overhead) = 3.4 us: 8.4 + 28 * 3.4 + 2 * 14 = 131.6 us.
+    c = Collective("all_reduce", ranks=16, nodes=2, intra="nvlink", busbw=1e11)
+    assert nccl_tuning.latency_us(c, "ring", "Simple") == pytest.approx(131.6)
+    # EFA's plugin adds 75 us to each network step, twice for Simple: 2 x (14 + 150) = 328.
+    efa = Collective("all_reduce", ranks=16, nodes=2, intra="nvlink", busbw=1e11,
+                     net_latency_us=75.0)
+    assert nccl_tuning.latency_us(efa, "ring", "Simple") == pytest.approx(8.4 + 95.2 + 328.0)
+    # reduce-scatter: 15 steps, 1 across the network: 8.4 + 14 * 3.4 + 14 = 70.0 us.
+    rs = Collective("reduce_scatter", ranks=16, nodes=2, intra="nvlink", busbw=1e11)
+    assert nccl_tuning.latency_us(rs, "ring", "Simple") == pytest.approx(70.0)
+
+
+def test_tree_latency_grows_with_log_nodes_and_one_rank_per_node_rings_use_tree_latency():
+    # 64 nodes x 8, tree Simple: 8.4 + 2 * ((8-1) * 4.0 + log2(64) * 14) = 232.4 us.
+    c = Collective("all_reduce", ranks=512, nodes=64, intra="nvlink", busbw=1e11)
+    assert nccl_tuning.latency_us(c, "tree", "Simple") == pytest.approx(232.4)
+    # ring over 4 nodes with one rank each, LL: every one of the 6 steps crosses the network
+    # and, with one rank per node, pays hwLat[NET][tree][LL] = 5.0 us: 6.6 + 6 * 5.0 = 36.6.
+    dp = Collective("all_reduce", ranks=4, nodes=4, intra="nvlink", busbw=1e11)
+    assert nccl_tuning.latency_us(dp, "ring", "LL") == pytest.approx(36.6)
+
+
+def test_protocol_and_tree_bandwidths_follow_tuning_cc():
+    c = Collective("all_reduce", ranks=32, nodes=4, intra="nvlink", busbw=300e9)
+    # ring: LL half the bandwidth capped at llMaxBws[Intel][>2 nodes] = 20.4 GB/s; LL128 92%.
+    assert nccl_tuning.bus_bandwidth(c, "ring", "LL", GIB) == pytest.approx(20.4e9)
+    assert nccl_tuning.bus_bandwidth(c, "ring", "LL128", GIB) == pytest.approx(0.92 * 300e9)
+    # tree Simple at 1 MiB: 92% times treeCorrectionFactor[Simple][log2(2^20 / 64) = 14] = 0.5.
+    assert nccl_tuning.bus_bandwidth(c, "tree", "Simple", 2**20) == pytest.approx(
+        0.92 * 0.5 * 300e9)
+    # past 256 MB the correction table ends: 92%.
+    assert nccl_tuning.bus_bandwidth(c, "tree", "Simple", GIB) == pytest.approx(0.92 * 300e9)
+
+
+def test_tp16_all_reduce_across_two_dgx_h100_takes_ncclS_fastest_choice():
+    # 32 MiB (Llama 7B: seq 4096 x hidden 4096 x 2 B) over TP 16 = 2 whole DGX H100 nodes.
+    # Ring Simple busbw: the 8 NDR NICs, 8 x 50 GB/s x 0.94 = 376 GB/s (under NVLink's 480).
+    # Candidates (latency us + bytes / busbw), volume 2 * 15/16 * 32 MiB = 62.9 MB for a ring,
+    # 2 * 32 MiB for a tree:
+    #   ring LL128: 14 + 28 * 1.9 + 2 * 4.0 = 75.2 us + 62.9 MB / 345.9 GB/s = 257.1 us
+    #   ring Simple: 131.6 * 1.4 = 184.2 us + 62.9 MB / 376 GB/s = 351.5 us
+    #   tree LL128: 14 + 2 * (7 * 1.25 + 8.5) = 48.5 us + 67.1 MB / (376 * .92 * 120/128 * .9)
+    #               = 278.4 us;  tree Simple: 92.4 + 67.1 MB / (376 * .92 * .7) = 369.6 us
+    #   ring LL: 40.0 us + 62.9 MB / 39 GB/s = 1653 us.
+    links = group_links(_cluster(_h100(2)), 16, 1)
+    assert comm.all_reduce_time(2**25, links) == pytest.approx(257.1e-6, rel=1e-3)
+    assert comm.all_reduce_time(2**25, links, algorithm="tree") == pytest.approx(278.4e-6,
+                                                                                 rel=1e-3)
+
+
+def test_four_h100_nodes_all_reduce_busbw_is_near_the_published_figure():
+    # aigatech/vpbenchmarking (Voltage Park, 4 nodes x 8 H100 SXM, 3.2 Tb/s InfiniBand per node,
+    # NCCL 2.24.3): all-reduce peak busbw 330.93 GB/s. The model gives the NICs' 376 GB/s less
+    # the latency of 62 ring steps: within 15% (it sits above the figure).
+    links = group_links(_cluster(_h100(4)), 32, 1)
+    seconds = comm.all_reduce_time(8 * GIB, links)
+    assert 2 * 31 / 32 * 8 * GIB / seconds == pytest.approx(330.93e9, rel=0.15)
+
+
+def test_latency_makes_large_dp_rings_slower_per_byte_than_small_ones():
+    # The same 25 MiB bucket per GPU, one GPU per node (DP across nodes): more nodes, more
+    # network steps, less busbw, which a flat busbw would not show.
+    def busbw(nodes):
+        links = group_links(_cluster(_h100(nodes)), nodes, 8)
+        return 2 * (nodes - 1) / nodes * 25 * 2**20 / comm.all_reduce_time(25 * 2**20, links)
+
+    assert busbw(4) > busbw(16) > busbw(64)
+
+
+def test_efa_link_reports_aws_ofi_ncclS_latency_and_it_slows_collectives():
+    # aws-ofi-nccl src/platform-aws.cpp: p4d/p5/p5e report latency = 75.0 us to NCCL.
+    efa = _cluster(_h100(2, link="efa", nics_per_node=32, bandwidth="100Gbps"))
+    links = group_links(efa, 16, 1)
+    assert links.net_latency == pytest.approx(75e-6)
+    ib = group_links(_cluster(_h100(2)), 16, 1)
+    assert ib.net_latency == 0.0  # NCCL's own IB transport reports none
+    # Same NIC bandwidth per node (32 x 100 vs 8 x 400 Gb/s): the 75 us per network step
+    # (LL128 once, the fastest at 1 MiB) is what separates them: 2 x 75 us more at least.
+    assert comm.all_reduce_time(2**20, links) - comm.all_reduce_time(2**20, ib) >= 150e-6
+    # p5en and later report 35 us: cluster.yaml may say so.
+    p5en = _cluster(_h100(2, link="efa", nics_per_node=16, bandwidth="200Gbps",
+                          nccl_net_latency="35us"))
+    assert group_links(p5en, 16, 1).net_latency == pytest.approx(35e-6)
+
+
+def test_nccl_net_latency_needs_a_unit():
+    with pytest.raises(ClusterSpecError, match="nccl_net_latency"):
+        _cluster(_h100(2, link="efa", nics_per_node=32, bandwidth="100Gbps",
+                       nccl_net_latency=75))
+
+
+def test_pat_serves_reduce_scatter_with_one_rank_per_node():
+    # PAT (NCCL 2.23+) runs reduce-scatter/all-gather only with one rank per node, Simple,
+    # at 75% of the busbw: latency 8.0 + log2(8) * 14 / 3.5 + 8 * 2.8 = 42.4 us.
+    c = Collective("reduce_scatter", ranks=8, nodes=8, intra="nvlink", busbw=50e9)
+    assert nccl_tuning.algorithms(c) == ("ring", "pat")
+    assert nccl_tuning.latency_us(c, "pat", "Simple") == pytest.approx(42.4)
+    assert nccl_tuning.algorithms(Collective("reduce_scatter", 16, 2, "nvlink", 50e9)) == ("ring",)
+    # PCIe nodes get no LL128 (tuning.cc enables it only over NVLink).
+    assert nccl_tuning.protocols(Collective("all_reduce", 16, 2, "pci", 50e9), "ring") == (
+        "LL", "Simple")
