@@ -36,13 +36,11 @@ from dataclasses import dataclass
 
 import autoplan
 from autoplan.zoo import Llama, LlamaConfig, next_token_loss
+from torchtitan_memory import LLAMA31
 
 MODELS = {
-    # Llama 3.1 / 3 (Dubey et al. 2024, Table 3; torchtitan's llama3 model args)
-    "L3-8B": LlamaConfig(num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
-                         ffn_hidden_size=14336, vocab_size=128256, rope_theta=500000.0),
-    "L3-70B": LlamaConfig(num_layers=80, hidden_size=8192, num_heads=64, num_kv_heads=8,
-                          ffn_hidden_size=28672, vocab_size=128256, rope_theta=500000.0),
+    "L3-8B": LLAMA31["8B"],  # Llama 3 and 3.1 share these shapes
+    "L3-70B": LLAMA31["70B"],
     # Llama 2 (Touvron et al. 2023; torchtitan's llama2 args: ffn from multiple_of 256, and
     # ffn_dim_multiplier 1.3 with multiple_of 4096 for 70B)
     "L2-13B": LlamaConfig(num_layers=40, hidden_size=5120, num_heads=40, num_kv_heads=40,
