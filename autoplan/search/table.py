@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 from autoplan.costmodels.bounds import lower_bound_s, shape_lower_bound_s
 from autoplan.costmodels.problem import Problem, limit_mib, memory_mib
-from autoplan.costmodels.step import estimate, pipeline_total_s, step_and_peak
+from autoplan.costmodels.step import estimate, split_floor_s, step_and_peak
 from autoplan.plan import Estimate, Offload, Plan, Recompute, ShapeRunnerUp, one_line
 from autoplan.search.objective import key as objective_key
 from autoplan.search.objective import meets_throughput
@@ -65,6 +65,8 @@ BOUND_SLACK = 1e-9
 """Relative margin taken off the split bound: its sum is in a different float order."""
 SPLIT = ()
 """The ``stages`` of a pending layout group whose split CP-SAT chooses per switch setting."""
+_BEST = object()
+"""``_cannot_beat``'s default: the best eligible row so far."""
 
 
 @dataclass(order=True)
@@ -112,6 +114,7 @@ class Table:
     _family_fits: dict = field(default_factory=dict)  # (source, family, stages) -> any fits
     _created: int = 0
     best_key: tuple | None = None  # of the best eligible row so far (what splits must beat)
+    completing: tuple[tuple | None] | None = None  # (a shape's best key) while complete_shape runs
     _deferred: list = field(default_factory=list)  # splits put off by their bound, to queue
     _pools: dict = field(default_factory=dict)  # partition stage tables -> their CP-SAT pools
     _applies: dict = field(default_factory=dict)  # (source, pp, vpp) -> partition.applies
@@ -286,23 +289,22 @@ class Table:
         return make_plan(shape, sw, balanced_stages(problem.graph, shape.pp), problem.training)
 
     def split_bound(self, shape: Shape, sw, source: int) -> float:
-        """Least step of ``shape`` and ``sw`` over every split, memory aside: the ranks'
-        micro-batch times sum to the same total S whatever the split (alike blocks, the ends
-        fixed), so the slowest takes at least S/p and 1F1B at least (m - 1) S/p + S."""
+        """Least step of ``shape`` and ``sw`` over every split, memory aside
+        (``step.split_floor_s``: the fluid 1F1B bound plus a floor under what follows the
+        drain)."""
         key = (source, shape, sw)
         if key not in self._split_bounds:
             problem, template = self.problems[source], self._template(shape, sw, source)
-            total = pipeline_total_s(problem, template)
-            m = template.num_microbatches
-            self._split_bounds[key] = ((m - 1) * total / shape.pp + total) * (1 - BOUND_SLACK)
+            self._split_bounds[key] = split_floor_s(problem, template) * (1 - BOUND_SLACK)
         return self._split_bounds[key]
 
-    def _cannot_beat(self, bound_s: float, shape: Shape, source: int) -> bool:
-        """Whether a bound of ``shape``'s step is worse than the best eligible row (or no row is
-        eligible yet): its split waits in the queue."""
+    def _cannot_beat(self, bound_s: float, shape: Shape, source: int, best=_BEST) -> bool:
+        """Whether a bound of ``shape``'s step is worse than ``best`` (default: the best
+        eligible row), or no row is eligible yet: its split waits in the queue."""
         world = shape.tp * shape.pp * shape.dp * shape.cp
         tokens = self.problems[source].training.tokens_per_step
-        return self.best_key is None or self._key(bound_s, world, tokens) > self.best_key
+        best = self.best_key if best is _BEST else best
+        return best is None or self._key(bound_s, world, tokens) > best
 
     def add_split(self, shape: Shape, sw, source: int, *, screen: bool = False,
                   balanced: bool = True) -> bool:
@@ -446,13 +448,22 @@ class Table:
         whatever the split), found by binary search (``partition.split_fits``, no model);
         every larger N may let a faster split fit (``_split_chain``). Where even the fewest
         N's bound (the least: bounds grow with N) cannot beat the best row, nothing is
-        searched (unless ``searched_now``): the settings wait in the queue under that bound."""
+        searched (unless ``searched_now``): the settings wait in the queue under that bound.
+        The search runs only over the N whose bound can beat the best row; where the last of
+        those does not fit, none does, and the larger N wait in the queue under their least
+        bound."""
         bound = self.split_bound(shape, options[0], source)
         if not searched_now and self._cannot_beat(bound, shape, source):
             self._defer(bound, source, shape, options, "search")
             return
         problem = self.problems[source]
-        low, high = 0, len(options) - 1
+        last = self._last_that_can_win(shape, source, options)
+        if 0 <= last < len(options) - 1 and not split_fits(
+                problem, self._template(shape, options[last], source)):
+            later = options[last + 1:]  # nothing up to ``last`` fits; the rest cannot win now
+            self._defer(self.split_bound(shape, later[0], source), source, shape, later, "search")
+            return
+        low, high = 0, last if last >= 0 else len(options) - 1
         while low <= high:
             middle = (low + high) // 2
             if split_fits(problem, self._template(shape, options[middle], source)):
@@ -460,6 +471,21 @@ class Table:
             else:
                 low = middle + 1
         self._split_chain(shape, source, options[low:])
+
+    def _last_that_can_win(self, shape: Shape, source: int, options: list) -> int:
+        """The last of ``options`` (partial-recompute settings, fewest N first) whose split
+        bound can beat the best row (while a shape is completed for the runners-up: that
+        shape's best), -1 if none: the bounds grow with N, so binary search."""
+        best = self.best_key if self.completing is None else self.completing[0]
+        low, high = 0, len(options) - 1
+        while low <= high:
+            middle = (low + high) // 2
+            bound = self.split_bound(shape, options[middle], source)
+            if self._cannot_beat(bound, shape, source, best):
+                high = middle - 1
+            else:
+                low = middle + 1
+        return high
 
     def _smallest_fitting(self, options: list, shape, stages, source: int) -> None:
         """Recomputing N of a chunk's blocks: more N only adds time and only saves memory, so
@@ -550,10 +576,12 @@ class Table:
         first = len(self)
         while mine and (best is None or mine[0].key <= best):
             start = len(self)
+            self.completing = (best,)
             for group in self._process(heapq.heappop(mine)):
                 heapq.heappush(mine, group)
             added = [self.key(r) for r in range(start, len(self)) if self.is_eligible(r)]
             best = min([*added, *([best] if best is not None else [])], default=None)
+        self.completing = None
         self.unexpanded += mine
         return list(range(first, len(self)))
 
