@@ -151,11 +151,14 @@ def split_floor_s(problem: Problem, plan: Plan) -> float:
 
 
 def _evaluated(problem: Problem, plan: Plan) -> _Evaluation:
-    """``_evaluate``, kept for the last plan only: the search measures a balanced layout and
-    then bounds its splits (``split_floor_s``) from the same ranks."""
+    """``_evaluate``, kept whole for the last plan only (the search measures a balanced layout
+    and then bounds its splits, ``split_floor_s``, from the same ranks, or the other way
+    round) and as ``step_and_peak`` for every plan."""
     last = memo(problem).get("last_evaluation")
     if last is None or last[0] != plan:
-        last = memo(problem)["last_evaluation"] = plan, _evaluate(problem, plan)
+        evaluation = _evaluate(problem, plan)
+        last = memo(problem)["last_evaluation"] = plan, evaluation
+        memo(problem)[("step_and_peak", plan)] = evaluation.step_s, evaluation.peak_memory_bytes
     return last[1]
 
 
@@ -164,11 +167,10 @@ def step_and_peak(problem: Problem, plan: Plan) -> tuple[float, float]:
     for the solver's tables."""
     if plan.stage_groups is not None:
         return step_and_peak_on_groups(problem, plan)
-    key = ("step_and_peak", plan)  # a plan met again (a ZeRO re-solve, a runner-up) is free
-    found = memo(problem).get(key)
-    if found is None:
-        evaluation = _evaluated(problem, plan)
-        found = memo(problem)[key] = evaluation.step_s, evaluation.peak_memory_bytes
+    found = memo(problem).get(("step_and_peak", plan))  # a plan met again (a ZeRO re-solve,
+    if found is None:  # a runner-up, a split bound's balanced layout) is free
+        _evaluated(problem, plan)
+        found = memo(problem)[("step_and_peak", plan)]
     return found
 
 
