@@ -1,6 +1,6 @@
 """Why this plan: the binding constraint, the runners-up, what-ifs and a practitioner's warnings.
 
-Everything here reads the solver's own tables (``search.solver.Table``) for the same problem,
+Everything here reads the solver's own tables (``search.table.Table``) for the same problem,
 so "the runner-up is 12% slower" is a statement about the same cost model and the same order
 that picked the plan, and an explanation costs a few solves, not an enumeration:
 runners-up are the solver's exact best plan per other (TP, PP) shape; what binds is read from
@@ -25,7 +25,7 @@ from autoplan.graph.layer_graph import LayerGraph
 from autoplan.plan import Offload, OmitsDefaults, Plan, Result, one_line
 from autoplan.plugins.colossalai_tp import compare_tp_modes
 from autoplan.search.runners_up import best_by_shape
-from autoplan.search.solver import Table
+from autoplan.search.table import Table
 from autoplan.training import Optimizer, Pins, Runtime
 from autoplan.units import format_excess, format_seconds, gib_digits
 

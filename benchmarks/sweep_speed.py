@@ -21,7 +21,7 @@ SWEEP = Path(__file__).resolve().parents[1] / "examples" / "sweeps" / "llama2_70
 
 def _split_one_point() -> None:
     """Where one point's time goes: tabulating the estimates vs the whole solve (CP-SAT)."""
-    from autoplan.search.solver import Table
+    from autoplan.search.table import Table
     from autoplan.training import Pins
 
     spec = api.load_cluster(SWEEP.parent.parent / "clusters" / "dgx-a100-x16.yaml")

@@ -156,9 +156,11 @@ def chunk_sums(problem: Problem, compositions: tuple, split: Split,
 
 
 def rank_base(problem: Problem, plan: Plan, rank: int, split: Split,
-               links: dict[str, GroupLinks]) -> tuple[ChunkSums, float, "HeldParams"]:
-    """(layer sums, pipeline-send time, parameters held) of a rank; shared by equal ranks."""
-    stages = rank_stages(plan, rank)
+              links: dict[str, GroupLinks], stages: tuple | None = None
+              ) -> tuple[ChunkSums, float, "HeldParams"]:
+    """(layer sums, pipeline-send time, parameters held) of a rank running ``stages`` (default:
+    its chunks of the plan's layout); shared by equal ranks."""
+    stages = stages or rank_stages(plan, rank)
     key = ("rank", stages, split, plan.recompute, plan.recompute_num_layers, links["tp"],
            links["pp"], links["cp"])
     cached = memo(problem).get(key)
@@ -197,15 +199,18 @@ def held_params(problem: Problem, plan: Plan, sums: ChunkSums,
                       sums.weight_bytes + WEIGHT_BYTES * tied)
 
 
-def rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLinks]) -> RankCost:
+def rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLinks],
+              stages: tuple | None = None) -> RankCost:
+    """What pipeline rank ``rank`` costs running ``stages`` (default: its chunks of the plan's
+    layout) under the plan's degrees and switches."""
+    stages = stages or rank_stages(plan, rank)
     split = Split.of(plan, problem.flash_attention, problem.runtime.attention_kernel)
-    sums, pp_comm_s, holds = rank_base(problem, plan, rank, split, links)
-    experts, ep_comm_s, routing_s = _rank_experts(problem, plan, rank, split, links)
+    sums, pp_comm_s, holds = rank_base(problem, plan, rank, split, links, stages)
+    experts, ep_comm_s, routing_s = _rank_experts(problem, plan, split, links, stages)
     holds = holds.without(experts * (plan.ep - 1), experts * (plan.ep - 1))  # 1/ep of experts
     params = holds.count
     states = _model_states(problem, plan, holds.without(experts, experts), experts)
     held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp, num_microbatches=plan.num_microbatches)
-    stages = rank_stages(plan, rank)
     acts_per_chunk = sums.acts_per_chunk + _held_output_bytes(problem, plan, stages, split)
     activations = activation_peak_bytes(problem, plan, sums, acts_per_chunk, held)
     activations += _kept_last_outputs(problem, plan, stages, split, held)
@@ -254,11 +259,10 @@ def _model_states(problem: Problem, plan: Plan, dense: HeldParams, experts: floa
                        states.optimizer + own.optimizer)
 
 
-def _rank_experts(problem: Problem, plan: Plan, rank: int, split: Split,
-                  links: dict[str, GroupLinks]) -> tuple[float, float, float]:
+def _rank_experts(problem: Problem, plan: Plan, split: Split, links: dict[str, GroupLinks],
+                  stages: tuple) -> tuple[float, float, float]:
     """(expert parameters one GPU holds when EP splits them, EP all-to-all seconds and
-    routing compute seconds per micro-batch) of a rank."""
-    stages = rank_stages(plan, rank)
+    routing compute seconds per micro-batch) of a rank running ``stages``."""
     key = ("experts", stages, split, plan.ep, plan.recompute, plan.recompute_num_layers,
            links.get("ep"))
     cached = memo(problem).get(key)

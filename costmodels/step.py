@@ -37,7 +37,7 @@ from autoplan.costmodels.ranks import (
     step_transient_bytes,
 )
 from autoplan.costmodels.summary import summarize
-from autoplan.costmodels.sync import dp_time, offload_param_time, optimizer_time
+from autoplan.costmodels.sync import dp_time, least_dp_time, offload_param_time, optimizer_time
 
 from autoplan.plan import Estimate, PipelineSchedule, Plan
 
@@ -93,16 +93,84 @@ def _evaluate(problem: Problem, plan: Plan) -> _Evaluation:
     return _Evaluation(pipe + dp_s + opt_s, pipe, dp_s, opt_s, groups, costs)
 
 
+@dataclass(frozen=True, slots=True)
+class RankProfile:
+    """One pipeline rank's share of a step: what the partition model tabulates."""
+
+    micro_batch_s: float
+    after_s: float
+    """Its gradient reduction and optimizer step, as if it were the plan's slowest rank."""
+    memory_bytes: float
+
+
+def rank_profile(problem: Problem, plan: Plan, rank: int, stage: tuple[int, int]) -> RankProfile:
+    """Costs of pipeline rank ``rank`` running the one chunk ``stage = (first, num)`` under the
+    plan's degrees and switches (``plan``'s own stages are not read): the terms ``_evaluate``
+    takes the max or sum of over ranks."""
+    links = plan_links(problem, plan)
+    cost = rank_cost(problem, plan, rank, links, (stage,))
+    experts = cost.expert_params
+    sync_s = dp_time(problem, plan, cost.params, links["dp"], backward_s=cost.backward_s,
+                     compute_s=plan.num_microbatches * cost.compute_s, gathers=cost.gathers,
+                     experts=(experts, links["expert_dp"]) if experts else None,
+                     trained=cost.trained)
+    optimizer_s = (optimizer_time(problem, plan, cost.trained, experts)
+                   + offload_param_time(problem, plan, cost.params))
+    return RankProfile(cost.micro_batch_s, sync_s + optimizer_s, cost.memory)
+
+
+def split_floor_s(problem: Problem, plan: Plan) -> float:
+    """A step time no split of the blocks over ``plan``'s pipeline stages beats under its
+    degrees and switches, for blocks all alike and one chunk per rank (``plan``'s own stages
+    balanced, as ``space.balanced_stages`` cuts them: each rank runs at most ceil(B/p) blocks).
+
+    The ranks' micro-batch times sum to the same S whatever the split (alike blocks; the ends
+    and each rank's sends fixed), so the slowest takes T >= S/p and 1F1B (m - 1) T + S. Some
+    rank of any split runs at least ceil(B/p) blocks, so its largest parameter count is at
+    least the least of the balanced ranks' (trained ones likewise), and what follows the drain
+    is at least ``least_dp_time`` of those, under a window of T (the slowest rank's backward and
+    forward are within its micro-batch), plus their optimizer step and offload. Below ZeRO-3
+    that floor falls by at most 1 s per second T grows, so with m >= 2 the sum is least at
+    T = S/p; with ZeRO-3 or m = 1 the window is left unbounded. EP-split experts: the pipeline
+    term alone."""
+    evaluation = _evaluated(problem, plan)
+    total = sum(c.micro_batch_s * len(ranks)
+                for ranks, c in zip(evaluation.groups, evaluation.costs))
+    m = plan.num_microbatches
+    slowest = total / plan.pp
+    pipe = (m - 1) * slowest + total
+    if any(c.expert_params for c in evaluation.costs):
+        return pipe
+    params = min(c.params for c in evaluation.costs)
+    trained = min(c.trained for c in evaluation.costs)
+    window = slowest if m >= 2 and plan.zero_stage < 3 else None
+    after = (least_dp_time(problem, plan, params, trained, plan_links(problem, plan)["dp"],
+                           window)
+             + optimizer_time(problem, plan, trained) + offload_param_time(problem, plan, params))
+    return pipe + after
+
+
+def _evaluated(problem: Problem, plan: Plan) -> _Evaluation:
+    """``_evaluate``, kept whole for the last plan only (the search measures a balanced layout
+    and then bounds its splits, ``split_floor_s``, from the same ranks, or the other way
+    round) and as ``step_and_peak`` for every plan."""
+    last = memo(problem).get("last_evaluation")
+    if last is None or last[0] != plan:
+        evaluation = _evaluate(problem, plan)
+        last = memo(problem)["last_evaluation"] = plan, evaluation
+        memo(problem)[("step_and_peak", plan)] = evaluation.step_s, evaluation.peak_memory_bytes
+    return last[1]
+
+
 def step_and_peak(problem: Problem, plan: Plan) -> tuple[float, float]:
     """(step seconds, worst-GPU bytes): exactly what estimate() reports, without the detail,
     for the solver's tables."""
     if plan.stage_groups is not None:
         return step_and_peak_on_groups(problem, plan)
-    key = ("step_and_peak", plan)  # a plan met again (a ZeRO re-solve, a runner-up) is free
-    found = memo(problem).get(key)
-    if found is None:
-        evaluation = _evaluate(problem, plan)
-        found = memo(problem)[key] = evaluation.step_s, evaluation.peak_memory_bytes
+    found = memo(problem).get(("step_and_peak", plan))  # a plan met again (a ZeRO re-solve,
+    if found is None:  # a runner-up, a split bound's balanced layout) is free
+        _evaluated(problem, plan)
+        found = memo(problem)[("step_and_peak", plan)]
     return found
 
 

@@ -85,6 +85,39 @@ def dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
                                                         runtime.zero3_overlap)
 
 
+def least_dp_time(problem: Problem, plan: Plan, params: float, trained: float,
+                  links: GroupLinks, window_s: float | None) -> float:
+    """A floor under ``dp_time`` for a GPU holding at least ``params`` parameters (``trained``
+    of them trained, no EP-split experts) whose backward and forward per micro-batch each take
+    at most ``window_s`` (None: any length), for the search's bounds over stage splits.
+
+    Each term only grows with the parameters (collective and copy times grow with their bytes,
+    bucket counts with the parameters) and only shrinks as the compute that hides it grows:
+    bucket by bucket (``_bucketed_dp_time``) the reductions run one after another, so at least
+    their sum less the backward window is exposed (the parameter gathers, at least 0, are left
+    out); otherwise ``_overlapped`` under the window (ZeRO-3: under the m micro-batches'
+    compute, at most m windows), with ZeRO-3 gathers' latency left out. The floor falls by at
+    most 1 per second the window grows below ZeRO-3 (m times ``zero3_overlap`` with it)."""
+    if plan.dp * plan.cp == 1:
+        return 0.0
+    runtime = problem.runtime
+    window = float("inf") if window_s is None else window_s
+    if plan.zero_stage < 3 and _bucketed(runtime, plan):
+        grad_bytes = runtime.reduce_bytes or runtime.grad_bytes
+        reduce = comm.all_reduce_time if plan.zero_stage == 0 else comm.reduce_scatter_time
+        sizes = _buckets(runtime, plan, trained / plan.vpp, links.size, grad_bytes)
+        priced = {size: reduce(grad_bytes * size, links) for size in set(sizes)}
+        end = ((plan.vpp - 1) * plan.pp + 1) * window / plan.vpp
+        return max(0.0, plan.vpp * sum(priced[size] for size in sizes) - end)
+    sync = _dp_collectives(problem, plan, params, trained, links, gathers=0)
+    if plan.zero_stage < 3:
+        return _overlapped(sync, window, runtime.dp_overlap)
+    m = plan.num_microbatches
+    copies = unshard_copy_time(params, runtime.unshard_copy_bytes, problem.cluster.gpu,
+                               problem.compute)
+    return m * copies + _overlapped(m * sync, m * window, runtime.zero3_overlap)
+
+
 def grad_bucket_params(runtime, dp_size: int) -> float:
     """Parameters per gradient bucket: megatron-core's default ``max(40M, 1M * dp size)``
     (DistributedDataParallelConfig.bucket_size; larger DP groups get larger buckets so each

@@ -18,13 +18,16 @@ from autoplan.training import Bounds, Objective, Pins
 
 def brute_force(problems: Problem | list[Problem], pins: Pins, *,
                 objective: Objective | None = None, bounds: Bounds | None = None,
-                max_gpus: int | None = None) -> tuple[Plan, Estimate] | None:
+                max_gpus: int | None = None, every_split: bool = True
+                ) -> tuple[Plan, Estimate] | None:
     """The best fitting plan that reaches the throughput, ties broken like the solver: the
     objective's integer keys, then GPUs used, then GPUs per replica (tp*pp), then memory, then
     candidate order. ``problems`` are alternatives (one per allowed global batch). None if
     nothing qualifies. On a heterogeneous cluster the candidates are every stage-to-group
     assignment and every split of the blocks (``groups_space``), a plan fits when every stage
-    fits its own group's limit, and exact step time replaces memory in the tie-break."""
+    fits its own group's limit, and exact step time replaces memory in the tie-break. The stage
+    splits are every composition of the blocks where CP-SAT chooses the split
+    (``space.split_is_chosen``); ``every_split`` False keeps the menu (large models)."""
     problems = [problems] if isinstance(problems, Problem) else list(problems)
     objective = objective or Objective()
     per_token = len({p.training.global_batch for p in problems}) > 1
@@ -32,7 +35,8 @@ def brute_force(problems: Problem | list[Problem], pins: Pins, *,
     for problem in problems:
         world = min(problem.cluster.num_gpus, max_gpus or problem.cluster.num_gpus)
         tokens = problem.training.tokens_per_step
-        for plan in _candidates(problem, world, pins, bounds, max_gpus, objective.needs_every_dp):
+        for plan in _candidates(problem, world, pins, bounds, max_gpus, objective.needs_every_dp,
+                                every_split):
             order += 1
             est = estimate(problem, plan)
             if not _fits(problem, est):
@@ -50,12 +54,13 @@ def brute_force(problems: Problem | list[Problem], pins: Pins, *,
 
 
 def _candidates(problem: Problem, world: int, pins: Pins, bounds: Bounds | None,
-                max_gpus: int | None, every_dp: bool):
+                max_gpus: int | None, every_dp: bool, every_split: bool):
     if not problem.cluster.is_homogeneous:
         return group_candidates(problem.graph, problem.cluster, problem.training, pins, bounds,
                                 max_gpus, every_dp)
     return candidate_plans(problem.graph, world=world, gpus_per_node=problem.cluster.gpus_per_node,
-                           training=problem.training, pins=pins, bounds=bounds, every_dp=every_dp)
+                           training=problem.training, pins=pins, bounds=bounds, every_dp=every_dp,
+                           every_split=every_split)
 
 
 def _fits(problem: Problem, est: Estimate) -> bool:

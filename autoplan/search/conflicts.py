@@ -25,7 +25,8 @@ from dataclasses import dataclass, field, replace
 from autoplan.costmodels.problem import Problem
 from autoplan.degrees import DEGREE
 from autoplan.plan import Plan, one_line
-from autoplan.search.solver import NO_LEGAL_PLAN, Table, explain_infeasible
+from autoplan.search.solver import NO_LEGAL_PLAN, explain_infeasible
+from autoplan.search.table import Table
 from autoplan.search.space import Shape, leanest_members, leanest_plans, shapes, stage_variants
 from autoplan.training import DEFAULT_PLACEMENT, Bounds, Objective, Pins, Range, TrainingSpec
 from autoplan.units import format_excess, format_seconds

@@ -20,7 +20,7 @@ Tie-break (as ``brute``'s on heterogeneous clusters): the objective's key, then 
 then tp*pp, then the exact step time, then the enumeration order of ``groups_space`` (shape,
 assignment, switches, blocks lexicographically), so the same input gives the same plan.
 
-Order and pruning (best bound first, like ``solver.Table.build``). A stage at rank r with b
+Order and pruning (best bound first, like ``table.Table.build``). A stage at rank r with b
 blocks takes at least a_r + b c_r (compute and TP time only; c_r per block on its group, a_r the
 embedding or head it also holds). Spreading the B blocks fluidly,
     max t >= (B + sum_r a_r / c_r) / sum_r 1 / c_r,     sum t >= sum_r a_r + B min_r c_r.

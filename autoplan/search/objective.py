@@ -3,7 +3,7 @@
 Every key is a function of a plan's step time, GPU count and tokens per step. Within one
 (shape, stages) group GPUs and tokens are fixed, so every key is nondecreasing in step time:
 the group's step-time lower bound gives a lower bound on its key, which keeps the solver's
-pruning exact for every objective (see ``solver.Table.build``).
+pruning exact for every objective (see ``table.Table.build``).
 
 Scales (chosen once): TIME in µs of step time, or ps per token when the global batch varies
 (the step times of different batches are not comparable); COST in GPU-ps per token; GPUS in

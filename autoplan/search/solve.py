@@ -16,7 +16,8 @@ from autoplan.plan import Estimate, Plan, SolverInfo
 from autoplan.search.conflicts import UNEXPLAINED, conflict_if_nothing_fits, explain_conflict
 from autoplan.search.objective import from_key as objective_from_key
 from autoplan.search.objective import value as objective_value
-from autoplan.search.solver import PlanModel, Table
+from autoplan.search.solver import PlanModel
+from autoplan.search.table import Table
 from autoplan.training import Bounds, Objective, ObjectiveTerm, Pins
 
 logger = logging.getLogger(__name__)

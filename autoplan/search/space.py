@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import product
 from typing import Iterable
 
@@ -109,6 +109,13 @@ def balanced_stages(graph: LayerGraph, pp: int, vpp: int = 1, *, first: int | No
         return _split_chain(len(graph.layers), chunks)
     counts = (_interleaved_counts(len(blocks), pp, vpp) if vpp > 1 and first is None
               and last is None else _block_counts(len(blocks), chunks, first, last))
+    return stages_of_counts(graph, counts)
+
+
+def stages_of_counts(graph: LayerGraph, counts) -> tuple[Stage, ...]:
+    """The chunks that run ``counts[i]`` consecutive blocks each, in pipeline order: the layers
+    before the first block join chunk 0 and those after the last block the final chunk."""
+    blocks = graph.block_indices()
     starts, position = [], blocks[0]
     for count in counts:
         starts.append(position)
@@ -116,6 +123,24 @@ def balanced_stages(graph: LayerGraph, pp: int, vpp: int = 1, *, first: int | No
     starts[0] = 0
     ends = starts[1:] + [len(graph.layers)]
     return tuple(Stage(first_layer=s, num_layers=e - s) for s, e in zip(starts, ends))
+
+
+def block_counts(graph: LayerGraph, stages: tuple[Stage, ...]) -> tuple[int, ...]:
+    """Blocks in each chunk of ``stages``."""
+    blocks = set(graph.block_indices())
+    return tuple(sum(i in blocks for i in range(s.first_layer, s.first_layer + s.num_layers))
+                 for s in stages)
+
+
+def compositions(total: int, parts: int):
+    """Every way to write ``total`` as ``parts`` positive counts, lexicographically (the
+    brute-force reference's stage splits)."""
+    if parts == 1:
+        yield (total,)
+        return
+    for first in range(1, total - parts + 2):
+        for rest in compositions(total - first, parts - 1):
+            yield (first,) + rest
 
 
 def _block_counts(num_blocks: int, chunks: int, first: int | None, last: int | None) -> list[int]:
@@ -151,6 +176,43 @@ def _split_chain(num_layers: int, chunks: int) -> tuple[Stage, ...]:
         stages.append(Stage(first_layer=start, num_layers=size))
         start += size
     return tuple(stages)
+
+
+def uniform_blocks(graph: LayerGraph) -> bool:
+    """All blocks consecutive and alike (their costs the same), so a stage's cost depends on
+    how many blocks it has, not which."""
+    blocks = graph.block_indices()
+    if not blocks or blocks != list(range(blocks[0], blocks[-1] + 1)):
+        return False
+    same = replace(graph.layers[blocks[0]], name="", modules=())
+    return all(replace(graph.layers[i], name="", modules=()) == same for i in blocks)
+
+
+CHOSEN_SPLIT_MAX_PP = 4
+"""Deepest pipeline whose split CP-SAT chooses. Where the menu has least (pp = 2: balanced
+only) the model pays (5% on a 128K-vocabulary pp = 2 case) and solves in milliseconds; on
+deep pipelines of alike middle stages the window's near-optimal splits are many symmetric
+compositions, hundreds of solves took minutes on the 175B-530B searches (README, "What
+CP-SAT solves"), and the menu's lighter first/last stages are what a split there moves."""
+
+
+def split_is_chosen(graph: LayerGraph, pp: int, vpp: int) -> bool:
+    """Whether any split of the blocks over the stages is a candidate (CP-SAT chooses it,
+    ``search.partition``): one chunk per rank, at most CHOSEN_SPLIT_MAX_PP of them, over
+    blocks that are all alike. Otherwise the candidates are ``stage_variants``."""
+    return 1 < pp <= CHOSEN_SPLIT_MAX_PP and vpp == 1 and uniform_blocks(graph)
+
+
+def split_plans(graph: LayerGraph, shape: Shape, training: TrainingSpec, pins: Pins):
+    """Every split of the blocks (``compositions``, lexicographically) with the switches of the
+    balanced layout (partial recompute up to its largest stage), for the brute force."""
+    balanced = balanced_stages(graph, shape.pp)
+    options = switches(shape, runtime=training.runtime, pins=pins,
+                       blocks_per_chunk=max_chunk_blocks(graph, balanced))
+    for counts in compositions(len(graph.block_indices()), shape.pp):
+        stages = stages_of_counts(graph, counts)
+        for sw in options:
+            yield make_plan(shape, sw, stages, training)
 
 
 def stage_variants(graph: LayerGraph, pp: int, vpp: int) -> list[tuple[Stage, ...]]:
@@ -350,9 +412,7 @@ class Switches:
 
 def max_chunk_blocks(graph: LayerGraph, stages: tuple[Stage, ...]) -> int:
     """Blocks in the largest model chunk."""
-    blocks = set(graph.block_indices())
-    return max(sum(i in blocks for i in range(s.first_layer, s.first_layer + s.num_layers))
-               for s in stages)
+    return max(block_counts(graph, stages))
 
 
 def recompute_layer_options(runtime: Runtime, blocks_per_chunk: int, pins: Pins) -> list[int | None]:
@@ -456,10 +516,16 @@ def make_plan(shape: Shape, sw: Switches, stages: tuple[Stage, ...], training: T
 
 
 def candidate_plans(graph: LayerGraph, *, world: int, gpus_per_node: int, training: TrainingSpec,
-                    pins: Pins, bounds: Bounds | None = None, every_dp: bool = False):
-    """Every legal plan: shapes x switches x stage variants (a generator)."""
+                    pins: Pins, bounds: Bounds | None = None, every_dp: bool = False,
+                    every_split: bool = True):
+    """Every legal plan: shapes x stage splits x switches (a generator). The splits are every
+    composition of the blocks where ``split_is_chosen`` (``every_split`` False: the
+    ``stage_variants`` menu instead, for enumerations too large to list)."""
     for shape in shapes(graph, world=world, gpus_per_node=gpus_per_node, training=training,
                         pins=pins, bounds=bounds, every_dp=every_dp):
+        if every_split and split_is_chosen(graph, shape.pp, shape.vpp):
+            yield from split_plans(graph, shape, training, pins)
+            continue
         for stages in stage_variants(graph, shape.pp, shape.vpp):
             for sw in switches(shape, runtime=training.runtime, pins=pins,
                                blocks_per_chunk=max_chunk_blocks(graph, stages)):

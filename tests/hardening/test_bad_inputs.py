@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from autoplan import api
 from autoplan.cli import app
-from autoplan.search import solver
+from autoplan.search import table
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "examples" / "models" / "tiny_gpt.py")
@@ -218,13 +218,13 @@ def _slow_bounds(case: str, monkeypatch) -> None:
     the time-limit case every shape bound takes 50 ms, so the limit passes before any plan."""
     if case != "time_limit_no_plan":
         return
-    bound = solver.shape_lower_bound_s
+    bound = table.shape_lower_bound_s
 
     def slow(*args, **kwargs):
         time.sleep(0.05)
         return bound(*args, **kwargs)
 
-    monkeypatch.setattr(solver, "shape_lower_bound_s", slow)
+    monkeypatch.setattr(table, "shape_lower_bound_s", slow)
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from autoplan import api
 from autoplan.cli import app
-from autoplan.search.solver import US, PlanModel, Table
+from autoplan.search.solver import US, PlanModel
+from autoplan.search.table import Table
 from autoplan.training import Pins, TrainingSpec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

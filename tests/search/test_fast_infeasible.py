@@ -15,7 +15,7 @@ from autoplan.plan import one_line
 from autoplan.search.brute import brute_force
 from autoplan.search.conflicts import conflict_if_nothing_fits
 from autoplan.search.solve import solve_search
-from autoplan.search.solver import Table
+from autoplan.search.table import Table
 from autoplan.search.space import candidate_plans, family_of, leanest_members, shapes
 from autoplan.training import Objective, Pins
 from tests.search.test_solver import cluster, tiny_gpt

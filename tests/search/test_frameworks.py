@@ -143,7 +143,7 @@ def test_an_auto_solve_evaluates_no_plan_twice_on_one_problem(monkeypatch):
     evaluated, real = [], step._evaluate
 
     def counting(problem, plan):
-        if sys._getframe(1).f_code.co_name == "step_and_peak":  # not estimate()'s detail
+        if sys._getframe(1).f_code.co_name == "_evaluated":  # the search's, not estimate()'s
             evaluated.append((id(problem), plan))
         return real(problem, plan)
 

@@ -10,7 +10,7 @@ from autoplan.errors import InfeasibleError
 from autoplan.search.brute import brute_force
 from autoplan.search.objective import key as objective_key
 from autoplan.search.solve import solve_search
-from autoplan.search.solver import RUNNERS_UP, Table
+from autoplan.search.table import RUNNERS_UP, Table
 from autoplan.training import Bounds, Objective, Pins, Range
 from tests.search.test_solver import cluster, tiny_gpt
 

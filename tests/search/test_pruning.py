@@ -12,7 +12,7 @@ from autoplan.costmodels.step import step_and_peak
 from autoplan.search.space import (Shape, candidate_plans, family_of, leanest, leanest_members,
                                    max_chunk_blocks, switches)
 from autoplan.plan import one_line
-from autoplan.search.solver import Table
+from autoplan.search.table import Table
 from autoplan.training import Pins
 from tests.search.moe_models import tiny_moe
 from tests.search.test_solver import cluster, tiny_gpt

@@ -1,0 +1,119 @@
+"""CP-SAT's stage split (search.partition) against every composition of the blocks, enumerated
+with the cost model itself: for one shape and switch setting, and for a whole solve with pp
+pinned, where the head's weight makes uneven stages win."""
+
+import types
+
+import pytest
+
+from autoplan.api import _training, load_cluster, load_model, make_problem
+from autoplan.costmodels.problem import limit_mib, memory_mib
+from autoplan.costmodels.step import step_and_peak
+from autoplan.search.brute import brute_force
+from autoplan.search.partition import applies, near_optimal_splits
+from autoplan.search.solve import solve_search, solve_table
+from autoplan.search.space import (Shape, Switches, balanced_stages, block_counts, compositions,
+                                   make_plan, max_chunk_blocks, stages_of_counts, switches)
+from autoplan.training import Objective, ObjectiveTerm, Pins
+from autoplan.zoo import GPT, GPTConfig, next_token_loss
+from tests.search.test_solver import cluster
+
+_MODELS: dict = {}
+
+
+def wide_vocab_gpt(layers: int, vocab: int, hidden: int = 128):
+    """A small GPT whose head is worth several blocks (vocab x hidden against 12 hidden^2)."""
+    key = (layers, vocab, hidden)
+    if key not in _MODELS:
+        module = types.ModuleType(f"wide_vocab_{layers}_{vocab}_{hidden}")
+        config = GPTConfig(num_layers=layers, hidden_size=hidden, num_heads=4, vocab_size=vocab,
+                           max_seq_len=256)
+        module.build_model = lambda: GPT(config)
+        module.loss = next_token_loss
+        _MODELS[key] = load_model(module)
+    return _MODELS[key]
+
+
+def _problem(layers: int, vocab: int, gpus: int, batch: int, runtime: str, headroom_mib: float,
+             hidden: int = 128):
+    limit = 1.5 * 2**30 + headroom_mib * 2**20
+    return make_problem(wide_vocab_gpt(layers, vocab, hidden),
+                        load_cluster(cluster(1, gpus, False)),
+                        _training(256, batch, "bf16", runtime, "flash"), mem_limit=limit)
+
+
+def _order(problem, plan):
+    """The table's order within one shape and switch setting: fits, whole µs, memory; the
+    enumeration order (lexicographic counts) breaks what is left."""
+    step_s, peak = step_and_peak(problem, plan)
+    return memory_mib(peak) > limit_mib(problem), round(step_s * 1e6), peak
+
+
+CASES = [  # layers, vocab, pp, batch, runtime, memory above the CUDA context (MiB)
+    (6, 8192, 2, 8, "megatron", 4096),
+    (6, 32768, 2, 16, "megatron", 4096),
+    (8, 32768, 3, 12, "megatron", 4096),
+    (8, 32768, 4, 16, "deepspeed", 4096),
+    (6, 32768, 3, 12, "megatron", 140),  # tight: the first stage holds most micro-batches
+    (8, 16384, 4, 8, "fsdp", 121),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_cp_sat_split_equals_every_composition(case):
+    layers, vocab, pp, batch, runtime, headroom = case
+    problem = _problem(layers, vocab, 8, batch, runtime, headroom)
+    graph, training = problem.graph, problem.training
+    shape = Shape(tp=1, pp=pp, dp=1, cp=1, mbs=1, vpp=1)
+    assert applies(problem, pp, 1)
+    blocks = max_chunk_blocks(graph, balanced_stages(graph, pp))
+    checked = 0
+    for sw in switches(shape, runtime=training.runtime, pins=Pins(), blocks_per_chunk=blocks):
+        plans = [make_plan(shape, sw, stages_of_counts(graph, counts), training)
+                 for counts in compositions(layers, pp)]
+        best = min(plans, key=lambda plan: _order(problem, plan))  # first of equals: lexicographic
+        splits = near_optimal_splits(problem, make_plan(shape, sw, balanced_stages(graph, pp),
+                                                        training))
+        if _order(problem, best)[0]:  # nothing fits
+            assert splits == []
+            continue
+        chosen = min((make_plan(shape, sw, stages, training) for stages in splits),
+                     key=lambda plan: _order(problem, plan))
+        assert _order(problem, chosen) == _order(problem, best)
+        assert chosen.stages == best.stages
+        checked += 1
+    assert checked  # some switch setting fits
+
+
+def test_a_heavy_head_moves_blocks_to_the_first_stage():
+    """pp pinned to 2 on a model whose head is worth blocks: brute force over every split and
+    the search agree, and the split is uneven (the old menu had only the balanced one)."""
+    # hidden 1024, vocabulary 65536: the head holds 64M weights, 5.3 blocks' 12M each
+    problem = _problem(8, 65536, 2, 16, "megatron", 30000, hidden=1024)
+    pins = Pins(pp=2, tp=1, dp=1)
+    reference = brute_force(problem, pins)
+    plan, estimate, info = solve_table(problem, pins, time_limit_s=30)
+    assert info.status == "OPTIMAL"
+    assert plan == reference[0]
+    first, last = block_counts(problem.graph, plan.stages)
+    assert first > last
+    balanced = make_plan(Shape(1, 2, 1, 1, plan.micro_batch_size, 1), _switches_of(plan),
+                         balanced_stages(problem.graph, 2), problem.training)
+    assert estimate.step_time_s < step_and_peak(problem, balanced)[0]
+
+
+def _switches_of(plan):
+    return Switches(plan.zero_stage, plan.recompute, plan.sequence_parallel, plan.offload,
+                    plan.recompute_num_layers)
+
+
+@pytest.mark.parametrize("gpus,every_dp", [(4, False), (8, True)])
+def test_solve_equals_brute_force_over_every_split(gpus, every_dp):
+    """The whole search (shapes, splits, switches) against brute force over every composition,
+    with every DP degree where asked (``every_dp``: fewer GPUs, deeper pipelines)."""
+    problem = _problem(6, 32768, gpus, 16, "megatron", 4096)
+    objective = Objective(terms=(ObjectiveTerm.GPUS, ObjectiveTerm.TIME)) if every_dp else None
+    reference = brute_force(problem, Pins(), objective=objective)
+    solution = solve_search(problem, Pins(), time_limit_s=60, objective=objective)
+    assert solution.info.status == "OPTIMAL"
+    assert solution.plan == reference[0]
