@@ -299,6 +299,44 @@ def allocator_slack_bytes(activations: float, fragmentation: float, workspace: f
     return workspace + fragmentation * activations
 
 
+NVLS_CHANNELS_SM90 = 16
+NVLS_CHANNELS_SM100 = 32
+"""NVLink SHARP channels of a communicator (NCCL 2.27 src/transport/nvls.cc:
+``NVLS_NCHANNELS_SM90``, ``NVLS_NCHANNELS_SM100``)."""
+
+NVLS_CHUNK_BYTES = 128 * 2**10
+"""``NCCL_NVLS_CHUNKSIZE`` default, the NVLS step slot since NCCL 2.21. Older releases priced
+more per channel and head: 2.18-2.20 the 4 MiB ``NCCL_BUFFSIZE`` plus a 2 MiB alignment
+(``NVLS_MEM_ALIGN_SIZE``), six times as much; 2.21 1 MiB plus that 2 MiB; 2.23 on 1 MiB, set up
+when a collective first picks NVLS (``ncclNvlsBufferSetup``). Priced as NCCL 2.27 sets it up."""
+
+NCCL_STEPS = 8
+"""Slots of a connection's buffer (NCCL src/include/device.h ``NCCL_STEPS``)."""
+
+NVLS_MIN_LOCAL_GPUS = 3
+"""``ncclNvlsInit`` leaves NVLS off for a communicator with two GPUs or fewer on a node."""
+
+NVLS_MIN_COMPUTE_CAPABILITY = 9.0
+"""NCCL's NVLS graph search skips GPUs below sm_90 and nodes without NVSwitch
+(src/graph/search.cc: ``system->nodes[NVS].count == 0 || ccMin < 90``)."""
+
+
+def nvls_buffer_bytes(members_per_node: int, *, compute_capability: float | None,
+                      nvswitch: bool) -> float:
+    """Device memory, outside PyTorch's caching allocator, that one communicator's NVLink SHARP
+    buffers take on each GPU: ``ncclNvlsBufferSetup`` maps ``nChannels * 2 * buffSize * nHeads``
+    bytes (reduce and broadcast halves per channel and head; ``buffSize = NVLS_CHUNKSIZE *
+    NCCL_STEPS``), one head per GPU of the communicator on the node (the intra-node NVLS search
+    "must have ngpus heads"). Only on NVSwitch nodes of Hopper or later GPUs, and for groups of
+    three or more GPUs on a node."""
+    if (not nvswitch or compute_capability is None
+            or compute_capability < NVLS_MIN_COMPUTE_CAPABILITY
+            or members_per_node < NVLS_MIN_LOCAL_GPUS):
+        return 0.0
+    channels = NVLS_CHANNELS_SM100 if compute_capability >= 10.0 else NVLS_CHANNELS_SM90
+    return channels * 2 * NVLS_CHUNK_BYTES * NCCL_STEPS * members_per_node
+
+
 def grad_norm_copy_bytes(largest_params: float, partition_params: float, *,
                          bytes_per_element: float) -> float:
     """The transient of the gradient norm at the optimizer step: DeepSpeed's ZeRO-1/2
