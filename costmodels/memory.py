@@ -291,6 +291,28 @@ def zero3_buffer_bytes(largest_gathered: float, rank_params: float, *, bytes_per
     return bytes_per_param * largest_gathered
 
 
+CUBLAS_WORKSPACE_SM90 = 4096 * 8 * 1024
+CUBLAS_WORKSPACE_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8
+"""torch's cuBLAS workspace per handle and stream (aten/src/ATen/cuda/CublasHandlePool.cpp
+``parseChosenWorkspaceSize``: ``:4096:8`` = 32 MiB on sm_90, ``:4096:2:16:8`` = 8 MiB + 128 KiB
+elsewhere, unless CUBLAS_WORKSPACE_CONFIG says otherwise); cuBLASLt shares it (the unified
+workspace, on unless TORCH_CUBLASLT_UNIFIED_WORKSPACE=0)."""
+
+CUBLAS_HANDLES = 2
+"""cuBLAS handles that run a training step's GEMMs on one GPU: the handle pool is per thread
+(``getCurrentCUDABlasHandle``: a thread-local PoolWindow) and the workspace per handle and
+stream (``setWorkspaceForHandle``), and autograd runs the backward on its own device thread,
+the forward on the main one."""
+
+
+def cublas_workspace_bytes(compute_capability: float | None) -> float:
+    """torch's default cuBLAS workspaces on a GPU of ``compute_capability`` (unknown: priced
+    as a Hopper's, the larger)."""
+    per_handle = (CUBLAS_WORKSPACE_DEFAULT if compute_capability is not None
+                  and compute_capability != 9.0 else CUBLAS_WORKSPACE_SM90)
+    return CUBLAS_HANDLES * per_handle
+
+
 def allocator_slack_bytes(activations: float, fragmentation: float, workspace: float) -> float:
     """What PyTorch's caching allocator reserves beyond the allocated bytes at the peak: the
     cuBLAS ``workspace``, and the freed blocks of other sizes (activations, gradients and

@@ -119,10 +119,9 @@ class RuntimeProfile:
     """PyTorch DDP's gradient buckets where the runtime runs ZeRO 0 as DDP: each all-reduced
     as soon as the backward has filled it, the first (the last layers) smaller; 0: the
     runtime's ZeRO 0 does not bucket this way."""
-    cublas_workspace_bytes: float = 32 * 2**20
-    """cuBLAS workspace PyTorch allocates per handle and stream through its caching allocator:
-    32 MiB, the size the cuBLAS docs recommend for Hopper (``cublasSetWorkspace``; 4 MiB
-    before); none on CPU."""
+    cublas_workspace_bytes: float | None = None
+    """cuBLAS workspaces per GPU, allocated through PyTorch's caching allocator; None: torch's
+    default for the GPU (memory.cublas_workspace_bytes); 0 on CPU."""
     source: str = ""
 
 

@@ -13,6 +13,7 @@ from autoplan.costmodels.memory import (
     WEIGHT_BYTES,
     ModelStates,
     allocator_slack_bytes,
+    cublas_workspace_bytes,
     grad_norm_copy_bytes,
     held_fp32_logits_bytes,
     flat_grad_copy_excess_bytes,
@@ -326,7 +327,7 @@ def other_bytes(problem: Problem, plan: Plan, activations: float,
     ``params`` parameters."""
     runtime = problem.runtime
     other = outside_allocator_bytes(problem, plan) + allocator_slack_bytes(
-        activations, runtime.fragmentation, runtime.cublas_workspace_bytes)
+        activations, runtime.fragmentation, workspace_bytes(problem))
     if plan.zero_stage >= 1:
         other += runtime.zero_bucket_bytes
     other += step_moment_excess_bytes(step_transient_bytes(problem, plan, largest_gathered, params,
@@ -337,6 +338,14 @@ def other_bytes(problem: Problem, plan: Plan, activations: float,
             largest_gathered, params, bytes_per_param=runtime.zero3_gather_bytes,
             pipeline_resident=runtime.zero3_pp_resident and plan.pp > 1)
     return other
+
+
+def workspace_bytes(problem: Problem) -> float:
+    """The runtime's cuBLAS workspaces, or torch's default for the cluster's GPU."""
+    stated = problem.runtime.cublas_workspace_bytes
+    if stated is not None:
+        return stated
+    return cublas_workspace_bytes(problem.cluster.gpu.compute_capability)
 
 
 COLLECTIVE_GROUPS = ("tp", "cp", "dp", "ep", "expert_dp")

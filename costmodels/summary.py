@@ -8,7 +8,7 @@ from autoplan.costmodels.memory import (
     allocator_slack_bytes,
 )
 from autoplan.costmodels.problem import Problem, memo
-from autoplan.costmodels.ranks import RankCost, outside_allocator_bytes
+from autoplan.costmodels.ranks import RankCost, outside_allocator_bytes, workspace_bytes
 
 from autoplan.plan import Estimate, Plan
 from autoplan.units import GIB
@@ -38,7 +38,7 @@ def summarize(problem: Problem, plan: Plan, *, step: float, worst: RankCost,
         peak_allocated_gib=(worst.memory - outside
                             - allocator_slack_bytes(worst.activations,
                                                     problem.runtime.fragmentation,
-                                                    problem.runtime.cublas_workspace_bytes)) / GIB,
+                                                    workspace_bytes(problem))) / GIB,
         peak_reserved_gib=(worst.memory - outside) / GIB,
         memory_limit_gib=problem.mem_limit_bytes / GIB,
         memory_breakdown_gib={
