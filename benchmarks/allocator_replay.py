@@ -18,7 +18,7 @@ import sys
 import torch
 
 from autoplan.costmodels.allocator import replay
-from autoplan.verify.memory import _allocation_records, peak_of_records
+from autoplan.verify.memory import allocation_records, peak_of_records
 from autoplan.zoo import Llama, LlamaConfig, next_token_loss
 
 SMALL = LlamaConfig(2, 512, 8, 8, 1408, vocab_size=8192)
@@ -61,7 +61,7 @@ def measure(config: LlamaConfig, seq: int, mbs: int, in_flight: int) -> tuple[in
         optimizer.step()
         optimizer.zero_grad(set_to_none=False)
     prof.__exit__(None, None, None)
-    records = _allocation_records(prof)
+    records = allocation_records(prof)
     allocator = replay(records)
     return held, held + peak_of_records(records), held + allocator.peak_reserved
 

@@ -58,7 +58,7 @@ def held_bytes(modules) -> int:
     return total
 
 
-def _allocation_records(profiler) -> list[tuple[int, int, int]]:
+def allocation_records(profiler) -> list[tuple[int, int, int]]:
     """(time ns, bytes, address) of every allocation (bytes > 0) and free (bytes < 0)."""
     from torch._C._profiler import _EventType
     records, stack = [], list(profiler.profiler.kineto_results.experimental_event_tree())
@@ -116,7 +116,7 @@ class PeakMemory:
     def __exit__(self, *exc) -> bool:
         self._profiler.__exit__(*exc)
         if exc[0] is None:
-            records = _allocation_records(self._profiler)
+            records = allocation_records(self._profiler)
             self.peak_bytes = self._held + peak_of_records(records)
             self.reserved_bytes = self._held + replay(records).peak_reserved
         return False

@@ -9,7 +9,7 @@ import torch
 
 from autoplan.costmodels.allocator import CachingAllocator, allocation_size, replay, round_size
 from autoplan.costmodels.memory import cublas_workspace_bytes
-from autoplan.verify.memory import _allocation_records, peak_of_records
+from autoplan.verify.memory import allocation_records, peak_of_records
 
 MIB = 2**20
 
@@ -81,7 +81,7 @@ def test_replayed_real_sequence_allocates_what_torch_recorded():
     x = torch.randn(1024, 512, requires_grad=True)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         layer(x).relu().sum().backward()
-    records = _allocation_records(prof)
+    records = allocation_records(prof)
     allocator = replay(records)
     live = peak_of_records(records)
     allocations = sum(1 for _, size, _ in records if size > 0)
