@@ -72,7 +72,7 @@ def main() -> int:
         held, allocated, reserved = measure(config, seq, mbs, in_flight)
         mib = 2**20
         print(f"{label:30} {held / mib:8.0f} {allocated / mib:10.0f} {reserved / mib:9.0f} "
-              f"{(reserved - allocated) / (allocated - held):15.3f}")
+              f"{(reserved - allocated) / (allocated - held):15.3f}", flush=True)
     return 0
 
 
