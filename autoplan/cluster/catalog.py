@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass
 from functools import cache
 
@@ -36,7 +37,10 @@ class GpuSpec:
 @dataclass(frozen=True, slots=True)
 class LinkSpec:
     """A link type. ``bandwidth_Bps`` is per GPU (intra-node) or per NIC (inter-node), per
-    direction; ``allreduce_efficiency`` is the fraction of it that nccl-tests reaches [Empirical]."""
+    direction; ``allreduce_efficiency`` is the fraction of it that nccl-tests reaches [Empirical]
+    (for a network link: over two nodes). ``kept_by_nodes`` ((nodes, share), ...): for a network
+    whose measured busbw falls as a ring spans more nodes, the share of the two-node figure it
+    keeps [Empirical]; empty where no loss is measured."""
 
     name: str
     kind: str
@@ -45,6 +49,19 @@ class LinkSpec:
     allreduce_efficiency: float
     source: str = ""
     nccl_net_latency_s: float = 0.0  # what the network plugin reports to NCCL's tuner
+    kept_by_nodes: tuple[tuple[int, float], ...] = ()
+
+    def efficiency_at(self, nodes: int) -> float:
+        """``allreduce_efficiency`` of a ring over ``nodes`` nodes: times the share
+        ``kept_by_nodes`` gives, linear in log(nodes) between its points and held beyond them."""
+        points = self.kept_by_nodes
+        if not points or nodes <= points[0][0]:
+            return self.allreduce_efficiency * (points[0][1] if points else 1.0)
+        for (n0, k0), (n1, k1) in zip(points, points[1:]):
+            if nodes <= n1:
+                w = math.log(nodes / n0) / math.log(n1 / n0)
+                return self.allreduce_efficiency * (k0 + (k1 - k0) * w)
+        return self.allreduce_efficiency * points[-1][1]
 
 
 @cache
@@ -119,6 +136,8 @@ def get_link(name: str) -> LinkSpec:
         source=entry.get("source", ""),
         nccl_net_latency_s=parse_quantity(entry.get("nccl_net_latency", "0us"), "time",
                                           field=f"links.{name}.nccl_net_latency"),
+        kept_by_nodes=tuple(sorted((int(n), float(k))
+                                   for n, k in entry.get("kept_by_nodes", {}).items())),
     )
 
 

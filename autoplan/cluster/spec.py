@@ -375,11 +375,10 @@ def _resolve_gpu(gpu: str | GpuEntry) -> GpuSpec:
 
 def _with_overrides(base: LinkSpec, bandwidth: str | None, latency: str | None,
                     nccl_net_latency: str | None = None) -> LinkSpec:
-    return LinkSpec(
-        name=base.name, kind=base.kind,
+    return replace(
+        base,
         bandwidth_Bps=parse_quantity(bandwidth, "bandwidth") if bandwidth else base.bandwidth_Bps,
         latency_s=parse_quantity(latency, "time") if latency else base.latency_s,
-        allreduce_efficiency=base.allreduce_efficiency, source=base.source,
         nccl_net_latency_s=(parse_quantity(nccl_net_latency, "time") if nccl_net_latency
                             else base.nccl_net_latency_s),
     )
