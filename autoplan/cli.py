@@ -384,7 +384,9 @@ def verify_cmd(
     stdout.print(f"largest relative loss difference: {document['max_rel_loss_diff']:.2e}")
     for rank in document["ranks"]:
         stdout.print(f"rank {rank['rank']}: peak {rank['peak_bytes_measured'] / 2**20:.2f} MiB "
-                     f"measured, {rank['peak_bytes_predicted'] / 2**20:.2f} MiB predicted")
+                     f"measured, {rank['peak_bytes_predicted'] / 2**20:.2f} MiB predicted, "
+                     f"{rank['peak_reserved_bytes_replayed'] / 2**20:.2f} MiB as CUDA's caching "
+                     "allocator would reserve it")
     for note in document["notes"]:
         stdout.print(f"note: {note}", highlight=False, soft_wrap=True)
 

@@ -291,12 +291,72 @@ def zero3_buffer_bytes(largest_gathered: float, rank_params: float, *, bytes_per
     return bytes_per_param * largest_gathered
 
 
+CUBLAS_WORKSPACE_SM90 = 4096 * 8 * 1024
+CUBLAS_WORKSPACE_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8
+"""torch's cuBLAS workspace per handle and stream (aten/src/ATen/cuda/CublasHandlePool.cpp
+``parseChosenWorkspaceSize``: ``:4096:8`` = 32 MiB on sm_90, ``:4096:2:16:8`` = 8 MiB + 128 KiB
+elsewhere, unless CUBLAS_WORKSPACE_CONFIG says otherwise); cuBLASLt shares it (the unified
+workspace, on unless TORCH_CUBLASLT_UNIFIED_WORKSPACE=0)."""
+
+CUBLAS_HANDLES = 2
+"""cuBLAS handles that run a training step's GEMMs on one GPU: the handle pool is per thread
+(``getCurrentCUDABlasHandle``: a thread-local PoolWindow) and the workspace per handle and
+stream (``setWorkspaceForHandle``), and autograd runs the backward on its own device thread,
+the forward on the main one."""
+
+
+def cublas_workspace_bytes(compute_capability: float | None) -> float:
+    """torch's default cuBLAS workspaces on a GPU of ``compute_capability`` (unknown: priced
+    as a Hopper's, the larger)."""
+    per_handle = (CUBLAS_WORKSPACE_DEFAULT if compute_capability is not None
+                  and compute_capability != 9.0 else CUBLAS_WORKSPACE_SM90)
+    return CUBLAS_HANDLES * per_handle
+
+
 def allocator_slack_bytes(activations: float, fragmentation: float, workspace: float) -> float:
     """What PyTorch's caching allocator reserves beyond the allocated bytes at the peak: the
     cuBLAS ``workspace``, and the freed blocks of other sizes (activations, gradients and
     communication buffers of a step come and go in many sizes, and a cached block serves a
     request only if it is at least as large) as the stated fraction of activation memory."""
     return workspace + fragmentation * activations
+
+
+NVLS_CHANNELS_SM90 = 16
+NVLS_CHANNELS_SM100 = 32
+"""NVLink SHARP channels of a communicator (NCCL 2.27 src/transport/nvls.cc:
+``NVLS_NCHANNELS_SM90``, ``NVLS_NCHANNELS_SM100``)."""
+
+NVLS_CHUNK_BYTES = 128 * 2**10
+"""``NCCL_NVLS_CHUNKSIZE`` default, the NVLS step slot since NCCL 2.21. Older releases priced
+more per channel and head: 2.18-2.20 the 4 MiB ``NCCL_BUFFSIZE`` plus a 2 MiB alignment
+(``NVLS_MEM_ALIGN_SIZE``), six times as much; 2.21 1 MiB plus that 2 MiB; 2.23 on 1 MiB, set up
+when a collective first picks NVLS (``ncclNvlsBufferSetup``). Priced as NCCL 2.27 sets it up."""
+
+NCCL_STEPS = 8
+"""Slots of a connection's buffer (NCCL src/include/device.h ``NCCL_STEPS``)."""
+
+NVLS_MIN_LOCAL_GPUS = 3
+"""``ncclNvlsInit`` leaves NVLS off for a communicator with two GPUs or fewer on a node."""
+
+NVLS_MIN_COMPUTE_CAPABILITY = 9.0
+"""NCCL's NVLS graph search skips GPUs below sm_90 and nodes without NVSwitch
+(src/graph/search.cc: ``system->nodes[NVS].count == 0 || ccMin < 90``)."""
+
+
+def nvls_buffer_bytes(members_per_node: int, *, compute_capability: float | None,
+                      nvswitch: bool) -> float:
+    """Device memory, outside PyTorch's caching allocator, that one communicator's NVLink SHARP
+    buffers take on each GPU: ``ncclNvlsBufferSetup`` maps ``nChannels * 2 * buffSize * nHeads``
+    bytes (reduce and broadcast halves per channel and head; ``buffSize = NVLS_CHUNKSIZE *
+    NCCL_STEPS``), one head per GPU of the communicator on the node (the intra-node NVLS search
+    "must have ngpus heads"). Only on NVSwitch nodes of Hopper or later GPUs, and for groups of
+    three or more GPUs on a node."""
+    if (not nvswitch or compute_capability is None
+            or compute_capability < NVLS_MIN_COMPUTE_CAPABILITY
+            or members_per_node < NVLS_MIN_LOCAL_GPUS):
+        return 0.0
+    channels = NVLS_CHANNELS_SM100 if compute_capability >= 10.0 else NVLS_CHANNELS_SM90
+    return channels * 2 * NVLS_CHUNK_BYTES * NCCL_STEPS * members_per_node
 
 
 def grad_norm_copy_bytes(largest_params: float, partition_params: float, *,

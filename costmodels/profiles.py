@@ -126,10 +126,9 @@ class RuntimeProfile:
     compiled_elementwise_fraction: float = 1.0
     """Share of a block's eager element-wise HBM traffic (forward and backward) that Inductor's
     fused kernels still move where ``compile`` is on (benchmarks/compiled_traffic.py)."""
-    cublas_workspace_bytes: float = 32 * 2**20
-    """cuBLAS workspace PyTorch allocates per handle and stream through its caching allocator:
-    32 MiB, the size the cuBLAS docs recommend for Hopper (``cublasSetWorkspace``; 4 MiB
-    before); none on CPU."""
+    cublas_workspace_bytes: float | None = None
+    """cuBLAS workspaces per GPU, allocated through PyTorch's caching allocator; None: torch's
+    default for the GPU (memory.cublas_workspace_bytes); 0 on CPU."""
     source: str = ""
 
 

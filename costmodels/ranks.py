@@ -13,6 +13,7 @@ from autoplan.costmodels.memory import (
     WEIGHT_BYTES,
     ModelStates,
     allocator_slack_bytes,
+    cublas_workspace_bytes,
     grad_norm_copy_bytes,
     held_fp32_logits_bytes,
     flat_grad_copy_excess_bytes,
@@ -21,6 +22,7 @@ from autoplan.costmodels.memory import (
     in_flight_chunks,
     last_stage_output_slots,
     model_state_bytes,
+    nvls_buffer_bytes,
     step_moment_excess_bytes,
     upcast_grad_moment_bytes,
     zero3_buffer_bytes,
@@ -30,6 +32,7 @@ from autoplan.costmodels.pipeline import (
     partition_gathers,
     partition_meta_bytes,
 )
+from autoplan.costmodels.placement import plan_links
 from autoplan.costmodels.problem import Problem, memo
 
 from autoplan.cluster.topology import GroupLinks
@@ -327,8 +330,8 @@ def other_bytes(problem: Problem, plan: Plan, activations: float,
     unsharded copies of the gathered units (memory.zero3_buffer_bytes) of a GPU holding
     ``params`` parameters."""
     runtime = problem.runtime
-    other = runtime.cuda_context_bytes + allocator_slack_bytes(activations, runtime.fragmentation,
-                                                                runtime.cublas_workspace_bytes)
+    other = outside_allocator_bytes(problem, plan) + allocator_slack_bytes(
+        activations, runtime.fragmentation, workspace_bytes(problem))
     if plan.zero_stage >= 1:
         other += runtime.zero_bucket_bytes
     other += step_moment_excess_bytes(step_transient_bytes(problem, plan, largest_gathered, params,
@@ -339,6 +342,36 @@ def other_bytes(problem: Problem, plan: Plan, activations: float,
             largest_gathered, params, bytes_per_param=runtime.zero3_gather_bytes,
             pipeline_resident=runtime.zero3_pp_resident and plan.pp > 1)
     return other
+
+
+def workspace_bytes(problem: Problem) -> float:
+    """The runtime's cuBLAS workspaces, or torch's default for the cluster's GPU."""
+    stated = problem.runtime.cublas_workspace_bytes
+    if stated is not None:
+        return stated
+    return cublas_workspace_bytes(problem.cluster.gpu.compute_capability)
+
+
+COLLECTIVE_GROUPS = ("tp", "cp", "dp", "ep", "expert_dp")
+"""The plan's communicators that run collectives (placement.plan_links; PP only sends and
+receives, which never take NVLS)."""
+
+
+def outside_allocator_bytes(problem: Problem, plan: Plan) -> float:
+    """Device memory a GPU holds outside PyTorch's caching allocator: the runtime's CUDA
+    context and NCCL allowance, and the NVLink SHARP buffers of each collective communicator
+    the GPU is in (memory.nvls_buffer_bytes; none where the runtime prices no device, as
+    ``verify`` on CPU)."""
+    context = problem.runtime.cuda_context_bytes
+    if not context:
+        return 0.0
+    gpu = problem.cluster.gpu
+    links = plan_links(problem, plan)
+    return context + sum(
+        nvls_buffer_bytes(links[group].members_per_node,
+                          compute_capability=gpu.compute_capability,
+                          nvswitch=links[group].intra_kind == "nvswitch")
+        for group in COLLECTIVE_GROUPS if group in links and links[group].size > 1)
 
 
 def _tied_copy_params(problem: Problem, stages: tuple[tuple[int, int], ...]) -> float:

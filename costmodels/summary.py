@@ -8,7 +8,7 @@ from autoplan.costmodels.memory import (
     allocator_slack_bytes,
 )
 from autoplan.costmodels.problem import Problem, memo
-from autoplan.costmodels.ranks import RankCost
+from autoplan.costmodels.ranks import RankCost, outside_allocator_bytes, workspace_bytes
 
 from autoplan.plan import Estimate, Plan
 from autoplan.units import GIB
@@ -27,6 +27,7 @@ def summarize(problem: Problem, plan: Plan, *, step: float, worst: RankCost,
     model_flops, hardware_flops = memo(problem)[flops_key]
     model_tflops = model_flops * samples / (plan.world_size * step) / 1e12
     hw = hardware_flops * samples
+    outside = outside_allocator_bytes(problem, plan)
     return Estimate(
         step_time_s=step,
         tokens_per_s=samples * problem.graph.seq_len / step,
@@ -34,11 +35,11 @@ def summarize(problem: Problem, plan: Plan, *, step: float, worst: RankCost,
         hardware_tflops_per_gpu=hw / (plan.world_size * step) / 1e12,
         mfu=model_tflops * 1e12 / peak,
         peak_memory_gib=worst.memory / GIB,
-        peak_allocated_gib=(worst.memory - problem.runtime.cuda_context_bytes
+        peak_allocated_gib=(worst.memory - outside
                             - allocator_slack_bytes(worst.activations,
                                                     problem.runtime.fragmentation,
-                                                    problem.runtime.cublas_workspace_bytes)) / GIB,
-        peak_reserved_gib=(worst.memory - problem.runtime.cuda_context_bytes) / GIB,
+                                                    workspace_bytes(problem))) / GIB,
+        peak_reserved_gib=(worst.memory - outside) / GIB,
         memory_limit_gib=problem.mem_limit_bytes / GIB,
         memory_breakdown_gib={
             "weights": worst.states.weights / GIB, "gradients": worst.states.gradients / GIB,

@@ -25,6 +25,7 @@ class GpuSpec:
     nvlink: str | None
     source: str = ""
     sm_count: int | None = None  # None: unknown, GEMMs are then costed without wave quantization
+    compute_capability: float | None = None  # None: unknown, priced without NVLS buffers
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak for a precision; bf16 falls back to fp16 on GPUs without bf16 (V100)."""
@@ -83,6 +84,8 @@ def _gpu_from_entry(name: str, entry: dict) -> GpuSpec:
         nvlink=entry.get("nvlink"),
         source=entry.get("source", ""),
         sm_count=entry.get("sm_count"),
+        compute_capability=(float(entry["compute_capability"])
+                            if entry.get("compute_capability") is not None else None),
     )
 
 

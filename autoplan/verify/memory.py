@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from autoplan.costmodels.allocator import replay
 from autoplan.costmodels.profiles import RuntimeProfile
 from autoplan.graph.layer_graph import LayerKind
 
@@ -57,7 +58,7 @@ def held_bytes(modules) -> int:
     return total
 
 
-def _allocation_records(profiler) -> list[tuple[int, int, int]]:
+def allocation_records(profiler) -> list[tuple[int, int, int]]:
     """(time ns, bytes, address) of every allocation (bytes > 0) and free (bytes < 0)."""
     from torch._C._profiler import _EventType
     records, stack = [], list(profiler.profiler.kineto_results.experimental_event_tree())
@@ -93,11 +94,15 @@ def peak_of_records(records: list[tuple[int, int, int]]) -> int:
 
 
 class PeakMemory:
-    """Context manager measuring a rank's peak live tensor bytes (see the module docstring)."""
+    """Context manager measuring a rank's peak live tensor bytes (see the module docstring),
+    and what PyTorch's CUDA caching allocator would reserve for the same allocations
+    (``reserved_bytes``: the records replayed through its rules, costmodels.allocator, on top
+    of the bytes held when the steps start)."""
 
     def __init__(self, rank_model) -> None:
         self.rank_model = rank_model
         self.peak_bytes = 0
+        self.reserved_bytes = 0
         self._profiler = None
         self._held = 0
 
@@ -111,7 +116,9 @@ class PeakMemory:
     def __exit__(self, *exc) -> bool:
         self._profiler.__exit__(*exc)
         if exc[0] is None:
-            self.peak_bytes = self._held + peak_of_records(_allocation_records(self._profiler))
+            records = allocation_records(self._profiler)
+            self.peak_bytes = self._held + peak_of_records(records)
+            self.reserved_bytes = self._held + replay(records).peak_reserved
         return False
 
 

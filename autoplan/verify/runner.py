@@ -123,7 +123,8 @@ def _rank_main(rank: int, run: _Run) -> None:
                 losses.append(rank_model.train_step(local))
         report = {"rank": rank, "pp_rank": rank_model.pp_rank, "dp_rank": rank_model.dp_rank,
                   "tp_rank": rank_model.mesh.get_local_rank("tp"), "losses": losses,
-                  "peak_bytes_measured": memory.peak_bytes}
+                  "peak_bytes_measured": memory.peak_bytes,
+                  "peak_reserved_bytes_replayed": memory.reserved_bytes}
         (run.out_dir / f"rank{rank}.json").write_text(json.dumps(report))
         dist.barrier()
     finally:
@@ -211,6 +212,7 @@ def verify_plan(model_path: str, plan: Plan, *, seq_len: int, steps: int,
         "max_rel_loss_diff": max(relative_differences(reference, parallel)),
         "ranks": [{"rank": r["rank"], "pp_rank": r["pp_rank"], "dp_rank": r["dp_rank"],
                    "tp_rank": r["tp_rank"], "peak_bytes_measured": r["peak_bytes_measured"],
+                   "peak_reserved_bytes_replayed": r["peak_reserved_bytes_replayed"],
                    "peak_bytes_predicted": round(predicted_bytes[r["pp_rank"]])}
                   for r in reports],
         "notes": list(notes or []),

@@ -18,7 +18,8 @@ from tests.graph.models import LLAMA_GQA, llama_gqa, model_file
 
 SEQ, BATCH = 64, 8
 CONTEXT = 1.5 * GIB  # profiles.yaml cuda_context_bytes, every runtime
-CUBLAS = 32 * 2**20  # profiles.cublas_workspace_bytes: cuBLAS's recommended Hopper workspace
+CUBLAS = 2 * (4096 * 1024 * 2 + 16 * 1024 * 8)  # A100: torch's :4096:2:16:8 workspace for the
+# forward's and for autograd's backward thread's cuBLAS handle (CublasHandlePool.cpp)
 
 
 def _estimate(examples, pins, runtime="fsdp", cluster="dgx-a100-x1.yaml"):
