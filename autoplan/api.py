@@ -154,7 +154,7 @@ def runtime_with(runtime: RuntimeProfile, settings: Mapping[str, Any] | None) ->
     return dataclasses.replace(runtime, **settings)
 
 
-def _training(seq_len: int, global_batch: int, precision: str, runtime: str,
+def training_spec(seq_len: int, global_batch: int, precision: str, runtime: str,
               attention: str, optimizer: str | None = None,
               frozen_dtype: str | None = None,
               optimizer_in_backward: bool = False) -> TrainingSpec:
@@ -354,7 +354,7 @@ def _priced_elsewhere(result: Result, model: Model, cluster: LoadedCluster, *, m
             continue
         if t.optimizer_in_backward and not RUNTIMES[other].optimizer_in_backward:
             continue
-        training = _training(t.seq_len, t.global_batch, t.precision, other.value, attention,
+        training = training_spec(t.seq_len, t.global_batch, t.precision, other.value, attention,
                              t.optimizer, t.frozen_dtype, t.optimizer_in_backward)
         problem = make_problem(model, cluster, training, mem_limit, profile=profile)
         out[other.value] = estimate_plan(problem, result.plan)
@@ -407,7 +407,7 @@ def _batch_problems(model: Model, cluster: LoadedCluster, batches: list[int] | N
     _check_ep_cluster(cluster, pins.ep)
     problems, errors = [], []
     for batch in batches:
-        training = _training(seq_len, batch, precision, runtime, attention, optimizer,
+        training = training_spec(seq_len, batch, precision, runtime, attention, optimizer,
                              frozen_dtype, optimizer_in_backward)
         if training not in made:
             made[training] = make_problem(model, cluster, training, mem_limit, profile=profile,
@@ -432,7 +432,7 @@ def _check_ep_cluster(cluster: LoadedCluster, ep: int | None) -> None:
             "yet; leave --ep unset or plan on one node group.")
 
 
-def _plan_for(problem: Problem, cluster: LoadedCluster, model: Model, plan_or_pins) -> Plan:
+def plan_for(problem: Problem, cluster: LoadedCluster, model: Model, plan_or_pins) -> Plan:
     """The plan to estimate: a Plan checked against the problem, or pins (from the caller or an
     imported configuration) completed with the documented defaults."""
     if isinstance(plan_or_pins, Plan):
@@ -492,11 +492,11 @@ def estimate(model: ModelLike, cluster: ClusterLike,
     run = plan_or_pins if isinstance(plan_or_pins, ImportedRun) else None
     seq_len, global_batch, precision, runtime = _settings(run, seq_len, global_batch, precision,
                                                          runtime)
-    training = _training(seq_len, global_batch, precision, runtime, attention, optimizer,
+    training = training_spec(seq_len, global_batch, precision, runtime, attention, optimizer,
                          frozen_dtype, optimizer_in_backward)
     problem = make_problem(model, cluster, training, mem_limit, profile=profile,
                            runtime_settings=runtime_settings)
-    plan = _plan_for(problem, cluster, model, plan_or_pins)
+    plan = plan_for(problem, cluster, model, plan_or_pins)
     if optimizer_in_backward:
         require_no_accumulation(plan)
     est = estimate_plan(problem, plan)
@@ -620,7 +620,7 @@ def explain(result: Result | str | Path, model: ModelLike, *, pins: PinsLike = N
         raise PlanFileError("the plan JSON lacks its cluster or training section; save the "
                             "output of `autoplan solve --json` and explain that.")
     t = result.training
-    training = _training(t.seq_len, t.global_batch, t.precision, t.runtime, "flash",
+    training = training_spec(t.seq_len, t.global_batch, t.precision, t.runtime, "flash",
                          t.optimizer, t.frozen_dtype, t.optimizer_in_backward)
     cluster = load_cluster(result.cluster)
     require_homogeneous(cluster.cluster, "explain")
@@ -749,14 +749,14 @@ def fit_runs(measured: list) -> list:
                 f"{run.cluster.name} has {cluster.cluster.num_gpus}; give the cluster the run "
                 "used or the degrees it ran with.")
         model = models.setdefault(run.model, load_model(run.model))
-        training = _training(run.seq_len, run.global_batch, run.precision or "bf16",
+        training = training_spec(run.seq_len, run.global_batch, run.precision or "bf16",
                              run.runtime, "flash")
         try:
             problem = make_problem(model, cluster, training)
         except AutoplanError as err:
             raise RunsError(f"{run.label}, column model: {run.model} does not trace: {err}") from None
         try:
-            plan = _plan_for(problem, cluster, model, run.pins)
+            plan = plan_for(problem, cluster, model, run.pins)
         except AutoplanError as err:
             raise RunsError(f"{run.label}, columns tp,pp,dp,cp,mbs: {err}") from None
         tokens = run.tokens_per_s_per_gpu or (

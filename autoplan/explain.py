@@ -163,7 +163,8 @@ def binding(table: Table, problem: Problem, row: int, pins: Pins) -> str:
             f"faster, needs {fest.peak_memory_gib:.0f} GiB); the nearest miss, "
             f"{one_line(free.plans[nearest])}, would take {format_seconds(nest.step_time_s)} "
             f"({1 - nest.step_time_s / est.step_time_s:.1%} faster) but needs "
-            f"{_over(nest.peak_memory_gib, limit_gib)} on pipeline stage {stage}; {own}.")
+            f"{need_against_limit(nest.peak_memory_gib, limit_gib)} on pipeline stage {stage}; "
+            f"{own}.")
 
 
 def _faster_fit(table: Table, best: int, row: int) -> str:
@@ -177,7 +178,7 @@ def _faster_fit(table: Table, best: int, row: int) -> str:
             f"{relation}")
 
 
-def _over(need_gib: float, limit_gib: float) -> str:
+def need_against_limit(need_gib: float, limit_gib: float) -> str:
     """``81.3 GiB (limit 80.0 GiB)`` with as many decimals as it takes for the two to differ,
     and under a GiB over the excess in MiB."""
     need = f"{need_gib:.{gib_digits(need_gib, limit_gib)}f} GiB (limit {limit_gib:.1f} GiB"

@@ -65,7 +65,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoplan.api import (_plan_for, _training, calibrate_runs, load_cluster, load_model,
+from autoplan.api import (plan_for, training_spec, calibrate_runs, load_cluster, load_model,
                           make_problem)
 from autoplan.costmodels.profiles import compute_profile
 from autoplan.costmodels.step import estimate
@@ -187,7 +187,7 @@ def write_inputs(folder: Path, nodes: tuple[int, ...], truth: str) -> None:
             f", latency: {TRUTH_LATENCY}, nccl_net_latency: {TRUTH_NET_LATENCY}"))
 
 
-TRAINING = _training(SEQ_LEN, GLOBAL_BATCH, "bf16", RUNTIME, "flash")
+TRAINING = training_spec(SEQ_LEN, GLOBAL_BATCH, "bf16", RUNTIME, "flash")
 
 
 class Problems:
@@ -226,7 +226,7 @@ def pose(problems: Problems, configs: list[Config]) -> list[Row]:
         pins = dict(tp=c.tp, pp=c.pp, dp=c.dp, cp=1, mbs=c.mbs, zero=c.zero,
                     recompute="none")
         try:
-            rows.append(Row(c, problem, _plan_for(problem, cluster, model, pins)))
+            rows.append(Row(c, problem, plan_for(problem, cluster, model, pins)))
         except AutoplanError:
             continue
     return rows

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from autoplan.api import _plan_for, _training, load_cluster, load_model, make_problem
+from autoplan.api import plan_for, training_spec, load_cluster, load_model, make_problem
 from autoplan.errors import AutoplanError
 from autoplan.costmodels.profiles import FITTED, fit_grid
 from autoplan.costmodels.problem import Problem
@@ -36,11 +36,11 @@ def pose(runs: list[PublishedRun]) -> tuple[list[Question], list[tuple[Published
         model = models.setdefault(id(run.model), load_model(run.model))
         try:
             cluster = load_cluster(run.cluster)
-            training = _training(run.seq_len, run.global_batch, run.precision, run.runtime,
+            training = training_spec(run.seq_len, run.global_batch, run.precision, run.runtime,
                                  run.attention)
             problem = make_problem(model, cluster, training,
                                    runtime_settings=run.runtime_settings)
-            out.append(Question(run, problem, _plan_for(problem, cluster, model, run.pins)))
+            out.append(Question(run, problem, plan_for(problem, cluster, model, run.pins)))
         except AutoplanError as err:
             refused.append((run, str(err)))
     return out, refused

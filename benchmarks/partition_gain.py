@@ -16,7 +16,7 @@ import types
 from pathlib import Path
 
 import autoplan
-from autoplan.api import _training, load_cluster, make_problem
+from autoplan.api import training_spec, load_cluster, make_problem
 from autoplan.search.space import block_counts
 from autoplan.search.table import Table
 from autoplan.training import Pins
@@ -55,7 +55,7 @@ def best(table: Table) -> int:
 def compare(name: str, model, cluster_file: str, seq: int, batch: int, pins: dict) -> None:
     model.trace(seq)
     cluster = load_cluster(EXAMPLES / "clusters" / cluster_file)
-    problem = make_problem(model, cluster, _training(seq, batch, "bf16", "megatron", "flash"))
+    problem = make_problem(model, cluster, training_spec(seq, batch, "bf16", "megatron", "flash"))
     rows = {}
     for choose in (False, True):
         start = time.perf_counter()

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import autoplan
-from autoplan.api import _training, load_cluster, make_problem
+from autoplan.api import training_spec, load_cluster, make_problem
 from autoplan.costmodels.step import estimate
 from autoplan.search.brute import brute_force
 from autoplan.search.groups_space import (assignments, capacity, group_candidates, group_shapes,
@@ -49,7 +49,7 @@ def main() -> None:
         traced = time.perf_counter()
         result = autoplan.solve(model, cluster, seq_len=seq, global_batch=batch)
         solved = time.perf_counter()
-        problem = make_problem(model, load_cluster(cluster), _training(seq, batch, "bf16", "megatron", "flash"))
+        problem = make_problem(model, load_cluster(cluster), training_spec(seq, batch, "bf16", "megatron", "flash"))
         brute_force(problem, Pins(), every_split=False)  # all splits: too many to list
         enumerated = time.perf_counter() - solved
         p = result.plan
@@ -89,7 +89,7 @@ def hetero(name: str, model_file: str, cluster_file: str, seq: int, batch: int) 
     cluster = EXAMPLES / "clusters" / cluster_file
     result = autoplan.solve(model, cluster, seq_len=seq, global_batch=batch)
     solved = time.perf_counter()
-    problem = make_problem(model, load_cluster(cluster), _training(seq, batch, "bf16", "megatron", "flash"))
+    problem = make_problem(model, load_cluster(cluster), training_spec(seq, batch, "bf16", "megatron", "flash"))
     enumerated = projected_enumeration(problem)
     p = result.plan
     print(f"{name:30} {traced - start:8.2f} {solved - traced:8.2f} {solved - start:8.2f} "

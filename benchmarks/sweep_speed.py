@@ -26,7 +26,7 @@ def _split_one_point() -> None:
 
     spec = api.load_cluster(SWEEP.parent.parent / "clusters" / "dgx-a100-x16.yaml")
     model = api.load_model(SWEEP.parent.parent / "models" / "llama2_70b.py")
-    training = api._training(4096, 512, "bf16", "megatron", "flash")
+    training = api.training_spec(4096, 512, "bf16", "megatron", "flash")
     model.trace(4096)
     start = time.perf_counter()
     table = Table.build(api.make_problem(model, spec, training), Pins())

@@ -207,6 +207,15 @@ def test_an_existing_profile_is_not_overwritten_without_force(tmp_path):
 
 # --- the fit ------------------------------------------------------------------------------
 
+def assert_recovers(profile: RunsProfile, truth: dict) -> None:
+    """The fit chose every parameter of ``truth``, found each within 2%, and so predicts its
+    own generated runs almost exactly (they were far off with the catalog's values)."""
+    assert set(truth) <= set(profile.parameters), profile.fixed
+    for name, value in truth.items():
+        assert profile.parameters[name] == pytest.approx(value, rel=0.02), name
+    assert profile.fit.mean_abs_error_after < 0.005 < profile.fit.mean_abs_error_before
+
+
 TRUTH = {"gemm_efficiency": 0.55, "attention_efficiency": 0.40, "memory_fragmentation": 0.25}
 """A known parameter set, away from the catalog's H100 and fsdp values (0.70, 0.30, 0.10)."""
 
@@ -234,10 +243,7 @@ def test_round_trip_recovers_the_parameters_that_generated_the_runs(tmp_path):
                     f"false,fsdp,{tokens},{made.estimate.peak_reserved_gib}")
     path = _runs_csv(tmp_path, rows)
     profile = api.calibrate_runs([path], tmp_path / "p.yaml", leave_one_out=False)
-    assert set(TRUTH) <= set(profile.parameters), profile.fixed
-    for name, value in TRUTH.items():
-        assert profile.parameters[name] == pytest.approx(value, rel=0.02), name
-    assert profile.fit.mean_abs_error_after < 0.005 < profile.fit.mean_abs_error_before
+    assert_recovers(profile, TRUTH)
     assert profile.fit.memory_mean_abs_error_after < 0.005 < profile.fit.memory_mean_abs_error_before
     assert profile.fixed["cuda_context_bytes"] == "no run's prediction depends on it"
     assert len(profile.parameters) - 1 < len(rows)  # never one knob per run (of time)
@@ -418,7 +424,4 @@ def test_round_trip_recovers_the_network_of_runs_with_tp_across_nodes(tmp_path):
     (one node, no network in its cluster.yaml) has no place for the network parameters."""
     path = _network_runs(tmp_path, NETWORK_TRUTH)
     profile = api.calibrate_runs([path], tmp_path / "p.yaml", leave_one_out=False)
-    assert set(NETWORK_TRUTH) <= set(profile.parameters), profile.fixed
-    for name, value in NETWORK_TRUTH.items():
-        assert profile.parameters[name] == pytest.approx(value, rel=0.02), name
-    assert profile.fit.mean_abs_error_after < 0.005 < profile.fit.mean_abs_error_before
+    assert_recovers(profile, NETWORK_TRUTH)

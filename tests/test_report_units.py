@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autoplan.cli import app
-from autoplan.explain import _over
+from autoplan.explain import need_against_limit
 from autoplan.units import format_count, format_seconds
 
 TINY = "examples/models/tiny_gpt.py"
@@ -49,8 +49,8 @@ def test_solve_warns_about_a_ten_gigabit_link():
 
 def test_a_near_miss_shows_the_digits_that_make_it_a_miss():
     # 80.04 GiB is 0.04 * 1024 = 41 MiB over 80 GiB; one decimal would print 80.0 for both.
-    assert _over(80.04, 80.0) == "80.04 GiB (limit 80.0 GiB, 41 MiB over)"
-    assert _over(115.9, 80.0) == "115.9 GiB (limit 80.0 GiB)"
+    assert need_against_limit(80.04, 80.0) == "80.04 GiB (limit 80.0 GiB, 41 MiB over)"
+    assert need_against_limit(115.9, 80.0) == "115.9 GiB (limit 80.0 GiB)"
 
 
 def test_a_piped_trace_table_is_not_cut_to_80_columns():

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from autoplan.api import _training, load_cluster, load_model, make_problem, plan_from_pins
+from autoplan.api import training_spec, load_cluster, load_model, make_problem, plan_from_pins
 from autoplan.costmodels import comm
 from autoplan.costmodels.memory import WEIGHT_BYTES
 from autoplan.costmodels.placement import plan_links
@@ -57,7 +57,7 @@ def model_and_cluster(examples):
     ("deepspeed", 1, 1), ("deepspeed", 2, 1)])
 def test_schedule_matches_bucket_by_bucket_to_the_last_bit(model_and_cluster, runtime, zero, vpp):
     model, cluster = model_and_cluster
-    problem = make_problem(model, cluster, _training(256, 64, "bf16", runtime, "flash"))
+    problem = make_problem(model, cluster, training_spec(256, 64, "bf16", runtime, "flash"))
     if runtime == "deepspeed":  # ZeRO 1-2 bucketed as megatron-core does, to reach that path
         problem = dataclasses.replace(problem, runtime=dataclasses.replace(
             problem.runtime, overlap_grad_reduce=True, overlap_param_gather=zero == 1))

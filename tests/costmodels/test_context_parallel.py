@@ -3,7 +3,7 @@
 import pytest
 
 import autoplan
-from autoplan.api import _training, load_cluster, load_model, make_problem, plan_from_pins
+from autoplan.api import training_spec, load_cluster, load_model, make_problem, plan_from_pins
 from autoplan.cluster.topology import group_links
 from autoplan.costmodels import comm
 from autoplan.costmodels.compute import Split, attention_time
@@ -26,7 +26,7 @@ def model():
 
 
 def _problem(model, cluster, runtime="megatron"):
-    return make_problem(model, load_cluster(cluster), _training(S, 16, "bf16", runtime, "flash"))
+    return make_problem(model, load_cluster(cluster), training_spec(S, 16, "bf16", runtime, "flash"))
 
 
 def _block(problem):

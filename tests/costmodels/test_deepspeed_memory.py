@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 import autoplan
-from autoplan.api import _training, load_cluster, load_model, make_problem, plan_from_pins
+from autoplan.api import training_spec, load_cluster, load_model, make_problem, plan_from_pins
 from autoplan.costmodels.step import peak_moments
 from autoplan.training import Pins
 from autoplan.verify.memory import PeakMemory
@@ -74,7 +74,7 @@ def test_explain_names_the_step_moment(examples):
     is the moment, not a backward."""
     cluster = load_cluster(examples / "clusters" / "a100-x1.yaml")
     problem = make_problem(load_model(wide_vocab), cluster,
-                           _training(16, BATCH, "bf16", "deepspeed", "flash"))
+                           training_spec(16, BATCH, "bf16", "deepspeed", "flash"))
     plan = plan_from_pins(problem, Pins(dp=1, zero=1, mbs=1, recompute="full"))
     assert peak_moments(problem, plan)[0].startswith("the optimizer step")
 

@@ -10,7 +10,7 @@ from unittest import mock
 
 import pytest
 
-from autoplan.api import _training, load_cluster, load_model, make_problem, plan_from_pins
+from autoplan.api import training_spec, load_cluster, load_model, make_problem, plan_from_pins
 from autoplan.cluster.catalog import get_gpu
 from autoplan.costmodels.pipeline import blocking_transfers, pipeline_time
 from autoplan.costmodels.profiles import compute_profile
@@ -144,7 +144,7 @@ def traced():
 
 def _estimate(examples, traced, cluster: str, pins: dict, precision: str, **settings):
     problem = make_problem(traced, load_cluster(examples / "clusters" / cluster),
-                           _training(SEQ, BATCH, precision, "deepspeed", "flash"),
+                           training_spec(SEQ, BATCH, precision, "deepspeed", "flash"),
                            runtime_settings=settings or None)
     return estimate(problem, plan_from_pins(problem, Pins(**pins)))
 

@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-from autoplan.api import _training, load_cluster, load_model, make_problem, plan_from_pins
+from autoplan.api import training_spec, load_cluster, load_model, make_problem, plan_from_pins
 from autoplan.cluster.topology import group_links
 from autoplan.costmodels import comm
 from autoplan.costmodels.profiles import compute_profile, runtime_profile
@@ -23,7 +23,7 @@ def _dp_comm(**settings) -> tuple[float, float]:
     """(dp_comm seconds, the GPU's parameters) of a ZeRO-3 FSDP plan on one DGX A100."""
     model = load_model(_gpt_module(L, H, A, V, S))
     problem = make_problem(model, load_cluster(selene(DP)),
-                           _training(S, GLOBAL, "bf16", "fsdp", "flash"),
+                           training_spec(S, GLOBAL, "bf16", "fsdp", "flash"),
                            runtime_settings={"zero3_overlap": 0.0, **settings})
     plan = plan_from_pins(problem, Pins(tp=1, pp=1, dp=DP, mbs=MBS, zero=3))
     return estimate(problem, plan).time_breakdown_s["dp_comm"], problem.graph.num_params

@@ -174,7 +174,7 @@ def test_tied_head_copy_sits_on_the_rank_that_runs_the_head(layout, copies):
 
     model = autoplan.load_model("examples/models/tiny_gpt.py")
     problem = autoplan.api.make_problem(model, autoplan.load_cluster("examples/clusters/dgx-a100-x1.yaml"),
-                                       autoplan.api._training(64, 8, "bf16", "megatron", "flash"))
+                                       autoplan.api.training_spec(64, 8, "bf16", "megatron", "flash"))
     vpp = 2 if len(layout) == 4 else 1
     pp = len(layout) // vpp
     starts = [sum(layout[:i]) for i in range(len(layout))]

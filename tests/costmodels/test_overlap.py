@@ -3,7 +3,7 @@
 
 import pytest
 
-from autoplan.api import _training, load_cluster, load_model, make_problem, plan_from_pins
+from autoplan.api import training_spec, load_cluster, load_model, make_problem, plan_from_pins
 from autoplan.api import runtime_with
 from autoplan.cluster.topology import group_links
 from autoplan.costmodels import comm
@@ -23,7 +23,7 @@ TP, MBS = 8, 8
 def megatron():
     model = load_model(_gpt_module(L, H, A, V, S))
     cluster = load_cluster(selene(8))
-    return make_problem(model, cluster, _training(S, 4 * MBS, "bf16", "megatron", "flash"))
+    return make_problem(model, cluster, training_spec(S, 4 * MBS, "bf16", "megatron", "flash"))
 
 
 def _tp_comm(problem, *, overlap: bool, sp: bool = False, recompute=Recompute.NONE) -> float:
@@ -98,7 +98,7 @@ def test_deepspeed_zero3_pays_one_ring_per_module_and_pass():
     modules = 6 * L + 2 + 1
     times = {}
     for runtime in ("deepspeed", "fsdp"):
-        problem = make_problem(model, cluster, _training(256, 16, "bf16", runtime, "flash"),
+        problem = make_problem(model, cluster, training_spec(256, 16, "bf16", runtime, "flash"),
                                runtime_settings={"zero3_collective_efficiency": 1.0,
                                                  "zero3_overlap": 0.0, "reduce_bytes": 2,
                                                  "unshard_copy_bytes": 0})

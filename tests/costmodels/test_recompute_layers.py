@@ -4,7 +4,7 @@ hand from one block's costs, and chosen by the solver when memory is tight."""
 import pytest
 
 import autoplan
-from autoplan.api import _training, load_cluster, load_model, make_problem, plan_from_pins
+from autoplan.api import training_spec, load_cluster, load_model, make_problem, plan_from_pins
 from autoplan.costmodels.compute import Split, layer_time
 from autoplan.costmodels.memory import layer_activation_bytes
 from autoplan.costmodels.step import estimate
@@ -29,7 +29,7 @@ def _repo_root(monkeypatch, examples):
 def problem(examples):
     model = load_model(examples / "models/tiny_gpt.py")
     cluster = load_cluster(examples / "clusters/dgx-a100-x1.yaml")
-    return make_problem(model, cluster, _training(SEQ, BATCH, "bf16", "megatron", "flash"))
+    return make_problem(model, cluster, training_spec(SEQ, BATCH, "bf16", "megatron", "flash"))
 
 
 def _estimate(problem, recompute, n=None):
@@ -83,7 +83,7 @@ def test_solver_recomputes_only_as_many_blocks_as_memory_needs(problem):
     assert result.estimate.step_time_s < _estimate(problem, "full").step_time_s
     # The brute force over the same space agrees (the partial rows are not in the pruned group).
     tight = make_problem(load_model(TINY), load_cluster(DGX1),
-                         _training(SEQ, BATCH, "bf16", "megatron", "flash"), limit)
+                         training_spec(SEQ, BATCH, "bf16", "megatron", "flash"), limit)
     best, est = brute_force(tight, Pins(**SHAPE))
     assert round(est.step_time_s * 1e6) == round(result.estimate.step_time_s * 1e6)
     assert best.recompute_num_layers == 3

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from autoplan.api import _training, load_cluster, load_model, make_problem, plan_from_pins
+from autoplan.api import training_spec, load_cluster, load_model, make_problem, plan_from_pins
 from autoplan.costmodels.pipeline import pipeline_time
 from autoplan.costmodels.step import estimate
 from autoplan.errors import ExportError
@@ -36,7 +36,7 @@ def test_interleaving_divides_the_remaining_bubble_by_the_chunks():
 def problems():
     model = load_model(_gpt_module(8, 1024, 16, 1024, 512))
     return {runtime: make_problem(model, load_cluster(selene(8)),
-                                  _training(512, 32, "bf16", runtime, "flash"))
+                                  training_spec(512, 32, "bf16", runtime, "flash"))
             for runtime in ("fsdp", "megatron")}
 
 

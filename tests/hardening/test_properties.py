@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import autoplan
-from autoplan.api import _training, load_cluster, make_problem
+from autoplan.api import training_spec, load_cluster, make_problem
 from autoplan.cli import app
 from autoplan.costmodels.memory import model_state_bytes
 from autoplan.costmodels.profiles import runtime_profile
@@ -110,7 +110,7 @@ def _problem(gpus=8, inter="200Gbps", mem=None, batch=16):
     cluster = {"gpu": "a100-sxm4-80gb", "nodes": 2, "gpus_per_node": gpus // 2,
                "intra_node": {"link": "pcie", "bandwidth": "32GB/s"},
                "inter_node": {"link": "infiniband", "bandwidth": inter, "nics_per_node": 1}}
-    return make_problem(TINY, load_cluster(cluster), _training(128, batch, "bf16", "megatron", "flash"),
+    return make_problem(TINY, load_cluster(cluster), training_spec(128, batch, "bf16", "megatron", "flash"),
                         mem_limit=mem)
 
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoplan.api import _training, load_cluster, make_problem
+from autoplan.api import training_spec, load_cluster, make_problem
 from autoplan.errors import InfeasibleError
 from autoplan.search.brute import brute_force
 from autoplan.search.solve import solve_table
@@ -34,7 +34,7 @@ moe_instances = st.fixed_dictionaries({
 def test_cp_sat_optimum_equals_brute_force_with_expert_parallelism(case):
     model = tiny_moe(case["layers"], 64, case["experts"])
     loaded = load_cluster(cluster(case["nodes"], case["gpus"], False))
-    training = _training(256, case["batch"], "bf16", case["runtime"], "flash")
+    training = training_spec(256, case["batch"], "bf16", case["runtime"], "flash")
     limit = 1.5 * 2**30 + case["headroom_mib"] * 2**20
     problem = make_problem(model, loaded, training, mem_limit=limit)
     pins = Pins(ep=case["ep"])
@@ -58,7 +58,7 @@ def _wide_moe_problem(mem_limit_gib: float):
     """4 blocks of 16 experts of 3 x 1024 x 4096 (0.8 B expert parameters) on 8 A100 40GB."""
     model = tiny_moe(4, 1024, 16, ffn=4096)
     loaded = load_cluster(cluster(1, 8, False))
-    training = _training(1024, 8, "bf16", "megatron", "flash")
+    training = training_spec(1024, 8, "bf16", "megatron", "flash")
     return make_problem(model, loaded, training, mem_limit=mem_limit_gib * 2**30)
 
 

@@ -26,7 +26,7 @@ BIG = {"preset": "dgx-h100", "nodes": 1024}  # 8,192 GPUs
 @pytest.fixture(scope="module")
 def problem():
     model = tiny_gpt(4, 64, 4)
-    training = api._training(256, 2048, "bf16", "megatron", "flash")
+    training = api.training_spec(256, 2048, "bf16", "megatron", "flash")
     return api.make_problem(model, api.load_cluster(BIG), training, mem_limit=2**20)  # 1 MiB
 
 
@@ -65,7 +65,7 @@ LABELS = {"tp": "--tp 2", "pp": "--pp 2", "dp": "--dp 4", "recompute": "--recomp
 
 
 def _small(mem_limit):
-    training = api._training(256, 32, "bf16", "megatron", "flash")
+    training = api.training_spec(256, 32, "bf16", "megatron", "flash")
     return api.make_problem(tiny_gpt(4, 256, 4), api.load_cluster(cluster(2, 8, False)),
                             training, mem_limit=mem_limit)
 

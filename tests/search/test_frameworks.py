@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import autoplan
-from autoplan.api import load_cluster, make_problem, _training
+from autoplan.api import load_cluster, make_problem, training_spec
 from autoplan.capabilities import RUNTIME_TARGET
 from autoplan.errors import ExportError, InfeasibleError
 from autoplan.search.brute import brute_force
@@ -34,7 +34,7 @@ def _brute_per_runtime(model, spec, batch, limit):
     loaded = load_cluster(spec)
     found = {}
     for runtime in Runtime:
-        problem = make_problem(model, loaded, _training(256, batch, "bf16", runtime.value, "flash"),
+        problem = make_problem(model, loaded, training_spec(256, batch, "bf16", runtime.value, "flash"),
                                mem_limit=limit)
         found[runtime] = brute_force(problem, Pins())
     return found
@@ -83,7 +83,7 @@ def test_the_search_never_proposes_what_the_runtime_export_refuses(runtime):
     spec = cluster(2, 4, False)
     base = autoplan.estimate(model, spec, {}, seq_len=256, global_batch=16,
                              runtime=runtime.value)
-    problem = make_problem(model, load_cluster(spec), _training(256, 16, "bf16", runtime.value,
+    problem = make_problem(model, load_cluster(spec), training_spec(256, 16, "bf16", runtime.value,
                                                                 "flash"))
     check = importlib.import_module(f"autoplan.plugins.{RUNTIME_TARGET[runtime]}").check
     plans = list(candidate_plans(problem.graph, world=8, gpus_per_node=4,

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 import autoplan
-from autoplan.api import _training, load_cluster, load_model, make_problem
+from autoplan.api import training_spec, load_cluster, load_model, make_problem
 from autoplan.cli import app
 from autoplan.costmodels.step import estimate
 from autoplan.errors import ConstraintError, InfeasibleError
@@ -58,7 +58,7 @@ def random_instance(seed: int):
               for i, gpu in enumerate(rng.sample(GPUS, count))]  # different GPUs: heterogeneous
     model = gpt(rng.choice([3, 4, 5]), rng.choice([64, 128]), 4)
     runtime = rng.choice(["megatron", "deepspeed"])
-    training = _training(256, rng.choice([4, 8]), "bf16", runtime, "flash")
+    training = training_spec(256, rng.choice([4, 8]), "bf16", runtime, "flash")
     # context + cuBLAS workspace (+ DeepSpeed's 5e8-element 16-bit reduce bucket) + a few MiB
     fixed = 1.5 * 2**30 + 32 * 2**20 + (1e9 if runtime == "deepspeed" else 0)
     limit = fixed + rng.choice([0.002, 0.01, 0.05, 4.0]) * 2**30
@@ -92,7 +92,7 @@ def test_pins_and_group_order_are_searched():
     """Pinned pp=3 on two groups of one stage's GPUs and two: every order and count is tried."""
     problem = make_problem(gpt(6, 128, 4), load_cluster({"groups": [
         group("small", "v100-sxm2-32gb", 1, 1), group("big", "a100-sxm4-80gb", 1, 2)]}),
-        _training(256, 8, "bf16", "megatron", "flash"))
+        training_spec(256, 8, "bf16", "megatron", "flash"))
     pins = Pins(pp=3, tp=1, dp=1)
     found = solve_on_groups([problem], pins, time_limit_s=60)
     assert found.plan == brute_force(problem, pins)[0]
@@ -127,7 +127,7 @@ def test_a_gpu_twice_as_fast_gets_twice_the_blocks():
     slow = custom_gpu("slow-gpu", 200, "80GiB", "2000GB/s")
     model = gpt(12, 1024, 16, vocab=256)
     problem = make_problem(model, load_cluster(one_gpu_groups(fast, slow)),
-                           _training(256, 64, "bf16", "megatron", "flash"))
+                           training_spec(256, 64, "bf16", "megatron", "flash"))
     found = solve_on_groups([problem], Pins(pp=2, tp=1, dp=1, mbs=8, zero=0,
                                             recompute="none"), time_limit_s=60)
     assert blocks_on(found.plan, problem.graph) == {"fast": 8, "slow": 4}
@@ -140,7 +140,7 @@ def test_memory_moves_blocks_off_the_small_gpu():
     big = custom_gpu("big-gpu", 300, "80GiB", "2000GB/s")
     model = gpt(12, 1024, 16, vocab=256)
     pins = Pins(pp=2, tp=1, dp=1, mbs=4, zero=0, recompute="none", sp=False, offload="none")
-    training = _training(256, 32, "bf16", "megatron", "flash")
+    training = training_spec(256, 32, "bf16", "megatron", "flash")
     roomy = make_problem(model, load_cluster(one_gpu_groups(big, {**big, "name": "b2"})), training)
     balanced = blocks_on(solve_on_groups([roomy], pins, time_limit_s=60).plan, roomy.graph)
     assert abs(balanced["fast"] - balanced["slow"]) <= 1  # equal GPUs: (nearly) even
@@ -212,6 +212,6 @@ def test_other_objectives_equal_brute_force(seed, terms, min_tokens):
 def test_pins_outside_the_group_space_are_refused_not_ignored(pins, flag):
     problem = make_problem(gpt(4, 64, 4), load_cluster({"groups": [
         group("small", "v100-sxm2-32gb", 1, 2), group("big", "a100-sxm4-80gb", 1, 2)]}),
-        _training(256, 8, "bf16", "megatron", "flash"))
+        training_spec(256, 8, "bf16", "megatron", "flash"))
     with pytest.raises(ConstraintError, match=flag):
         solve_on_groups([problem], Pins(**pins), time_limit_s=10)

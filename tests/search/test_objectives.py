@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoplan.api import _training, load_cluster, make_problem
+from autoplan.api import training_spec, load_cluster, make_problem
 from autoplan.errors import InfeasibleError
 from autoplan.search.brute import brute_force
 from autoplan.search.objective import key as objective_key
@@ -37,7 +37,7 @@ def _problems(case):
     model = tiny_gpt(case["layers"], hidden, heads)
     loaded = load_cluster(cluster(case["nodes"], case["gpus"], False))
     limit = 1.5 * 2**30 + 32 * 2**20 + case["headroom_mib"] * 2**20  # context + cuBLAS workspace
-    return [make_problem(model, loaded, _training(256, b, "bf16", "megatron", "flash"),
+    return [make_problem(model, loaded, training_spec(256, b, "bf16", "megatron", "flash"),
                          mem_limit=limit) for b in case["batches"]]
 
 
@@ -82,7 +82,7 @@ def test_objective_optimum_equals_brute_force(case):
 def _one(gpus=8, batch=16, headroom_mib=4096, layers=4):
     model = tiny_gpt(layers, 128, 8)
     loaded = load_cluster(cluster(1, gpus, False))
-    return make_problem(model, loaded, _training(256, batch, "bf16", "megatron", "flash"),
+    return make_problem(model, loaded, training_spec(256, batch, "bf16", "megatron", "flash"),
                         mem_limit=1.5 * 2**30 + (32 + headroom_mib) * 2**20)  # + cuBLAS workspace
 
 

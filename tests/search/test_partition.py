@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from autoplan.api import _training, load_cluster, load_model, make_problem
+from autoplan.api import training_spec, load_cluster, load_model, make_problem
 from autoplan.costmodels.problem import limit_mib, memory_mib
 from autoplan.costmodels.step import step_and_peak
 from autoplan.search.brute import brute_force
@@ -39,7 +39,7 @@ def _problem(layers: int, vocab: int, gpus: int, batch: int, runtime: str, headr
     limit = 1.5 * 2**30 + headroom_mib * 2**20
     return make_problem(wide_vocab_gpt(layers, vocab, hidden),
                         load_cluster(cluster(1, gpus, False)),
-                        _training(256, batch, "bf16", runtime, "flash"), mem_limit=limit)
+                        training_spec(256, batch, "bf16", runtime, "flash"), mem_limit=limit)
 
 
 def _order(problem, plan):

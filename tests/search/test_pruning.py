@@ -6,7 +6,7 @@ from collections import defaultdict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoplan.api import _training, load_cluster, make_problem
+from autoplan.api import training_spec, load_cluster, make_problem
 from autoplan.costmodels.bounds import shape_lower_bound_s
 from autoplan.costmodels.step import step_and_peak
 from autoplan.search.space import (Shape, candidate_plans, family_of, leanest, leanest_members,
@@ -32,7 +32,7 @@ def _problem(case):
     hidden, heads = case["width"]
     model = (tiny_moe(case["layers"], hidden, 4) if case.get("moe")
              else tiny_gpt(case["layers"], hidden, heads))
-    training = _training(256, case["batch"], "bf16", case["runtime"], "flash")
+    training = training_spec(256, case["batch"], "bf16", case["runtime"], "flash")
     return make_problem(model, load_cluster(cluster(case["nodes"], case["gpus"], False)), training)
 
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoplan.api import load_cluster, load_model, make_problem, _training
+from autoplan.api import load_cluster, load_model, make_problem, training_spec
 from autoplan.errors import InfeasibleError
 from autoplan.costmodels.bounds import lower_bound_s
 from autoplan.search.brute import brute_force
@@ -58,7 +58,7 @@ def test_cp_sat_optimum_equals_brute_force(case):
     hidden, heads = case["width"]
     model = tiny_gpt(case["layers"], hidden, heads)
     loaded = load_cluster(cluster(case["nodes"], case["gpus"], case["ethernet"]))
-    training = _training(256, case["batch"], "bf16", case["runtime"], "flash")
+    training = training_spec(256, case["batch"], "bf16", case["runtime"], "flash")
     limit = 1.5 * 2**30 + case["headroom_mib"] * 2**20
     problem = make_problem(model, loaded, training, mem_limit=limit)
     reference = brute_force(problem, Pins())
@@ -79,6 +79,6 @@ def test_cp_sat_optimum_equals_brute_force(case):
 def test_pins_are_respected():
     model = tiny_gpt(4, 128, 8)
     loaded = load_cluster(cluster(1, 8, False))
-    problem = make_problem(model, loaded, _training(256, 16, "bf16", "megatron", "flash"))
+    problem = make_problem(model, loaded, training_spec(256, 16, "bf16", "megatron", "flash"))
     plan, _, _ = solve_table(problem, Pins(tp=2, pp=2, zero=1), time_limit_s=30)
     assert (plan.tp, plan.pp, plan.dp, plan.zero_stage) == (2, 2, 2, 1)

@@ -70,7 +70,7 @@ def test_the_search_never_proposes_a_tp_that_does_not_split_a_linear(tmp_path):
     path.write_text(MLP.replace("256", "12").replace("1024", "48"))
     model = api.load_model(path)
     problem = api.make_problem(model, api.load_cluster(SIXTEEN),
-                               api._training(64, 16, "bf16", "megatron", "flash"))
+                               api.training_spec(64, 16, "bf16", "megatron", "flash"))
     tps = {s.tp for s in shapes(problem.graph, world=16, gpus_per_node=8,
                                 training=problem.training, pins=Pins())}
     assert tps == {1, 2, 4}
