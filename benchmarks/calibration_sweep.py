@@ -313,16 +313,22 @@ def figures(rows: list[Row], judged: dict[int, Judged]) -> dict:
     cells = defaultdict(list)
     for i in ran:
         cells[rows[i].config.cell].append(i)
-    losses, true_losses = {}, {}
+    losses, true_losses, floor, why = {}, {}, {}, {}
     for cell, members in cells.items():
         if len(members) < 2:
             continue
         # the planner picks among what it judges to fit; all of them judged not to: the fastest
         candidates = [i for i in members if judged[i].fits] or members
         chosen = max(candidates, key=lambda i: judged[i].tokens)
-        losses[cell] = 1 - rows[chosen].tokens / max(rows[i].tokens for i in members)
+        best = max(members, key=lambda i: rows[i].tokens)
+        losses[cell] = 1 - rows[chosen].tokens / rows[best].tokens
         true_losses[cell] = 1 - rows[chosen].true_tokens / max(rows[i].true_tokens for i in members)
-    return {"error": error, "losses": losses, "true_losses": true_losses,
+        why[cell] = (rows[chosen], judged[chosen], rows[best], judged[best])
+        # the noise floor: what choosing by the noise-free truth itself loses to the measured best
+        truest = max(members, key=lambda i: rows[i].true_tokens)
+        floor[cell] = 1 - rows[truest].tokens / rows[best].tokens
+    return {"error": error, "losses": losses, "true_losses": true_losses, "why": why,
+            "floor": floor,
             "oom_fit": sum(judged[i].fits for i in oom), "oom": len(oom),
             "refused": sum(not judged[i].fits for i in ran), "ran": len(ran)}
 
@@ -335,14 +341,27 @@ def report(label: str, f: dict) -> None:
           f"mean loss {statistics.mean(losses.values()):.1%}, worst {losses[worst]:.1%} "
           f"({worst[0]} on {worst[1]} GPUs), {within}/{len(losses)} cells within "
           f"{SELECTION_GOAL:.0%} (without the noise: worst {max(f['true_losses'].values()):.1%})"
-          f"; OOM judged to fit {f['oom_fit']}/{f['oom']} "
+          f"; noise floor (the truth's own choice) worst {max(f['floor'].values()):.1%}, "
+          f"{sum(v <= SELECTION_GOAL + 1e-12 for v in f['floor'].values())}/{len(f['floor'])} "
+          f"cells within {SELECTION_GOAL:.0%}; OOM judged to fit {f['oom_fit']}/{f['oom']} "
           f"({f['oom_fit'] / max(f['oom'], 1):.1%}, goal <= {OOM_GOAL:.0%}); ran judged not "
           f"to fit {f['refused']}/{f['ran']}")
 
 
+def _layout(row: Row, judged: Judged) -> str:
+    c = row.config
+    return (f"tp{c.tp} pp{c.pp} dp{c.dp} mbs{c.mbs} z{c.zero} measured {row.tokens:,.0f} "
+            f"predicted {judged.tokens:,.0f}{'' if judged.fits else ' (judged not to fit)'}")
+
+
 def report_cells(f: dict) -> None:
+    """The five worst cells: the configuration chosen (predicted fastest of those judged to
+    fit) against the measured best, each measured and predicted: why the choice missed."""
     for cell, loss in sorted(f["losses"].items(), key=lambda kv: -kv[1])[:5]:
-        print(f"      {cell[0]} on {cell[1]:>3} GPUs: loss {loss:.1%}")
+        chosen, chosen_judged, best, best_judged = f["why"][cell]
+        print(f"      {cell[0]} on {cell[1]:>3} GPUs: loss {loss:.1%} (noise floor "
+              f"{f['floor'][cell]:.1%}, without the noise {f['true_losses'][cell]:.1%}); chose "
+              f"{_layout(chosen, chosen_judged)}; best {_layout(best, best_judged)}")
 
 
 def main() -> None:
@@ -381,7 +400,9 @@ def main() -> None:
                 f"dp{r.config.dp} mbs{r.config.mbs} z{r.config.zero}" for r in chosen))
             print("  fitted: " + ", ".join(f"{k} {profile.catalog[k]:.3g} -> {v:.3g}"
                                            for k, v in profile.parameters.items())
-                  + f"; memory margin {getattr(profile, 'memory_margin', 0.0):.1%}")
+                  + f"; memory margin {profile.memory_margin:.1%}; calibration runs' error "
+                  f"{profile.fit.mean_abs_error_before:.1%} -> {profile.fit.mean_abs_error_after:.1%}"
+                  f", leave-one-run-out {profile.fit.loro_mean_abs_error:.1%}")
             for name, reason in profile.fixed.items():
                 print(f"    fixed {name}: {reason}")
             after = figures(held, judge(problems, held, written))
