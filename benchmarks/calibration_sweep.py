@@ -22,7 +22,8 @@ repository carries, so this benchmark builds one like it and a "truth" to measur
   states: what calibration cannot fit exactly); a run whose true peak exceeds the GPU's memory
   ran out of memory (no throughput);
 - three runs per model, drawn as a team would (``--draw random``: any three that ran;
-  ``first``: its first three tries, small jobs first), written as a runs.csv (the issue's
+  ``spread``: its smallest, a middle and its largest job; ``first``: its first three tries,
+  small jobs first), written as a runs.csv (the issue's
   header) and calibrated by ``autoplan calibrate --runs``' own code (api.calibrate_runs);
 - the rest judged with the written profile (``--profile``'s path): tokens/s/GPU mean |error|,
   selection loss per (model, GPU count) cell (the measured throughput of the configuration
@@ -30,7 +31,7 @@ repository carries, so this benchmark builds one like it and a "truth" to measur
   the noise), and the share of the runs that ran out of memory judged to fit (and of those that
   ran judged not to).
 
-    .venv/bin/python benchmarks/calibration_sweep.py [--draw random|first] [--seeds 3]
+    .venv/bin/python benchmarks/calibration_sweep.py [--draw random|spread|first] [--seeds 3]
         [--truth in-family|at-scale] [--noise 0.03] [--nodes 1,2,4,...] [--cells]
 
 What the figures say (measured 2026-12-01, ``--truth at-scale --seeds 2``; the two draws):
@@ -251,8 +252,10 @@ def measure(problems: Problems, rows: list[Row], noise: float) -> None:
 
 
 def draw(rows: list[Row], how: str, seed: int) -> list[Row]:
-    """Three runs per model that ran: any three (``random``), or the team's first three tries
-    (``first``: the smallest jobs, one node first, then the next GPU counts)."""
+    """Three runs per model that ran: any three (``random``), the smallest, a middle and the
+    largest job (``spread``: first, middle and last by GPU count, as calibration_runs.py takes
+    them by row id), or the team's first three tries (``first``: the smallest jobs, one node
+    first, then the next GPU counts)."""
     by_model = defaultdict(list)
     for row in rows:
         if row.ran:
@@ -262,6 +265,10 @@ def draw(rows: list[Row], how: str, seed: int) -> list[Row]:
         members = by_model[model]
         if how == "random":
             chosen += random.Random(f"{seed}-{model}").sample(members, 3)
+        elif how == "spread":
+            ordered = sorted(members, key=lambda r: (r.config.gpus, random.Random(
+                f"{seed}-{r.config}").random()))
+            chosen += [ordered[0], ordered[len(ordered) // 2], ordered[-1]]
         else:
             ordered = sorted(members, key=lambda r: (r.config.gpus, random.Random(
                 f"{seed}-{r.config}").random()))
@@ -366,7 +373,7 @@ def report_cells(f: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--draw", default="random", choices=["random", "first"])
+    parser.add_argument("--draw", default="random", choices=["random", "spread", "first"])
     parser.add_argument("--seeds", type=int, default=3, help="draws to calibrate on, one by one")
     parser.add_argument("--truth", default="in-family", choices=["in-family", "at-scale"])
     parser.add_argument("--noise", type=float, default=0.03,
