@@ -38,8 +38,10 @@ class Parameter:
     prior_factor: float = 2.0
     """The factor either way by which a cluster's value plausibly differs from the catalog's
     (one standard deviation of the fit's prior in log space, autoplan.fit): small for what
-    benchmarks pin down (kernel efficiencies, NVLink), larger for what a deployment changes
-    (a shared or congested network, the launch path, the allocator's behaviour)."""
+    kernel benchmarks pin down (GEMM and element-wise efficiency), 2x for NVLink (the catalog's
+    figure is nccl-tests on an idle link; in training the collectives share SMs and HBM with
+    compute), 3x for what a deployment changes (a shared or congested network, the launch
+    path, the allocator's behaviour)."""
 
 
 PARAMETERS: tuple[Parameter, ...] = (
@@ -52,7 +54,7 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("kernel_overhead_s", "compute", "kernel_overhead_s", "time", 0.0, 1e-3,
               "fixed launch cost per layer and micro-batch (s)", 3.0),
     Parameter("intra_node_efficiency", "intra", "allreduce_efficiency", "time", 0.02, 1.0,
-              "achieved fraction of the intra-node link bandwidth (collectives)", 1.3),
+              "achieved fraction of the intra-node link bandwidth (collectives)", 2.0),
     Parameter("intra_node_latency_s", "intra", "latency_s", "time", 0.0, 1e-4,
               "per-hop latency of the intra-node link (s)", 3.0),
     Parameter("inter_node_efficiency", "inter", "allreduce_efficiency", "time", 0.02, 1.0,
