@@ -242,8 +242,8 @@ def _free_parameters(runs: Sequence[FitRun], catalog: dict[str, float]
 
 
 def _bounds(names: list[str], catalog: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
-    """Log-space bounds of the fit, always around the catalog value (NVLink SHARP's all-reduce
-    efficiency of 1.067 is above the 1.0 a plain link allows)."""
+    """Log-space bounds of the fit, always containing the catalog value (a parameter whose
+    catalog value lay outside its range would be moved by the bound alone)."""
     lower = [math.log(min(max(parameter(n).lower, 1e-6 * catalog[n]), catalog[n]) / catalog[n])
              for n in names]
     upper = [math.log(max(parameter(n).upper, catalog[n]) / catalog[n]) for n in names]
@@ -255,9 +255,9 @@ def _solve(runs: Sequence[FitRun], names: list[str], catalog: dict[str, float],
     if not names:
         return {}
     lower, upper = _bounds(names, catalog)
-    start = np.clip(np.zeros(len(names)) if x0 is None else x0, lower, upper)
+    start = np.clip(np.zeros(len(names)) if x0 is None else x0, lower + 1e-9, upper - 1e-9)
     solution = least_squares(lambda x: _residuals(runs, _values(names, x, catalog)), start,
-                             bounds=(lower - 1e-12, upper + 1e-12), loss=LOSS,
+                             bounds=(lower, upper), loss=LOSS,
                              f_scale=F_SCALE, diff_step=1e-3, x_scale=1.0, max_nfev=200)
     return _values(names, solution.x, catalog)
 
