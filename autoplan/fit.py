@@ -13,9 +13,9 @@ pulls the fit linearly, not quadratically).
 Never one knob per run: a parameter is fitted only if the runs identify it. The Jacobian of the
 residuals at the catalog values is factorised with column pivoting (Gram-Schmidt in the order
 of pivoted QR, largest remaining effect first); a parameter no run depends on, one the runs
-cannot tell apart from the parameters already chosen, or one that the runs, scattered by
-F_SCALE, would pin down less well than the catalog does (:func:`loosest`: its standard
-deviation beyond the log of its ``prior_factor``) stays at its catalog value, and at most
+cannot tell apart from the parameters already chosen, or a throughput parameter that the
+runs, scattered by F_SCALE, would pin down less well than the catalog does (:func:`loosest`:
+its standard deviation beyond the log of its ``prior_factor``) stays at its catalog value, and at most
 ``runs - 1`` parameters are fitted per kind (time, memory). Which were fixed and why is
 part of the result. A weakly identified parameter is kept at the catalog's value rather than
 fitted with a prior beside the runs: a prior biases what the runs do identify (a noise-free
@@ -143,10 +143,13 @@ def _jacobian(runs: Sequence[FitRun], names: list[str], catalog: dict[str, float
     return np.array(columns).T
 
 
-def _select(jacobian: np.ndarray, rows: np.ndarray, names: list[str], fixed: dict[str, str]
-            ) -> list[str]:
+def _select(jacobian: np.ndarray, rows: np.ndarray, names: list[str], fixed: dict[str, str],
+            *, scattered: bool) -> list[str]:
     """The identifiable parameters of one kind (rows of that kind, columns of those names);
-    the others go into ``fixed`` with the reason."""
+    the others go into ``fixed`` with the reason. ``scattered``: the measurements scatter by
+    about F_SCALE from run to run (throughput: clocks, network neighbours), so a parameter
+    must also be pinned down better than the catalog does (:func:`loosest`); a peak memory is
+    the same on every repeat of a run, so its parameters need only be separable."""
     if not len(rows):
         for name in names:
             fixed[name] = "no measured run reports what it affects"
@@ -168,7 +171,7 @@ def _select(jacobian: np.ndarray, rows: np.ndarray, names: list[str], fixed: dic
         elif not separable:
             fixed[name] = "the runs cannot tell it apart from " + ", ".join(
                 [names[i] for i in chosen] or ["others"])
-        elif (factor := loosest(block, chosen + [sensitive[column]], names)) is not None:
+        elif scattered and (factor := loosest(block, chosen + [sensitive[column]], names)):
             fixed[name] = (f"with it the runs would pin {factor[0]} down only to a factor "
                            f"{factor[1]:.3g} either way, more than the catalog's "
                            f"{parameter(factor[0]).prior_factor:g}: kept at the catalog's value")
@@ -237,7 +240,8 @@ def _free_parameters(runs: Sequence[FitRun], catalog: dict[str, float]
         columns = [i for i, n in enumerate(names) if parameter(n).affects == kind]
         rows = np.flatnonzero(kinds == kind)
         sub = jacobian[:, columns] if columns else np.zeros((len(kinds), 0))
-        chosen += _select(sub, rows, [names[i] for i in columns], fixed)
+        chosen += _select(sub, rows, [names[i] for i in columns], fixed,
+                          scattered=kind == "time")
     return [n for n in names if n in chosen], fixed
 
 
