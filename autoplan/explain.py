@@ -11,19 +11,29 @@ only above the plan's step time); what-ifs solve the changed problem.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import ClassVar
+from pathlib import Path
+from types import ModuleType
+from typing import Any, ClassVar, Mapping
 
 from pydantic import BaseModel, ConfigDict
 
 from autoplan.capabilities import RUNTIMES
+from autoplan.cluster.loaded import load_cluster
+from autoplan.cluster.spec import require_homogeneous
 from autoplan.cluster.topology import GroupLinks
 from autoplan.costmodels.comm import SLOW_NETWORK_BPS
 from autoplan.costmodels.problem import Problem, limit_mib, memory_mib
 from autoplan.costmodels.placement import axis_links
 from autoplan.costmodels.step import estimate, peak_moments
+from autoplan.errors import PlanFileError
 from autoplan.graph.layer_graph import LayerGraph
+from autoplan.graph.model import Model, load_model
+from autoplan.options import as_pins
 from autoplan.plan import Offload, OmitsDefaults, Plan, Result, one_line
 from autoplan.plugins.colossalai_tp import compare_tp_modes
+from autoplan.problems import Profile, loaded_profile, make_problem, training_spec
+from autoplan.report import calibration_note
+from autoplan.search.defaults import check_plan_matches
 from autoplan.search.runners_up import best_by_shape
 from autoplan.search.table import Table
 from autoplan.training import Optimizer, Pins, Runtime
@@ -416,6 +426,31 @@ def explain_plan(problem: Problem, result: Result, pins: Pins = Pins()) -> Expla
         warnings=notes + warnings(problem, result, pins), tp_modes=tp_modes(result),
         fine_tuning=fine_tuning_savings(problem, result),
         frameworks=frameworks(result))
+
+
+def explain_result(result: Result, model: str | Path | ModuleType | Model,
+                   pins: Mapping[str, Any] | Pins | None = None,
+                   profile: str | Path | Profile | None = None) -> Explanation:
+    """The explanation of a saved plan, rebuilt from its JSON's cluster and training settings
+    and the traced model, with a calibration profile's warnings where it may not hold."""
+    if result.cluster is None or result.training is None:
+        raise PlanFileError("the plan JSON lacks its cluster or training section; save the "
+                            "output of `autoplan solve --json` and explain that.")
+    t = result.training
+    training = training_spec(t.seq_len, t.global_batch, t.precision, t.runtime, "flash",
+                             t.optimizer, t.frozen_dtype, t.optimizer_in_backward)
+    cluster = load_cluster(result.cluster)
+    require_homogeneous(cluster.cluster, "explain")
+    model = load_model(model)
+    profile = loaded_profile(profile)
+    problem = make_problem(model, cluster, training,
+                           result.estimate.memory_limit_gib * 2**30, profile=profile)
+    check_plan_matches(problem, result.plan, model, result.model)
+    explanation = explain_plan(problem, result, as_pins(pins))
+    note = calibration_note(profile, problem, result.plan)
+    if note is None or not note.warnings:
+        return explanation
+    return explanation.model_copy(update={"warnings": [*explanation.warnings, *note.warnings]})
 
 
 def render(explanation: Explanation, console) -> None:

@@ -1,7 +1,13 @@
-"""The human-readable report of a Result: rich tables for the terminal."""
+"""A Result: built from a solved or estimated plan, read back from ``solve --json``, and
+rendered for the terminal (rich tables)."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import ValidationError
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
@@ -10,11 +16,96 @@ from autoplan.capabilities import RUNTIMES
 from autoplan.cluster.spec import load_cluster_spec, resolve
 from autoplan.costmodels.comm import network_note, slow_link_note
 from autoplan.degrees import DEGREE
+from autoplan.errors import PlanFileError
 from autoplan.graph.layer_graph import LayerGraph
-from autoplan.plan import Plan, Result, degrees
+from autoplan.plan import (
+    CalibrationNote, Estimate, LoraInfo, ModelInfo, Plan, Result, SolverInfo, TrainingInfo,
+    degrees,
+)
+from autoplan.run_profile import RunsProfile
 from autoplan.plugins.summary import fine_tuning_line
 from autoplan.training import Runtime
 from autoplan.units import format_count, format_flops, format_seconds
+
+if TYPE_CHECKING:
+    from autoplan.cluster.loaded import LoadedCluster
+    from autoplan.costmodels.problem import Problem
+    from autoplan.graph.model import Model
+    from autoplan.problems import Profile
+
+MODEL_DIMS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_hidden_size",
+              "vocab_size", "gated_mlp", "rmsnorm", "rotary", "tied_embeddings", "linear_bias",
+              "rope_theta", "rope_scaling_type", "rope_scaling_factor", "norm_eps")
+"""The traced model's dims the plan JSON carries (for exporters and for the checks that a
+saved plan belongs to a model)."""
+
+
+def build_result(problem: Problem, model: Model, cluster: LoadedCluster, plan: Plan,
+                 est: Estimate, info: SolverInfo, profile: Profile | None = None) -> Result:
+    """The document ``solve --json`` prints: the plan with its estimate, how it was found,
+    and the model, cluster, training settings and calibration it was made for."""
+    graph, dims = problem.graph, problem.graph.dims
+    model_info = ModelInfo(
+        name=model.name, num_params=graph.num_params,
+        num_trainable_params=graph.num_trainable_params, seq_len=graph.seq_len,
+        layer_kinds=tuple(l.kind.value for l in graph.layers),
+        **({k: getattr(dims, k) for k in MODEL_DIMS} if dims else {}),
+        **moe_info(graph),
+        **({"lora": LoraInfo(**dataclasses.asdict(graph.lora))} if graph.lora else {}),
+    )
+    training = TrainingInfo(seq_len=problem.training.seq_len,
+                            global_batch=problem.training.global_batch,
+                            precision=problem.training.precision.value,
+                            runtime=problem.training.runtime.value,
+                            optimizer=problem.training.optimizer.value,
+                            frozen_dtype=problem.training.frozen_storage.value,
+                            optimizer_in_backward=problem.training.optimizer_in_backward,
+                            torch_compile=problem.runtime.compile)
+    return Result(plan=plan, estimate=est, solver=info, model=model_info, cluster=cluster.spec,
+                  training=training, calibration=calibration_note(profile, problem, plan))
+
+
+def moe_info(graph: LayerGraph) -> dict:
+    """Experts per MoE layer and experts per token, for exporters; empty for a dense model."""
+    moe = [e for layer in graph.layers for e in layer.experts]
+    return {"num_experts": moe[0].num_experts, "moe_top_k": moe[0].top_k} if moe else {}
+
+
+def calibration_note(profile: Profile | None, problem: Problem, plan: Plan
+                     ) -> CalibrationNote | None:
+    """What a ``calibrate --runs`` profile set, and why it may not hold for this plan."""
+    if not isinstance(profile, RunsProfile):
+        return None
+    return CalibrationNote(
+        profile=profile.source, parameters=profile.parameters,
+        warnings=profile.warnings(gpu=problem.cluster.gpu.name,
+                                  runtime=problem.training.runtime.value,
+                                  gpus=plan.world_size, params=problem.graph.num_params))
+
+
+def load_result(path: str | Path) -> Result:
+    """Read back what ``autoplan solve --json`` printed."""
+    path = Path(path)
+    if not path.is_file():
+        what = "is a folder, not a file" if path.is_dir() else "no such file"
+        raise PlanFileError(f"{path}: {what}; save `autoplan solve --json` output there.")
+    try:
+        return Result.model_validate_json(path.read_bytes())
+    except OSError as err:
+        raise PlanFileError(f"{path}: cannot be read ({err.strerror}).") from None
+    except ValidationError as err:
+        raise PlanFileError(
+            f"{path}: not a plan document from `autoplan solve --json` "
+            f"({_first_problem(err)}).") from None
+
+
+def _first_problem(err: ValidationError) -> str:
+    """The first validation problem with where it is, e.g. ``plan.tp: Field required``, or the
+    JSON parser's complaint with its line and column."""
+    item = err.errors()[0]
+    where = ".".join(str(p) for p in item["loc"])
+    problems = f"; {err.error_count() - 1} more" if err.error_count() > 1 else ""
+    return f"{where + ': ' if where else ''}{item['msg']}{problems}"
 
 
 def _kv_table(title: str, rows: list[tuple[str, str]]) -> Table:

@@ -15,6 +15,7 @@ from itertools import product
 from typing import Iterable
 
 from autoplan.capabilities import RUNTIMES, lack_reason, missing, pinned_features
+from autoplan.cluster.spec import Cluster
 from autoplan.costmodels.experts import common_expert_count
 from autoplan.degrees import plan_fields
 from autoplan.errors import ConstraintError, InfeasibleError
@@ -642,3 +643,11 @@ def check_ep(graph: LayerGraph, training: TrainingSpec, pins: Pins) -> None:
     if RUNTIMES[training.runtime].ep_with_tp_needs_sp and pins.sp is False and (pins.tp or 1) > 1:
         raise ConstraintError(f"--ep {ep} with --tp {pins.tp} needs sequence parallelism in "
                               f"{RUNTIMES[training.runtime].name}; drop --no-sp (or pin --tp 1).")
+
+
+def check_ep_cluster(cluster: Cluster, ep: int | None) -> None:
+    """Expert parallelism is costed on clusters of one kind of node only."""
+    if ep not in (None, 1) and not cluster.is_homogeneous:
+        raise ConstraintError(
+            f"--ep {ep}: expert parallelism is not modelled on a cluster of several node groups "
+            "yet; leave --ep unset or plan on one node group.")
