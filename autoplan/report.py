@@ -347,7 +347,7 @@ def calibration_lines(result: Result) -> list[Text]:
     return lines + [Text(f"warning: {w}", style="bold yellow") for w in note.warnings]
 
 
-def render_calibration(profile, console: Console) -> None:
+def render_calibration(profile: RunsProfile, console: Console) -> None:
     """The fit of ``calibrate --runs``: per run measured / before / after / left out, the
     fitted and fixed parameters, and the mean errors."""
     table = Table(title=f"calibration on {profile.fitted_on.runs} run(s) "
@@ -414,20 +414,18 @@ def render_trace(document: dict, console: Console) -> None:
                   f"{format_flops(document['bwd_flops'])} backward")
 
 
-_COMPARED = (("tp", "TP"), ("pp", "PP"), ("dp", "DP"), ("mbs", "micro-batch"),
-             ("zero", "ZeRO stage"), ("recompute", "recompute"), ("sp", "sequence parallel"),
-             ("vpp", "chunks per rank"), ("offload", "offload"))
-"""The degrees a current setup is compared on, by pin name, with the words that name them."""
+_COMPARED = ("tp", "pp", "dp", "mbs", "zero", "recompute", "sp", "vpp", "offload")
+"""The degrees a current setup is compared on, by pin name."""
 
 
 def changes(current: Result, best: Result) -> list[str]:
     """What to change in the current setup to run the plan, one phrase per setting."""
     phrases = []
-    for name, label in _COMPARED:
+    for name in _COMPARED:
         field = DEGREE[name].plan
         old, new = getattr(current.plan, field), getattr(best.plan, field)
         if old != new:
-            phrases.append(f"{label} {getattr(old, 'value', old)} -> {getattr(new, 'value', new)}")
+            phrases.append(f"{DEGREE[name].label} {getattr(old, 'value', old)} -> {getattr(new, 'value', new)}")
     return phrases
 
 
