@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
-from typing import Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 from pydantic import BaseModel, ConfigDict
 
@@ -38,6 +38,9 @@ from autoplan.search.runners_up import best_by_shape
 from autoplan.search.table import Table
 from autoplan.training import Optimizer, Pins, Runtime
 from autoplan.units import format_excess, format_seconds, gib_digits
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 POOR_SCALING = 0.7
 """Per-GPU throughput under 70% of one node's: a healthy run scales close to linearly."""
@@ -453,7 +456,7 @@ def explain_result(result: Result, model: str | Path | ModuleType | Model,
     return explanation.model_copy(update={"warnings": [*explanation.warnings, *note.warnings]})
 
 
-def render(explanation: Explanation, console) -> None:
+def render(explanation: Explanation, console: Console) -> None:
     """Print the explanation (rich)."""
     from rich.table import Table as RichTable
 
@@ -483,7 +486,7 @@ def render(explanation: Explanation, console) -> None:
     _render_tp_modes(e.tp_modes, console)
 
 
-def _render_tp_modes(rows: list[TpMode], console) -> None:
+def _render_tp_modes(rows: list[TpMode], console: Console) -> None:
     if not rows:
         return
     from rich.table import Table as RichTable
