@@ -274,6 +274,13 @@ def require_no_accumulation(plan: Plan) -> None:
                               "--optimizer-in-backward unset.")
 
 
+OFFLOAD_MIN_ZERO = {Offload.NONE: 0, Offload.OPTIMIZER: 1, Offload.PARAMS: 3}
+"""The least ZeRO stage each offload runs with, in every runtime and target: the optimizer
+state moved to CPU is the sharded one (ZeRO >= 1), parameters move only when sharded (ZeRO-3)."""
+OFFLOAD_NEEDS = {Offload.OPTIMIZER: "optimizer offload needs ZeRO stage 1 or more",
+                 Offload.PARAMS: "parameter offload needs ZeRO stage 3"}
+
+
 def _zero_gaps(caps: Capabilities, plan: Plan) -> list[tuple[str, str]]:
     z, gaps = plan.zero_stage, []
     if z not in caps.zero_stages:
@@ -282,10 +289,8 @@ def _zero_gaps(caps: Capabilities, plan: Plan) -> list[tuple[str, str]]:
         gaps.append(("pipeline_zero", f"no ZeRO-{z} with a pipeline (pp={plan.pp})"))
     if z == 3 and plan.tp > 1 and not caps.zero3_with_tp:
         gaps.append(("zero3_tp", "no ZeRO-3 together with tensor parallelism"))
-    if plan.offload is Offload.OPTIMIZER and z == 0:
-        gaps.append(("offload_zero", "optimizer offload needs ZeRO stage 1 or more"))
-    if plan.offload is Offload.PARAMS and z != 3:
-        gaps.append(("offload_zero", "parameter offload needs ZeRO stage 3"))
+    if z < OFFLOAD_MIN_ZERO[plan.offload]:
+        gaps.append(("offload_zero", OFFLOAD_NEEDS[plan.offload]))
     if plan.offload is not Offload.NONE and plan.offload not in caps.offloads:
         gaps.append((f"offload_{plan.offload.value}", f"no {plan.offload.value} offload to CPU"))
     return gaps

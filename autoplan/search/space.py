@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from itertools import product
 from typing import Iterable
 
-from autoplan.capabilities import RUNTIMES, lack_reason, missing, pinned_features
+from autoplan.capabilities import OFFLOAD_MIN_ZERO, RUNTIMES, lack_reason, missing, pinned_features
 from autoplan.cluster.spec import Cluster
 from autoplan.costmodels.experts import common_expert_count
 from autoplan.degrees import plan_fields
@@ -450,7 +450,7 @@ def _switches(tensor_parallel: bool, pipelined: bool, runtime: Runtime, pins: Pi
         sps = (True,)
     offloads = (Offload.NONE, *caps.offloads)
     for zero, rc, sp, off in product(zeros, Recompute, sps, offloads):
-        if off is Offload.OPTIMIZER and zero == 0 or off is Offload.PARAMS and zero < 3:
+        if zero < OFFLOAD_MIN_ZERO[off]:
             continue
         layers = recompute_layer_options(runtime, blocks_per_chunk, pins) if rc is Recompute.FULL else [None]
         for n in layers:
