@@ -12,6 +12,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from autoplan.calibrate import bus_bandwidth_Bps
 from autoplan.capabilities import RUNTIMES
 from autoplan.cluster.spec import load_cluster_spec, resolve
 from autoplan.costmodels.comm import network_note, slow_link_note
@@ -28,7 +29,10 @@ from autoplan.training import Runtime
 from autoplan.units import format_count, format_flops, format_seconds
 
 if TYPE_CHECKING:
+    from autoplan.calibrate import MeasuredProfile
     from autoplan.cluster.loaded import LoadedCluster
+    from autoplan.costmodels.profiles import ComputeProfile
+    from autoplan.inference import InferencePlacement
     from autoplan.costmodels.problem import Problem
     from autoplan.graph.model import Model
     from autoplan.problems import Profile
@@ -474,3 +478,51 @@ def tp_constraints(graph: LayerGraph) -> dict:
             "vocab_size": vocab,
             "padded_vocab": {tp: -(-vocab // (multiple * tp)) * multiple * tp
                              for tp in (1, 2, 4, 8) if vocab}}
+
+
+def render_verify(document: dict, console: Console) -> None:
+    """``autoplan verify``: each step's losses, the largest difference, each rank's peak
+    memory measured against predicted, and the runner's notes."""
+    for step, (ref, par) in enumerate(zip(document["losses_reference"],
+                                          document["losses_parallel"])):
+        console.print(f"step {step}: reference {ref:.6f}  parallel {par:.6f}")
+    console.print(f"largest relative loss difference: {document['max_rel_loss_diff']:.2e}")
+    for rank in document["ranks"]:
+        console.print(f"rank {rank['rank']}: peak {rank['peak_bytes_measured'] / 2**20:.2f} MiB "
+                      f"measured, {rank['peak_bytes_predicted'] / 2**20:.2f} MiB predicted, "
+                      f"{rank['peak_reserved_bytes_replayed'] / 2**20:.2f} MiB as CUDA's caching "
+                      "allocator would reserve it")
+    for note in document["notes"]:
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
+
+
+def render_inference(placement: InferencePlacement, context_len: int, batch: int,
+                     console: Console) -> None:
+    """``autoplan infer``: the device_map as modules per GPU with memory, and the time per
+    generated token."""
+    modules: dict[int, list[str]] = {}
+    for name, gpu in placement.device_map.items():
+        modules.setdefault(gpu, []).append(name)
+    table = Table(title=f"device_map over {placement.gpus_used} GPU(s), {context_len} tokens of "
+                  f"context x batch {batch}", title_justify="left")
+    for column in ("GPU", "modules", "first", "last", "GiB", "limit GiB"):
+        table.add_column(column, justify="left" if column in ("first", "last") else "right")
+    for gpu, names in sorted(modules.items()):
+        table.add_row(str(gpu), str(len(names)), names[0], names[-1],
+                      f"{placement.memory_per_gpu_gib[gpu]:.1f}",
+                      f"{placement.memory_limit_gib:.1f}")
+    console.print(table)
+    console.print(f"time per generated token: {placement.time_per_token_s * 1e3:.1f} ms; "
+                  f"{placement.tokens_per_s:,.1f} tokens/s (batch {batch})")
+
+
+def render_measured(measured: MeasuredProfile, fitted: ComputeProfile, console: Console) -> None:
+    """``autoplan calibrate``: what was measured here and the efficiencies fitted from it."""
+    console.print(f"{measured.device_name} ({measured.dtype}), reference peak "
+                  f"{measured.peak_flops / 1e12:.3g} TFLOP/s: gemm_efficiency "
+                  f"{fitted.gemm_efficiency:.3f}, gemm_half_flops {fitted.gemm_half_flops:.3g}, "
+                  f"memory_efficiency {fitted.memory_efficiency:.3f} "
+                  f"({measured.memory.bytes / measured.memory.seconds / 1e9:.3g} GB/s)")
+    if measured.all_reduce is not None:
+        console.print(f"all-reduce over {measured.all_reduce.num_gpus} GPUs: bus bandwidth "
+                      f"{bus_bandwidth_Bps(measured.all_reduce) / 1e9:.3g} GB/s")
