@@ -194,6 +194,10 @@ def tp16_all_gather_check() -> None:
           f"(worked by hand: {TP16_ALL_GATHER_BY_HAND_S * 1e6:.1f} us)")
 
 
+SC21_MEGATRON = {"tp_bwd_overlap": False}
+"""Megatron-LM as of the SC'21 runs (April 2021): before its asynchronous TP all-reduce of input
+gradients (benchmarks/published_runs.py, ASYNC_TP_ALLREDUCE_YEAR poses N21 rows the same way)."""
+
 NARAYANAN_FIG13_PEAK = {32: 142.0, 128: 166.0}
 """TFLOP/s per GPU at (tp, pp) = (8, 8), read off Figure 13 (../shared/data/README.md 2.1)."""
 
@@ -208,7 +212,8 @@ def narayanan_fig13() -> None:
             pins = {"tp": tp, "pp": pp, "dp": 1, "mbs": 1, "recompute": "full", "zero": 0}
             try:
                 result = autoplan.estimate(GPT_162B, spec, pins, seq_len=2048,
-                                           global_batch=batch, runtime="megatron")
+                                           global_batch=batch, runtime="megatron",
+                                           runtime_settings=SC21_MEGATRON)
             except autoplan.AutoplanError as err:
                 row.append(f"({tp},{pp}) -- {type(err).__name__}")
                 continue
