@@ -10,7 +10,9 @@ from unittest import mock
 
 import pytest
 
-from autoplan.api import training_spec, load_cluster, load_model, make_problem, plan_from_pins
+from autoplan.api import load_cluster, load_model
+from autoplan.problems import make_problem, training_spec
+from autoplan.search.defaults import plan_from_pins
 from autoplan.cluster.catalog import get_gpu
 from autoplan.costmodels.pipeline import blocking_transfers, pipeline_time
 from autoplan.costmodels.profiles import compute_profile
