@@ -166,8 +166,12 @@ class Plan(OmitsDefaults):
                        if name != "stages")
         return fields + (self.layout, self.stage_groups)
 
-    def __hash__(self) -> int:
+    @cached_property
+    def _hash(self) -> int:
         return hash(self.identity)
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):  # pydantic's comparison for anything else
@@ -195,7 +199,7 @@ class Plan(OmitsDefaults):
         return self.num_microbatches
 
 
-_DERIVED = ("layout", "identity")
+_DERIVED = ("layout", "identity", "_hash")
 """Plan's cached properties: kept in the instance's ``__dict__`` beside the fields."""
 
 
