@@ -12,10 +12,16 @@ pulls the fit linearly, not quadratically).
 
 Never one knob per run: a parameter is fitted only if the runs identify it. The Jacobian of the
 residuals at the catalog values is factorised with column pivoting (Gram-Schmidt in the order
-of pivoted QR, largest remaining effect first); a parameter no run depends on, or one the runs
-cannot tell apart from the parameters already chosen, stays at its catalog value, and at most
+of pivoted QR, largest remaining effect first); a parameter no run depends on, one the runs
+cannot tell apart from the parameters already chosen, or a throughput parameter that the
+runs, scattered by F_SCALE, would pin down less well than the catalog does (:func:`loosest`:
+its standard deviation beyond the log of its ``prior_factor``) stays at its catalog value, and at most
 ``runs - 1`` parameters are fitted per kind (time, memory). Which were fixed and why is
-part of the result.
+part of the result. A weakly identified parameter is kept at the catalog's value rather than
+fitted with a prior beside the runs: a prior biases what the runs do identify (a noise-free
+round trip found a GEMM efficiency of 0.574 for 0.55), and left free, such a parameter goes
+where the runs' noise sends it (to a bound, or trading against another: attention efficiency
+0.34 -> 0.92 against NVLink 1.07 -> 0.46 on nine runs of benchmarks/calibration_sweep.py).
 
 The leave-one-run-out (LORO) error refits without each run in turn (same selection rule on the
 remaining runs) and predicts the run left out: the error to expect on a run the fit never saw.
@@ -137,10 +143,13 @@ def _jacobian(runs: Sequence[FitRun], names: list[str], catalog: dict[str, float
     return np.array(columns).T
 
 
-def _select(jacobian: np.ndarray, rows: np.ndarray, names: list[str], fixed: dict[str, str]
-            ) -> list[str]:
+def _select(jacobian: np.ndarray, rows: np.ndarray, names: list[str], fixed: dict[str, str],
+            *, scattered: bool) -> list[str]:
     """The identifiable parameters of one kind (rows of that kind, columns of those names);
-    the others go into ``fixed`` with the reason."""
+    the others go into ``fixed`` with the reason. ``scattered``: the measurements scatter by
+    about F_SCALE from run to run (throughput: clocks, network neighbours), so a parameter
+    must also be pinned down better than the catalog does (:func:`loosest`); a peak memory is
+    the same on every repeat of a run, so its parameters need only be separable."""
     if not len(rows):
         for name in names:
             fixed[name] = "no measured run reports what it affects"
@@ -154,16 +163,40 @@ def _select(jacobian: np.ndarray, rows: np.ndarray, names: list[str], fixed: dic
     if not sensitive:
         return []
     cap = max(0, len(rows) - 1)
-    chosen: list[str] = []
+    chosen: list[int] = []
     for column, separable in pivot_order(block[:, sensitive]):
         name = names[sensitive[column]]
         if len(chosen) >= cap:
             fixed[name] = f"{len(rows)} run(s) identify at most {cap} parameter(s) of this kind"
         elif not separable:
-            fixed[name] = "the runs cannot tell it apart from " + ", ".join(chosen or ["others"])
+            fixed[name] = "the runs cannot tell it apart from " + ", ".join(
+                [names[i] for i in chosen] or ["others"])
+        elif scattered and (factor := loosest(block, chosen + [sensitive[column]], names)):
+            fixed[name] = (f"with it the runs would pin {factor[0]} down only to a factor "
+                           f"{factor[1]:.3g} either way, more than the catalog's "
+                           f"{parameter(factor[0]).prior_factor:g}: kept at the catalog's value")
         else:
-            chosen.append(name)
-    return chosen
+            chosen.append(sensitive[column])
+    return [names[i] for i in chosen]
+
+
+def loosest(block: np.ndarray, columns: list[int], names: list[str]
+            ) -> tuple[str, float] | None:
+    """The parameter of ``columns`` the runs pin down less well than the catalog does, with
+    the factor they pin it to, or None. With runs scattered by F_SCALE about the model, the
+    fitted log values have the covariance ``F_SCALE**2 (J^T J)^-1`` (J: these columns of
+    ``block``, the runs' sensitivities); a standard deviation beyond the log of the parameter's
+    ``prior_factor`` means the fit would spend it on the runs' noise (and push it to a bound)
+    rather than measure it. Parameters join in pivot order, each only if every one chosen
+    stays pinned: runs that barely exercise a kernel class or a link leave it at the catalog's
+    value."""
+    j = block[:, columns]
+    spread = F_SCALE * np.sqrt(np.maximum(np.diag(np.linalg.pinv(j.T @ j)), 0.0))
+    ratio = [s / math.log(parameter(names[c]).prior_factor) for s, c in zip(spread, columns)]
+    worst = int(np.argmax(ratio))
+    if ratio[worst] <= 1.0:
+        return None
+    return names[columns[worst]], math.exp(min(spread[worst], 50.0))
 
 
 def pivot_order(block: np.ndarray) -> list[tuple[int, bool]]:
@@ -207,21 +240,29 @@ def _free_parameters(runs: Sequence[FitRun], catalog: dict[str, float]
         columns = [i for i, n in enumerate(names) if parameter(n).affects == kind]
         rows = np.flatnonzero(kinds == kind)
         sub = jacobian[:, columns] if columns else np.zeros((len(kinds), 0))
-        chosen += _select(sub, rows, [names[i] for i in columns], fixed)
+        chosen += _select(sub, rows, [names[i] for i in columns], fixed,
+                          scattered=kind == "time")
     return [n for n in names if n in chosen], fixed
+
+
+def _bounds(names: list[str], catalog: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
+    """Log-space bounds of the fit, always containing the catalog value (a parameter whose
+    catalog value lay outside its range would be moved by the bound alone)."""
+    lower = [math.log(min(max(parameter(n).lower, 1e-6 * catalog[n]), catalog[n]) / catalog[n])
+             for n in names]
+    upper = [math.log(max(parameter(n).upper, catalog[n]) / catalog[n]) for n in names]
+    return np.array(lower), np.array(upper)
 
 
 def _solve(runs: Sequence[FitRun], names: list[str], catalog: dict[str, float],
            x0: np.ndarray | None = None) -> dict[str, float]:
     if not names:
         return {}
-    lower = np.array([math.log(max(parameter(n).lower, 1e-6 * catalog[n]) / catalog[n])
-                      for n in names])
-    upper = np.array([math.log(parameter(n).upper / catalog[n]) for n in names])
+    lower, upper = _bounds(names, catalog)
     start = np.clip(np.zeros(len(names)) if x0 is None else x0, lower + 1e-9, upper - 1e-9)
     solution = least_squares(lambda x: _residuals(runs, _values(names, x, catalog)), start,
-                             bounds=(lower, upper), loss=LOSS, f_scale=F_SCALE,
-                             diff_step=1e-3, x_scale=1.0, max_nfev=200)
+                             bounds=(lower, upper), loss=LOSS,
+                             f_scale=F_SCALE, diff_step=1e-3, x_scale=1.0, max_nfev=200)
     return _values(names, solution.x, catalog)
 
 

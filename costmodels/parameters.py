@@ -25,7 +25,8 @@ from autoplan.errors import AutoplanError
 @dataclass(frozen=True, slots=True)
 class Parameter:
     """One named constant: where it lives (``compute``, ``runtime``, ``intra``, ``inter``),
-    its field there, what it affects (``time`` or ``memory``) and the range a fit may move it."""
+    its field there, what it affects (``time`` or ``memory``), the range a fit may move it and
+    how far from its catalog value a real cluster's plausibly lies (``prior_factor``)."""
 
     name: str
     where: str
@@ -34,32 +35,40 @@ class Parameter:
     lower: float
     upper: float
     meaning: str
+    prior_factor: float = 2.0
+    """The factor either way by which a cluster's value plausibly differs from the catalog's
+    (one standard deviation of the fit's prior in log space, autoplan.fit): small for what
+    kernel benchmarks pin down (GEMM and element-wise efficiency), 2x for NVLink (the catalog's
+    figure is nccl-tests on an idle link; in training the collectives share SMs and HBM with
+    compute), 3x for what a deployment changes (a shared or congested network, the launch
+    path, the allocator's behaviour)."""
 
 
 PARAMETERS: tuple[Parameter, ...] = (
     Parameter("gemm_efficiency", "compute", "gemm_efficiency", "time", 0.05, 1.0,
-              "fraction of dense peak a large GEMM reaches"),
+              "fraction of dense peak a large GEMM reaches", 1.3),
     Parameter("attention_efficiency", "compute", "attention_efficiency", "time", 0.05, 1.0,
-              "fraction of peak of the fused attention kernels"),
+              "fraction of peak of the fused attention kernels", 1.5),
     Parameter("memory_efficiency", "compute", "memory_efficiency", "time", 0.05, 1.0,
-              "fraction of HBM bandwidth element-wise kernels reach"),
+              "fraction of HBM bandwidth element-wise kernels reach", 1.3),
     Parameter("kernel_overhead_s", "compute", "kernel_overhead_s", "time", 0.0, 1e-3,
-              "fixed launch cost per layer and micro-batch (s)"),
-    Parameter("intra_node_efficiency", "intra", "allreduce_efficiency", "time", 0.02, 1.0,
-              "achieved fraction of the intra-node link bandwidth (collectives)"),
+              "fixed launch cost per layer and micro-batch (s)", 3.0),
+    Parameter("intra_node_efficiency", "intra", "allreduce_efficiency", "time", 0.02, 1.25,
+              "achieved fraction of the intra-node link bandwidth (collectives; NVLink SHARP "
+              "lifts all-reduce bus bandwidth above the link rate: 1.067 on H100)", 2.0),
     Parameter("intra_node_latency_s", "intra", "latency_s", "time", 0.0, 1e-4,
-              "per-hop latency of the intra-node link (s)"),
+              "per-hop latency of the intra-node link (s)", 3.0),
     Parameter("inter_node_efficiency", "inter", "allreduce_efficiency", "time", 0.02, 1.0,
-              "achieved fraction of the NIC bandwidth (collectives across nodes)"),
+              "achieved fraction of the NIC bandwidth (collectives across nodes)", 3.0),
     Parameter("inter_node_latency_s", "inter", "latency_s", "time", 0.0, 1e-3,
-              "per-hop latency of the network (s): point-to-point and all-to-all"),
+              "per-hop latency of the network (s): point-to-point and all-to-all", 3.0),
     Parameter("inter_node_net_latency_s", "inter", "nccl_net_latency_s", "time", 0.0, 2e-3,
               "latency per network step of NCCL's collectives across nodes (s): what the "
-              "network plugin adds in NCCL's tuning model (EFA 75 us, 0 on InfiniBand)"),
+              "network plugin adds in NCCL's tuning model (EFA 75 us, 0 on InfiniBand)", 3.0),
     Parameter("memory_fragmentation", "runtime", "fragmentation", "memory", 0.0, 2.0,
-              "allocator overhead as a fraction of activation memory"),
+              "allocator overhead as a fraction of activation memory", 3.0),
     Parameter("cuda_context_bytes", "runtime", "cuda_context_bytes", "memory", 0.0, 16 * 2**30,
-              "CUDA context, cuBLAS/NCCL workspaces per GPU (bytes)"),
+              "CUDA context, cuBLAS/NCCL workspaces per GPU (bytes)", 2.0),
 )
 """The calibratable constants, by the names profiles and reports use."""
 
