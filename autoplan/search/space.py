@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 from itertools import product
 from typing import Iterable
 
-from autoplan.capabilities import RUNTIMES, lack_reason, missing, pinned_features
+from autoplan.capabilities import OFFLOAD_MIN_ZERO, RUNTIMES, lack_reason, missing, pinned_features
+from autoplan.cluster.spec import Cluster
 from autoplan.costmodels.experts import common_expert_count
 from autoplan.degrees import plan_fields
 from autoplan.errors import ConstraintError, InfeasibleError
@@ -449,7 +450,7 @@ def _switches(tensor_parallel: bool, pipelined: bool, runtime: Runtime, pins: Pi
         sps = (True,)
     offloads = (Offload.NONE, *caps.offloads)
     for zero, rc, sp, off in product(zeros, Recompute, sps, offloads):
-        if off is Offload.OPTIMIZER and zero == 0 or off is Offload.PARAMS and zero < 3:
+        if zero < OFFLOAD_MIN_ZERO[off]:
             continue
         layers = recompute_layer_options(runtime, blocks_per_chunk, pins) if rc is Recompute.FULL else [None]
         for n in layers:
@@ -642,3 +643,11 @@ def check_ep(graph: LayerGraph, training: TrainingSpec, pins: Pins) -> None:
     if RUNTIMES[training.runtime].ep_with_tp_needs_sp and pins.sp is False and (pins.tp or 1) > 1:
         raise ConstraintError(f"--ep {ep} with --tp {pins.tp} needs sequence parallelism in "
                               f"{RUNTIMES[training.runtime].name}; drop --no-sp (or pin --tp 1).")
+
+
+def check_ep_cluster(cluster: Cluster, ep: int | None) -> None:
+    """Expert parallelism is costed on clusters of one kind of node only."""
+    if ep not in (None, 1) and not cluster.is_homogeneous:
+        raise ConstraintError(
+            f"--ep {ep}: expert parallelism is not modelled on a cluster of several node groups "
+            "yet; leave --ep unset or plan on one node group.")
