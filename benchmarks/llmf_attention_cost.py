@@ -12,7 +12,10 @@ a mask. H100 rates are those of costmodels/profiles.yaml (the FlashAttention-3 p
 at 16k); A100 has one efficiency for the masked kernel, so only the causal column is printed.
 The H100 rows come out at 0.93-1.00 of the unmasked cost (MPT-30b's 4k-8k pair aside) and 1.7-1.8
 of the masked one, the A100 rows at 1.6-2.0 of the masked one (MPT-30b aside): the llm-foundry runs pay about
-what flash-attn 2 takes without a causal mask, though their MPT calls it with causal=True.
+what flash-attn 2 takes without a causal mask, though their MPT calls it with causal=True. Their
+kernel is not flash-attn 2 but Triton FlashAttention (``attn_impl: triton``, the benchmark
+script's default), which autoplan prices at half flash-attn 2's rate (2.0 of the masked cost:
+costmodels.compute.RELATIVE_KERNELS, from its authors' statements, not from these rows).
 
 Diagnostic only: nothing here is fitted or fed back.
 

@@ -154,12 +154,16 @@ def _runtime_settings(source: str, zero_text: str = "") -> dict:
     the loss with flash-attn's fused cross-entropy (llm-foundry ``ComposerMPTCausalLM``:
     ``loss_fn='fused_crossentropy'`` by default; ``flash_attn/ops/triton/cross_entropy.py``
     keeps only per-row fp32 losses and log-sum-exps and in backward writes one 16-bit gradient
-    the logits' size), not ``cross_entropy(logits.float())``: 2 bytes per logit, not 12.
+    the logits' size), not ``cross_entropy(logits.float())``: 2 bytes per logit, not 12. Their
+    attention is ``attn_impl: triton`` (the default of scripts/train/benchmarking/
+    submit_benchmarks.py, ``--attn_impl``, which sets ``model.attn_impl`` of every run),
+    Triton FlashAttention, not flash-attn 2 as the CSV's flash_attention column says
+    (costmodels.compute.RELATIVE_KERNELS).
     BigScience's bf16 rows ran DeepSpeed's BF16_Optimizer (ZeRO stage 0, which shards the
     optimizer states like ZeRO-1, so they are posed as ZeRO 1) with its fp32 gradient update
     each micro-batch (profiles.yaml, deepspeed.bf16_optimizer_accumulation_bytes)."""
     if source == "LLMF":
-        return {"unshard_copy_bytes": 0, "loss_bytes_per_logit": 2}
+        return {"unshard_copy_bytes": 0, "loss_bytes_per_logit": 2, "attention_kernel": "triton"}
     if "BF16Optimizer" in zero_text:
         bf16_optimizer = runtime_profile("deepspeed").bf16_optimizer_accumulation_bytes
         return {"grad_accumulation_bytes": bf16_optimizer}

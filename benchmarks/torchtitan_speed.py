@@ -14,9 +14,9 @@ Sources (rows keep their tables' names):
   torch.compile (the Float8 and CP rows use precisions or kernels autoplan does not model).
   Hardware as the benchmark states it: Grand Teton H100 SXM with 96 GB HBM2e at 2.4 TB/s, run at
   the default 500 W power limit (its footnote: the real peak lies "between SXM and NVL" and is
-  not known), 400 Gb/s RDMA per GPU. Posed as the catalog's h100-sxm5-80gb (its 989 TFLOP/s and
-  3.35 TB/s): the lower clock and bandwidth are not modelled, so these rows should come out
-  somewhat optimistic.
+  not known), 400 Gb/s RDMA per GPU. Posed as the catalog's h100-sxm5-96gb-hbm2e: its 2.4 TB/s,
+  and H100 SXM's 989 TFLOP/s as the upper bound of the unknown peak, so the lower clock at
+  500 W is not modelled and these rows should come out somewhat optimistic.
 - A100: torchtitan ``docs/performance.md`` as first published (pytorch/torchtitan 0413364,
   2024): Llama 3 8B/70B (sequence 8192) and Llama 2 13B/70B (sequence 4096) on 64 A100 80GB,
   FSDP2, eager; "selective op" is op-level SAC, "full" full AC, "no" none (the "selective
@@ -66,10 +66,11 @@ class Row:
 
 
 def _rows() -> list[Row]:
-    h100 = [Row("T1", "L3-8B", "h100-sxm5-80gb", 8, 2, 8192, "selective", 5762),
-            Row("T1", "L3-8B", "h100-sxm5-80gb", 8, 2, 8192, "selective", 6667, True),
-            Row("T3", "L3-8B", "h100-sxm5-80gb", 128, 2, 8192, "selective", 5605),
-            Row("T3", "L3-8B", "h100-sxm5-80gb", 128, 2, 8192, "selective", 6514, True)]
+    gt = "h100-sxm5-96gb-hbm2e"  # Grand Teton's H100 as the benchmark states it
+    h100 = [Row("T1", "L3-8B", gt, 8, 2, 8192, "selective", 5762),
+            Row("T1", "L3-8B", gt, 8, 2, 8192, "selective", 6667, True),
+            Row("T3", "L3-8B", gt, 128, 2, 8192, "selective", 5605),
+            Row("T3", "L3-8B", gt, 128, 2, 8192, "selective", 6514, True)]
     a100 = [Row("L3", "L3-8B", "a100-sxm4-80gb", 64, 1, 8192, "selective", 2973),
             Row("L3", "L3-70B", "a100-sxm4-80gb", 64, 1, 8192, "full", 331),
             Row("L2", "L2-13B", "a100-sxm4-80gb", 64, 2, 4096, "none", 2162),
@@ -86,7 +87,8 @@ def _model(name: str) -> types.ModuleType:
     return module
 
 
-NETWORK = {"h100-sxm5-80gb": ("450GB/s", "400Gbps"), "a100-sxm4-80gb": ("300GB/s", "200Gbps")}
+NETWORK = {"h100-sxm5-96gb-hbm2e": ("450GB/s", "400Gbps"), "h100-sxm5-80gb": ("450GB/s", "400Gbps"),
+           "a100-sxm4-80gb": ("300GB/s", "200Gbps")}
 
 
 def _cluster(gpu: str, gpus: int) -> dict:
@@ -109,7 +111,7 @@ def predicted_tps(row: Row, models: dict) -> float:
 
 def main() -> None:
     models = {name: _model(name) for name in MODELS}
-    print(f"{'table':5} {'model':7} {'gpu':15} {'gpus':>4} {'lbs':>3} {'seq':>5} {'ac':9} "
+    print(f"{'table':5} {'model':7} {'gpu':20} {'gpus':>4} {'lbs':>3} {'seq':>5} {'ac':9} "
           f"{'kernels':8} {'measured':>8} {'predicted':>9} {'error':>7}")
     eager, eager_tps = [], {}
     for row in _rows():
@@ -125,7 +127,7 @@ def main() -> None:
         else:
             eager_tps[key] = (row.measured_tps, tps)
             eager.append((row.gpu, error))
-        print(f"{row.table:5} {row.model:7} {row.gpu:15} {row.gpus:>4} {row.local_batch:>3} "
+        print(f"{row.table:5} {row.model:7} {row.gpu:20} {row.gpus:>4} {row.local_batch:>3} "
               f"{row.seq_len:>5} {row.recompute:9} {kind:8} {row.measured_tps:>8.0f} {tps:>9.0f} "
               f"{error:>+7.1%}{speedup}")
     for gpu in sorted({g for g, _ in eager}):

@@ -12,7 +12,8 @@ needed: a frozen Linear's weight gets no gradient, a Linear whose input needs no
 first trainable parameter) computes no input gradient, and a layer before the first trainable
 parameter has no backward at all. Frozen weights stored quantized are dequantized before each
 use (quantization.py).
-Attention runs as the runtime's fused kernel (flash-attn 2, cuDNN, flash-attn 3) at the speed
+Attention runs as the runtime's fused kernel (flash-attn 2, cuDNN, flash-attn 3, or Triton
+FlashAttention at a stated share of flash-attn 2: :data:`RELATIVE_KERNELS`) at the speed
 its authors published for that GPU and sequence length (:func:`attention_rate`; on a GPU without
 such a table, at one efficiency over the 128-token score tiles it computes, a causal mask
 skipping those above the diagonal: :func:`flash_work`), at its padded head dimension, or, for
@@ -79,6 +80,23 @@ def flash_work(seq_len: int, head_dim: int, causal: bool) -> float:
 REFERENCE_KERNEL = "flash2"
 """The kernel whose causal forward plateau a GPU's ``attention_efficiency`` states."""
 
+RELATIVE_KERNELS = {"triton": (REFERENCE_KERNEL, 0.5)}
+"""Kernels without a benchmark table of their own, priced at a share of another kernel's rate
+on every GPU. ``triton``: Tri Dao's Triton FlashAttention (flash_attn_triton.py, copied as
+llm-foundry's ``attn_impl: triton``, built with triton-pre-mlir), whose docstring states that
+its "forward + backward is slightly slower than" FlashAttention (1)'s CUDA kernels, which
+FlashAttention-2 runs "around 2x" faster (Dao 2023, abstract): half flash-attn 2's rate. The
+same paper (sec. 4.1) has FlashAttention-2 "1.3-1.5x faster than FlashAttention in Triton in
+the forward pass and around 2x faster in the backward pass" (the Triton tutorial kernel it grew
+from): 0.55 of flash-attn 2's rate over a forward and its 2.5x backward. Like flash-attn 2 it
+skips the score tiles wholly above the causal diagonal (``end_n``/``begin_m`` in its kernels),
+so causal work is counted alike."""
+
+
+def kernel_rate_share(kernel: str) -> tuple[str, float]:
+    """(the kernel whose published rates price ``kernel``, the share of them it runs at)."""
+    return RELATIVE_KERNELS.get(kernel, (kernel, 1.0))
+
 
 def _interpolated(points: tuple, seq_len: float) -> float:
     """A published rate at ``seq_len``: linear in log2 of the length between the benchmarked
@@ -110,9 +128,10 @@ def attention_rate(profile: ComputeProfile, peak: float, kernel: str, seq_len: f
     against the reference kernel's causal forward plateau, so a calibration moves every
     kernel alike."""
     table = {(k, d): points for k, d, points in profile.attention_kernels}
+    kernel, share = kernel_rate_share(kernel)
     if (kernel, "causal_fwd") not in table:
         return None
-    scale = _table_scale(profile, peak)
+    scale = _table_scale(profile, peak) * share
     causal_fwd, fwd, bwd = (_interpolated(table[(kernel, d)], seq_len) * scale
                             for d in ("causal_fwd", "fwd", "bwd"))
     if not causal:
@@ -124,10 +143,11 @@ def best_attention_fraction(profile: ComputeProfile, peak: float, kernel: str) -
     """The largest share of peak any attention call reaches counted in dense FLOPs (a causal
     one does half of them, so up to twice its kernel rate): what a lower bound on step time
     may assume of attention."""
+    kernel, share = kernel_rate_share(kernel)
     rates = [r for k, _, points in profile.attention_kernels if k == kernel for _, r in points]
     if not rates:
-        return 2 * profile.attention_efficiency
-    return 2 * max(rates) * _table_scale(profile, peak) / peak
+        return 2 * profile.attention_efficiency * share
+    return 2 * max(rates) * _table_scale(profile, peak) * share / peak
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,7 +292,7 @@ def _flash_times(att: Attention, split: Split, peak: float,
     rates = attention_rate(profile, peak, split.kernel, att.seq_len / split.cp, att.causal)
     if rates is None:
         work = flash_work(att.seq_len, att.head_dim, att.causal)
-        rate = peak * profile.attention_efficiency
+        rate = peak * profile.attention_efficiency * kernel_rate_share(split.kernel)[1]
         return att.fwd_flops * work / rate, att.bwd_flops * work / rate
     work = (0.5 if att.causal else 1.0) * flash_head_dim(att.head_dim) / att.head_dim
     return att.fwd_flops * work / rates[0], att.bwd_flops * work / rates[1]

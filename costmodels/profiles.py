@@ -132,8 +132,9 @@ class RuntimeProfile:
     source: str = ""
 
 
-ATTENTION_KERNELS = ("flash2", "cudnn", "flash3")
-"""The fused attention kernels a runtime's ``attention_kernel`` may name (profiles.yaml)."""
+ATTENTION_KERNELS = ("flash2", "cudnn", "flash3", "triton")
+"""The fused attention kernels a runtime's ``attention_kernel`` may name (profiles.yaml;
+``triton`` is priced from flash2's rates, costmodels.compute.RELATIVE_KERNELS)."""
 
 FITTED = ("compute.gemm_efficiency", "compute.attention_efficiency", "compute.bmm_efficiency",
           "compute.memory_efficiency", "deepspeed.zero3_collective_efficiency",

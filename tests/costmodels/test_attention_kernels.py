@@ -147,3 +147,21 @@ def test_a_runtime_setting_chooses_the_kernel():
     assert _step(attention_kernel="flash3") < _step(attention_kernel="cudnn") < _step()
     with pytest.raises(AutoplanError, match="attention_kernel 'flash4'.*flash2, cudnn, flash3"):
         _step(attention_kernel="flash4")
+
+
+def test_triton_flash_attention_runs_at_half_flash2():
+    # flash_attn_triton.py's docstring: its forward + backward is "slightly slower" than
+    # FlashAttention (1)'s CUDA kernels; FlashAttention-2 is "around 2x" FlashAttention (Dao
+    # 2023, abstract): half flash2's published rate, here 335 / 2 causal forward at 16k on
+    # H100, and half of A100's one efficiency (no table there), causal tiles skipped alike.
+    h100, a100 = compute_profile("h100-sxm5-80gb"), compute_profile("a100-sxm4-80gb")
+    fwd, bwd = attention_rate(h100, H100_PEAK, "triton", 16384, causal=True)
+    assert fwd / 1e12 == pytest.approx(335 / 2, rel=1e-3)
+    assert bwd / 1e12 == pytest.approx(322 * 335 / 370 / 2, rel=1e-3)
+    layer = _attention_layer(4096)
+    for gpu, profile, peak in ((get_gpu("h100-sxm5-80gb"), h100, H100_PEAK),
+                               (get_gpu("a100-sxm4-80gb"), a100, 312e12)):
+        flash2 = attention_time(layer, Split(tp=1, cp=1, sp=False, mbs=1), gpu, peak, profile)
+        triton = attention_time(layer, Split(tp=1, cp=1, sp=False, mbs=1, kernel="triton"),
+                                gpu, peak, profile)
+        assert triton == pytest.approx(tuple(2 * t for t in flash2), rel=1e-9)

@@ -71,3 +71,10 @@ def test_a_large_square_gemm_is_compute_bound_near_the_plateau():
     t = gemm_time(8192, 8192, 8192, gpu, 312e12, profile)
     busy = 4096 / (math.ceil(4096 / 108) * 108)
     assert t == pytest.approx((f / busy + profile.gemm_half_flops) / (312e12 * profile.gemm_efficiency))
+
+
+def test_h100_gemm_efficiency_carries_a100s_by_the_published_best_matmul():
+    # stas00/ml-engineering, compute/accelerator "Maximum Achievable Matmul FLOPS comparison
+    # table" (mamf-finder.py, BF16): A100 SXM 267.9 of 312 TFLOP/s, H100 SXM 792.1 of 989.
+    a100, h100 = (compute_profile(g).gemm_efficiency for g in ("a100-sxm4-80gb", "h100-sxm5-80gb"))
+    assert h100 / a100 == pytest.approx((792.1 / 989) / (267.9 / 312), rel=0.005)
