@@ -8,7 +8,10 @@ from __future__ import annotations
 import pytest
 
 import autoplan
+from autoplan.api import load_cluster, load_model, make_problem, plan_from_pins, training_spec
 from autoplan.costmodels.memory import ddp_bucket_copy_bytes
+from autoplan.costmodels.step import peak_moments
+from autoplan.training import Pins
 from autoplan.zoo import Llama
 from tests.graph.models import LLAMA_GQA, llama_gqa
 
@@ -99,3 +102,14 @@ def test_accumulating_after_the_whole_backward_holds_every_16_bit_gradient(examp
     assert copies > backward
     extra = (whole.peak_memory_gib - plain.peak_memory_gib) * 2**30
     assert extra == pytest.approx((copies - backward) * 1.10)
+
+
+def test_explain_names_the_whole_stage_gradients_moment(examples):
+    """When the 16-bit gradients of the whole stage set the peak (the case above), explain names
+    that moment, not a backward."""
+    cluster = load_cluster(examples / "clusters" / "a100-x1.yaml")
+    problem = make_problem(load_model(llama_gqa), cluster,
+                           training_spec(4, BATCH, "bf16", "megatron", "flash"),
+                           runtime_settings={"grads_before_accumulation_bytes": 2})
+    plan = plan_from_pins(problem, Pins(dp=1, mbs=1, recompute="full"))
+    assert peak_moments(problem, plan)[0].startswith("the 16-bit gradients of the whole stage")
