@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autoplan.cluster.catalog import get_gpu, gpu_names
 from autoplan.costmodels.profiles import ComputeProfile, compute_profile
-from autoplan.errors import AutoplanError
+from autoplan.errors import AutoplanError, ConstraintError
 from autoplan.run_profile import RunsProfile, is_runs_profile, runs_profile
 
 logger = logging.getLogger(__name__)
@@ -278,3 +278,17 @@ def bus_bandwidth_Bps(all_reduce: Transfer) -> float:
     """nccl-tests' bus bandwidth of an all-reduce: 2 (n - 1) / n of the bytes per second."""
     n = all_reduce.num_gpus or 2
     return 2 * (n - 1) / n * all_reduce.bytes / all_reduce.seconds
+
+
+def calibrate_machine(out: str | Path, *, device: str | None = None, quick: bool = False
+                      ) -> tuple[MeasuredProfile, ComputeProfile]:
+    """Measure this machine, write the profile YAML to ``out`` and return it with the compute
+    profile fitted from it. ``device`` None: cuda when a GPU is visible, else cpu."""
+    if device is None:
+        import torch
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ConstraintError(f"--device {device!r}: use cpu or cuda.")
+    measured = measure(device, quick=quick)
+    write_profile(measured, out)
+    return measured, fitted_profile(measured)

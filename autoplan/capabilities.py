@@ -43,7 +43,7 @@ from importlib.metadata import entry_points
 from dataclasses import dataclass, field, replace
 
 from autoplan.errors import ConstraintError
-from autoplan.plan import Offload, Plan, PipelineSchedule
+from autoplan.plan import Offload, PipelineSchedule, Plan, Recompute
 from autoplan.training import DEFAULT_PLACEMENT, KNOWN_PLACEMENTS, Pins, Runtime
 
 
@@ -80,6 +80,12 @@ class Capabilities:
     optimizer_in_backward: bool = False
     """Steps each parameter's optimizer from its post-accumulate-grad hook (torchtune's
     ``optimizer_in_bwd``); a runtime that has it prices gradients as one layer's."""
+    pipeline: bool = True
+    """Runs pipeline parallelism (pp > 1)."""
+    replicated_dp: bool = True
+    """Runs replicated data parallelism (DDP: dp > 1 at ZeRO-0)."""
+    selective_recompute: bool = True
+    """Recomputes parts of a block (selective), not only whole blocks."""
 
 
 MEGATRON_TARGET = Capabilities(
@@ -176,7 +182,7 @@ TORCHTUNE_TARGET = Capabilities(
     expert_parallel=False, expert_parallel_with_tp=False, expert_parallel_needs_sharding=False,
     ep_with_tp_needs_sp=False, sequence_parallel=False, partial_recompute=False,
     node_groups=False, precisions=("bf16",), pipeline_needs_microbatches=False,
-    optimizer_in_backward=True,
+    optimizer_in_backward=True, pipeline=False, replicated_dp=False, selective_recompute=False,
     notes={"zero1": "its data parallelism is FSDP2 sharding, which shards gradients too; "
                     "re-plan with --zero 2 or 3",
            "offload_optimizer": "its CPU offload (fsdp_cpu_offload, FSDP2's CPUOffloadPolicy) "
@@ -187,9 +193,14 @@ TORCHTUNE_TARGET = Capabilities(
                                 "without SP) or --tp 1",
            "partial_recompute": "enable_activation_checkpointing wraps every block; re-plan "
                                 "without --recompute-num-layers (recompute_num_layers)",
-           "precision": "its recipes train in bf16 only (dtype=bf16)"})
-"""Which recipe, and what it cannot run beyond this table (pipelines, DDP, TP in LoRA recipes,
-selective recompute, an int8 base), is ``plugins.torchtune``'s."""
+           "precision": "its recipes train in bf16 only (dtype=bf16)",
+           "pipeline": "its recipes have no pipeline parallelism; re-plan with --pp 1",
+           "replicated_dp": "its data parallelism is FSDP2 sharding (\"DDP is currently not "
+                            "supported\"); re-plan with --zero 2 or 3",
+           "selective_recompute": "enable_activation_checkpointing wraps whole blocks; re-plan "
+                                  "with --recompute full or none"})
+"""Which recipe, and what its recipes cannot run beyond this table (TP in LoRA recipes, an
+int8 base, frozen weights without adapters), is ``plugins.torchtune``'s."""
 
 TARGETS: dict[str, Capabilities] = {
     "megatron": MEGATRON_TARGET, "deepspeed": DEEPSPEED_TARGET, "torchtitan": TORCHTITAN_TARGET,
@@ -263,6 +274,13 @@ def require_no_accumulation(plan: Plan) -> None:
                               "--optimizer-in-backward unset.")
 
 
+OFFLOAD_MIN_ZERO = {Offload.NONE: 0, Offload.OPTIMIZER: 1, Offload.PARAMS: 3}
+"""The least ZeRO stage each offload runs with, in every runtime and target: the optimizer
+state moved to CPU is the sharded one (ZeRO >= 1), parameters move only when sharded (ZeRO-3)."""
+OFFLOAD_NEEDS = {Offload.OPTIMIZER: "optimizer offload needs ZeRO stage 1 or more",
+                 Offload.PARAMS: "parameter offload needs ZeRO stage 3"}
+
+
 def _zero_gaps(caps: Capabilities, plan: Plan) -> list[tuple[str, str]]:
     z, gaps = plan.zero_stage, []
     if z not in caps.zero_stages:
@@ -271,10 +289,8 @@ def _zero_gaps(caps: Capabilities, plan: Plan) -> list[tuple[str, str]]:
         gaps.append(("pipeline_zero", f"no ZeRO-{z} with a pipeline (pp={plan.pp})"))
     if z == 3 and plan.tp > 1 and not caps.zero3_with_tp:
         gaps.append(("zero3_tp", "no ZeRO-3 together with tensor parallelism"))
-    if plan.offload is Offload.OPTIMIZER and z == 0:
-        gaps.append(("offload_zero", "optimizer offload needs ZeRO stage 1 or more"))
-    if plan.offload is Offload.PARAMS and z != 3:
-        gaps.append(("offload_zero", "parameter offload needs ZeRO stage 3"))
+    if z < OFFLOAD_MIN_ZERO[plan.offload]:
+        gaps.append(("offload_zero", OFFLOAD_NEEDS[plan.offload]))
     if plan.offload is not Offload.NONE and plan.offload not in caps.offloads:
         gaps.append((f"offload_{plan.offload.value}", f"no {plan.offload.value} offload to CPU"))
     return gaps
@@ -324,7 +340,21 @@ def plan_gaps(caps: Capabilities, plan: Plan, precision: str = "bf16", *,
     if precision not in caps.precisions:
         gaps.append(("precision", f"no {precision} training ({' and '.join(caps.precisions)} "
                                   "only)"))
+    gaps += _mode_gaps(caps, plan)
     return [caps.notes.get(key, phrase) for key, phrase in gaps]
+
+
+def _mode_gaps(caps: Capabilities, plan: Plan) -> list[tuple[str, str]]:
+    """Whole modes a target lacks: pipelines, replicated data parallelism, selective
+    recompute (torchtune's recipes)."""
+    gaps = []
+    if plan.pp > 1 and not caps.pipeline:
+        gaps.append(("pipeline", f"no pipeline parallelism (pp={plan.pp})"))
+    if plan.dp > 1 and plan.zero_stage == 0 and not caps.replicated_dp:
+        gaps.append(("replicated_dp", "no replicated data parallelism (dp > 1 at ZeRO-0)"))
+    if plan.recompute is Recompute.SELECTIVE and not caps.selective_recompute:
+        gaps.append(("selective_recompute", "no selective recompute"))
+    return gaps
 
 
 def can_run(caps: Capabilities, plan: Plan, precision: str = "bf16", *,

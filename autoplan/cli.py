@@ -378,17 +378,8 @@ def verify_cmd(
     if as_json:
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
         return
-    for step, (ref, par) in enumerate(zip(document["losses_reference"],
-                                          document["losses_parallel"])):
-        stdout.print(f"step {step}: reference {ref:.6f}  parallel {par:.6f}")
-    stdout.print(f"largest relative loss difference: {document['max_rel_loss_diff']:.2e}")
-    for rank in document["ranks"]:
-        stdout.print(f"rank {rank['rank']}: peak {rank['peak_bytes_measured'] / 2**20:.2f} MiB "
-                     f"measured, {rank['peak_bytes_predicted'] / 2**20:.2f} MiB predicted, "
-                     f"{rank['peak_reserved_bytes_replayed'] / 2**20:.2f} MiB as CUDA's caching "
-                     "allocator would reserve it")
-    for note in document["notes"]:
-        stdout.print(f"note: {note}", highlight=False, soft_wrap=True)
+    from autoplan.report import render_verify
+    render_verify(document, stdout)
 
 
 @app.command("sweep")
@@ -485,22 +476,8 @@ def infer_cmd(
     if as_json:
         sys.stdout.write(json.dumps(placement.model_dump(mode="json"), indent=2) + "\n")
         return
-    from rich.table import Table
-
-    modules: dict[int, list[str]] = {}
-    for name, gpu in placement.device_map.items():
-        modules.setdefault(gpu, []).append(name)
-    table = Table(title=f"device_map over {placement.gpus_used} GPU(s), {context_len} tokens of "
-                  f"context x batch {batch}", title_justify="left")
-    for column in ("GPU", "modules", "first", "last", "GiB", "limit GiB"):
-        table.add_column(column, justify="left" if column in ("first", "last") else "right")
-    for gpu, names in sorted(modules.items()):
-        table.add_row(str(gpu), str(len(names)), names[0], names[-1],
-                      f"{placement.memory_per_gpu_gib[gpu]:.1f}",
-                      f"{placement.memory_limit_gib:.1f}")
-    stdout.print(table)
-    stdout.print(f"time per generated token: {placement.time_per_token_s * 1e3:.1f} ms; "
-                 f"{placement.tokens_per_s:,.1f} tokens/s (batch {batch})")
+    from autoplan.report import render_inference
+    render_inference(placement, context_len, batch, stdout)
 
 
 @app.command("calibrate")
@@ -521,7 +498,6 @@ def calibrate_cmd(
     and write a profile for `solve`/`estimate --profile`; with --runs, fit the cost model's
     global parameters to your measured runs instead."""
     from autoplan import api  # here, not at the top: --help imports no stage
-    from autoplan.calibrate import bus_bandwidth_Bps
     if runs:
         profile = _run(lambda: api.calibrate_runs(runs, out, model=model, cluster=cluster,
                                                   force=force))
@@ -540,14 +516,8 @@ def calibrate_cmd(
         sys.stdout.write(json.dumps({"profile": str(out), "device": measured.device,
                                      "dtype": measured.dtype, "fitted": numbers}, indent=2) + "\n")
         return
-    stdout.print(f"{measured.device_name} ({measured.dtype}), reference peak "
-                 f"{measured.peak_flops / 1e12:.3g} TFLOP/s: gemm_efficiency "
-                 f"{fitted.gemm_efficiency:.3f}, gemm_half_flops {fitted.gemm_half_flops:.3g}, "
-                 f"memory_efficiency {fitted.memory_efficiency:.3f} "
-                 f"({measured.memory.bytes / measured.memory.seconds / 1e9:.3g} GB/s)")
-    if measured.all_reduce is not None:
-        stdout.print(f"all-reduce over {measured.all_reduce.num_gpus} GPUs: bus bandwidth "
-                     f"{bus_bandwidth_Bps(measured.all_reduce) / 1e9:.3g} GB/s")
+    from autoplan.report import render_measured
+    render_measured(measured, fitted, stdout)
     stdout.print(f"wrote {out}")
 
 

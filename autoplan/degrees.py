@@ -39,6 +39,8 @@ class Degree:
     """Largest value of an int degree."""
     swept: bool = True
     """An axis of sweep files and ``sweep --over``."""
+    words: str = ""
+    """How a sentence names it (``micro-batch``); empty: its pin name in capitals."""
 
     @property
     def option(self) -> str:
@@ -61,6 +63,11 @@ class Degree:
         return {k: v for k, v in (("ge", self.low), ("le", self.high)) if v is not None}
 
     @property
+    def label(self) -> str:
+        """How a sentence names it: ``micro-batch``, ``TP``."""
+        return self.words or self.name.upper()
+
+    @property
     def plain(self) -> type:
         """The type as a YAML file writes it: an enum by its value (a str)."""
         return str if issubclass(self.kind, Enum) else self.kind
@@ -71,15 +78,16 @@ DEGREES: tuple[Degree, ...] = (
     Degree("pp", "pp", int, "Pipeline-parallel degree.", low=1),
     Degree("dp", "dp", int, "Data-parallel degree.", low=1),
     Degree("cp", "cp", int, "Context-parallel degree.", low=1, swept=False),
-    Degree("mbs", "micro_batch_size", int, "Micro-batch size.", low=1),
-    Degree("zero", "zero_stage", int, "ZeRO stage.", low=0, high=3),
-    Degree("recompute", "recompute", Recompute, "Activation recomputation."),
+    Degree("mbs", "micro_batch_size", int, "Micro-batch size.", low=1, words="micro-batch"),
+    Degree("zero", "zero_stage", int, "ZeRO stage.", low=0, high=3, words="ZeRO stage"),
+    Degree("recompute", "recompute", Recompute, "Activation recomputation.", words="recompute"),
     Degree("recompute_num_layers", "recompute_num_layers", int,
            "With full recompute: only the first N blocks of each model chunk (Megatron's "
            "--recompute-method block).", low=1, swept=False),
-    Degree("sp", "sequence_parallel", bool, "Sequence parallelism."),
-    Degree("vpp", "vpp", int, "Model chunks per pipeline rank (1: no interleaving).", low=1),
-    Degree("offload", "offload", Offload, "CPU offload."),
+    Degree("sp", "sequence_parallel", bool, "Sequence parallelism.", words="sequence parallel"),
+    Degree("vpp", "vpp", int, "Model chunks per pipeline rank (1: no interleaving).", low=1,
+           words="chunks per rank"),
+    Degree("offload", "offload", Offload, "CPU offload.", words="offload"),
     Degree("placement", "placement", str,
            "Rank order, innermost axis first: tp-cp-dp-pp (every runtime) or tp-cp-pp-dp "
            "(Megatron's --use-tp-pp-dp-mapping: pipeline neighbours share a node).", swept=False),

@@ -11,23 +11,36 @@ only above the plan's step time); what-ifs solve the changed problem.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import ClassVar
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 from pydantic import BaseModel, ConfigDict
 
 from autoplan.capabilities import RUNTIMES
+from autoplan.cluster.loaded import load_cluster
+from autoplan.cluster.spec import require_homogeneous
 from autoplan.cluster.topology import GroupLinks
 from autoplan.costmodels.comm import SLOW_NETWORK_BPS
 from autoplan.costmodels.problem import Problem, limit_mib, memory_mib
 from autoplan.costmodels.placement import axis_links
 from autoplan.costmodels.step import estimate, peak_moments
+from autoplan.errors import PlanFileError
 from autoplan.graph.layer_graph import LayerGraph
+from autoplan.graph.model import Model, load_model
+from autoplan.options import as_pins
 from autoplan.plan import Offload, OmitsDefaults, Plan, Result, one_line
 from autoplan.plugins.colossalai_tp import compare_tp_modes
+from autoplan.problems import Profile, loaded_profile, make_problem, training_spec
+from autoplan.report import calibration_note
+from autoplan.search.defaults import check_plan_matches
 from autoplan.search.runners_up import best_by_shape
 from autoplan.search.table import Table
 from autoplan.training import Optimizer, Pins, Runtime
 from autoplan.units import format_excess, format_seconds, gib_digits
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 POOR_SCALING = 0.7
 """Per-GPU throughput under 70% of one node's: a healthy run scales close to linearly."""
@@ -418,7 +431,32 @@ def explain_plan(problem: Problem, result: Result, pins: Pins = Pins()) -> Expla
         frameworks=frameworks(result))
 
 
-def render(explanation: Explanation, console) -> None:
+def explain_result(result: Result, model: str | Path | ModuleType | Model,
+                   pins: Mapping[str, Any] | Pins | None = None,
+                   profile: str | Path | Profile | None = None) -> Explanation:
+    """The explanation of a saved plan, rebuilt from its JSON's cluster and training settings
+    and the traced model, with a calibration profile's warnings where it may not hold."""
+    if result.cluster is None or result.training is None:
+        raise PlanFileError("the plan JSON lacks its cluster or training section; save the "
+                            "output of `autoplan solve --json` and explain that.")
+    t = result.training
+    training = training_spec(t.seq_len, t.global_batch, t.precision, t.runtime, "flash",
+                             t.optimizer, t.frozen_dtype, t.optimizer_in_backward)
+    cluster = load_cluster(result.cluster)
+    require_homogeneous(cluster.cluster, "explain")
+    model = load_model(model)
+    profile = loaded_profile(profile)
+    problem = make_problem(model, cluster, training,
+                           result.estimate.memory_limit_gib * 2**30, profile=profile)
+    check_plan_matches(problem, result.plan, model, result.model)
+    explanation = explain_plan(problem, result, as_pins(pins))
+    note = calibration_note(profile, problem, result.plan)
+    if note is None or not note.warnings:
+        return explanation
+    return explanation.model_copy(update={"warnings": [*explanation.warnings, *note.warnings]})
+
+
+def render(explanation: Explanation, console: Console) -> None:
     """Print the explanation (rich)."""
     from rich.table import Table as RichTable
 
@@ -448,7 +486,7 @@ def render(explanation: Explanation, console) -> None:
     _render_tp_modes(e.tp_modes, console)
 
 
-def _render_tp_modes(rows: list[TpMode], console) -> None:
+def _render_tp_modes(rows: list[TpMode], console: Console) -> None:
     if not rows:
         return
     from rich.table import Table as RichTable

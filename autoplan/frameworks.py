@@ -15,11 +15,16 @@ then fewer GPUs, then smaller tp*pp, then less memory) and last by the order of
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
-from autoplan.capabilities import RUNTIMES, Feature, lack_reason, missing
+from autoplan.capabilities import RUNTIMES, Feature, can_run, lack_reason, missing
+from autoplan.cluster.loaded import LoadedCluster
+from autoplan.costmodels.step import estimate
 from autoplan.errors import (AutoplanError, ConstraintError, InfeasibleError,
                              NoPlanInTimeError)
-from autoplan.plan import Result, RuntimeOption, ZeroOption
+from autoplan.graph.model import Model
+from autoplan.plan import Estimate, Plan, Result, RuntimeOption, TrainingInfo, ZeroOption
+from autoplan.problems import Profile, make_problem, training_spec
 from autoplan.search.objective import key as objective_key
 from autoplan.training import Objective, Runtime
 
@@ -154,3 +159,32 @@ def _no_runtime(options: list[RuntimeOption], errors: list[AutoplanError],
             f"{len(errors)} runtimes searched; raise the limit, pin more dimensions or pin "
             "--runtime.")
     return ConstraintError(f"no runtime can take these inputs: {text}.")
+
+
+def priced_elsewhere(result: Result, model: Model, cluster: LoadedCluster, *,
+                     mem_limit: str | float | None, profile: str | Path | Profile | None,
+                     attention: str) -> dict[str, Estimate]:
+    """The chosen plan's estimate on each other runtime whose capability table runs it (by
+    runtime name), so that each export is priced for the runtime it targets."""
+    t, out = result.training, {}
+    for other in Runtime:
+        if other.value == t.runtime or not can_run(RUNTIMES[other], result.plan, t.precision,
+                                                   uneven=uneven_chunks(result.plan, model, t)):
+            continue
+        if t.optimizer_in_backward and not RUNTIMES[other].optimizer_in_backward:
+            continue
+        training = training_spec(t.seq_len, t.global_batch, t.precision, other.value, attention,
+                                 t.optimizer, t.frozen_dtype, t.optimizer_in_backward)
+        problem = make_problem(model, cluster, training, mem_limit, profile=profile)
+        out[other.value] = estimate(problem, result.plan)
+    return out
+
+
+def uneven_chunks(plan: Plan, model: Model, training: TrainingInfo) -> bool:
+    """Whether an interleaved plan's model chunks hold different numbers of blocks."""
+    if plan.vpp == 1:
+        return False
+    blocks = set(model.trace(training.seq_len, training.precision).block_indices())
+    counts = {sum(i in blocks for i in range(s.first_layer, s.first_layer + s.num_layers))
+              for s in plan.stages}
+    return len(counts) > 1

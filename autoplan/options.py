@@ -23,7 +23,7 @@ Example::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -227,3 +227,10 @@ def field_problems(err: ValidationError) -> str:
     """``loc: message`` of each problem, without pydantic's type codes and links."""
     return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}"
                      for e in err.errors())
+
+
+def as_pins(pins: Mapping[str, Any] | Pins | None) -> Pins:
+    """Pins by the CLI's names (``{"tp": 8, "zero": 1}``), checked; None pins nothing."""
+    if isinstance(pins, Pins):
+        return pins
+    return validated(Pins, pins or {}, "pins")

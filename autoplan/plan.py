@@ -157,6 +157,35 @@ class Plan(OmitsDefaults):
         """The stages as plain ``(first_layer, num_layers)`` pairs (a cheap, hashable key)."""
         return tuple((s.first_layer, s.num_layers) for s in self.stages)
 
+    @cached_property
+    def identity(self) -> tuple:
+        """Every field's value, the stages as their layout and node groups: what a plan hashes
+        and compares by, worked out once. The search keys its memos by plans thousands of
+        times, and pydantic's own hash walks every stage record each time."""
+        fields = tuple(self.__dict__[name] for name in type(self).model_fields
+                       if name != "stages")
+        return fields + (self.layout, self.stage_groups)
+
+    @cached_property
+    def _hash(self) -> int:
+        return hash(self.identity)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):  # pydantic's comparison for anything else
+            return super().__eq__(other)
+        return self is other or self.identity == other.identity
+
+    def model_copy(self, *, update=None, deep: bool = False) -> "Plan":
+        """pydantic's copy, less the values worked out from the fields (``layout``,
+        ``identity``), which an ``update`` would leave stale."""
+        copied = super().model_copy(update=update, deep=deep)
+        for name in _DERIVED:
+            copied.__dict__.pop(name, None)
+        return copied
+
     @property
     def stage_groups(self) -> tuple[str, ...] | None:
         """The node group of each pipeline stage on a heterogeneous cluster, else None."""
@@ -168,6 +197,10 @@ class Plan(OmitsDefaults):
     def gradient_accumulation_steps(self) -> int:
         """Micro-batches per step per data-parallel rank (DeepSpeed's name for it)."""
         return self.num_microbatches
+
+
+_DERIVED = ("layout", "identity", "_hash")
+"""Plan's cached properties: kept in the instance's ``__dict__`` beside the fields."""
 
 
 def degrees(plan: Plan) -> str:

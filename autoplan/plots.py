@@ -16,7 +16,8 @@ import matplotlib.ticker  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 from matplotlib.patches import Rectangle  # noqa: E402
 
-from autoplan.files import replacing  # noqa: E402
+from autoplan.errors import OutputExistsError  # noqa: E402
+from autoplan.files import check_writable_folder, refuse_existing, replacing, write_errors_as  # noqa: E402
 from autoplan.plan import Result, one_line  # noqa: E402
 from autoplan.sweep.fronts import FRONTS  # noqa: E402
 
@@ -351,3 +352,13 @@ def plan_figures(result: Result, folder: str | Path, *, suffix: str = "png") -> 
     folder = Path(folder)
     return [draw(result, folder / f"{name}.{suffix}") for name, draw in
             zip(PLAN_FIGURES, (memory_per_stage, plan_on_cluster))]
+
+
+def plot_plan(result: Result, folder: str | Path, *, force: bool = False) -> list[Path]:
+    """The plan's figures in ``folder``, refusing to overwrite any without ``force`` (then
+    nothing is written)."""
+    check_writable_folder(Path(folder), flag="--plots")
+    if not force:
+        refuse_existing([Path(folder) / f"{name}.png" for name in PLAN_FIGURES])
+    with write_errors_as(OutputExistsError, "--plots"):
+        return plan_figures(result, folder)

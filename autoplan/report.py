@@ -1,20 +1,115 @@
-"""The human-readable report of a Result: rich tables for the terminal."""
+"""A Result: built from a solved or estimated plan, read back from ``solve --json``, and
+rendered for the terminal (rich tables)."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import ValidationError
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from autoplan.calibrate import bus_bandwidth_Bps
 from autoplan.capabilities import RUNTIMES
 from autoplan.cluster.spec import load_cluster_spec, resolve
 from autoplan.costmodels.comm import network_note, slow_link_note
 from autoplan.degrees import DEGREE
+from autoplan.errors import PlanFileError
 from autoplan.graph.layer_graph import LayerGraph
-from autoplan.plan import Plan, Result, degrees
+from autoplan.plan import (
+    CalibrationNote, Estimate, LoraInfo, ModelInfo, Plan, Result, SolverInfo, TrainingInfo,
+    degrees,
+)
+from autoplan.run_profile import RunsProfile
 from autoplan.plugins.summary import fine_tuning_line
 from autoplan.training import Runtime
 from autoplan.units import format_count, format_flops, format_seconds
+
+if TYPE_CHECKING:
+    from autoplan.calibrate import MeasuredProfile
+    from autoplan.cluster.loaded import LoadedCluster
+    from autoplan.costmodels.profiles import ComputeProfile
+    from autoplan.inference import InferencePlacement
+    from autoplan.costmodels.problem import Problem
+    from autoplan.graph.model import Model
+    from autoplan.problems import Profile
+
+MODEL_DIMS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_hidden_size",
+              "vocab_size", "gated_mlp", "rmsnorm", "rotary", "tied_embeddings", "linear_bias",
+              "rope_theta", "rope_scaling_type", "rope_scaling_factor", "norm_eps")
+"""The traced model's dims the plan JSON carries (for exporters and for the checks that a
+saved plan belongs to a model)."""
+
+
+def build_result(problem: Problem, model: Model, cluster: LoadedCluster, plan: Plan,
+                 est: Estimate, info: SolverInfo, profile: Profile | None = None) -> Result:
+    """The document ``solve --json`` prints: the plan with its estimate, how it was found,
+    and the model, cluster, training settings and calibration it was made for."""
+    graph, dims = problem.graph, problem.graph.dims
+    model_info = ModelInfo(
+        name=model.name, num_params=graph.num_params,
+        num_trainable_params=graph.num_trainable_params, seq_len=graph.seq_len,
+        layer_kinds=tuple(l.kind.value for l in graph.layers),
+        **({k: getattr(dims, k) for k in MODEL_DIMS} if dims else {}),
+        **moe_info(graph),
+        **({"lora": LoraInfo(**dataclasses.asdict(graph.lora))} if graph.lora else {}),
+    )
+    training = TrainingInfo(seq_len=problem.training.seq_len,
+                            global_batch=problem.training.global_batch,
+                            precision=problem.training.precision.value,
+                            runtime=problem.training.runtime.value,
+                            optimizer=problem.training.optimizer.value,
+                            frozen_dtype=problem.training.frozen_storage.value,
+                            optimizer_in_backward=problem.training.optimizer_in_backward,
+                            torch_compile=problem.runtime.compile)
+    return Result(plan=plan, estimate=est, solver=info, model=model_info, cluster=cluster.spec,
+                  training=training, calibration=calibration_note(profile, problem, plan))
+
+
+def moe_info(graph: LayerGraph) -> dict:
+    """Experts per MoE layer and experts per token, for exporters; empty for a dense model."""
+    moe = [e for layer in graph.layers for e in layer.experts]
+    return {"num_experts": moe[0].num_experts, "moe_top_k": moe[0].top_k} if moe else {}
+
+
+def calibration_note(profile: Profile | None, problem: Problem, plan: Plan
+                     ) -> CalibrationNote | None:
+    """What a ``calibrate --runs`` profile set, and why it may not hold for this plan."""
+    if not isinstance(profile, RunsProfile):
+        return None
+    return CalibrationNote(
+        profile=profile.source, parameters=profile.parameters,
+        warnings=profile.warnings(gpu=problem.cluster.gpu.name,
+                                  runtime=problem.training.runtime.value,
+                                  gpus=plan.world_size, params=problem.graph.num_params))
+
+
+def load_result(path: str | Path) -> Result:
+    """Read back what ``autoplan solve --json`` printed."""
+    path = Path(path)
+    if not path.is_file():
+        what = "is a folder, not a file" if path.is_dir() else "no such file"
+        raise PlanFileError(f"{path}: {what}; save `autoplan solve --json` output there.")
+    try:
+        return Result.model_validate_json(path.read_bytes())
+    except OSError as err:
+        raise PlanFileError(f"{path}: cannot be read ({err.strerror}).") from None
+    except ValidationError as err:
+        raise PlanFileError(
+            f"{path}: not a plan document from `autoplan solve --json` "
+            f"({_first_problem(err)}).") from None
+
+
+def _first_problem(err: ValidationError) -> str:
+    """The first validation problem with where it is, e.g. ``plan.tp: Field required``, or the
+    JSON parser's complaint with its line and column."""
+    item = err.errors()[0]
+    where = ".".join(str(p) for p in item["loc"])
+    problems = f"; {err.error_count() - 1} more" if err.error_count() > 1 else ""
+    return f"{where + ': ' if where else ''}{item['msg']}{problems}"
 
 
 def _kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
@@ -256,7 +351,7 @@ def calibration_lines(result: Result) -> list[Text]:
     return lines + [Text(f"warning: {w}", style="bold yellow") for w in note.warnings]
 
 
-def render_calibration(profile, console: Console) -> None:
+def render_calibration(profile: RunsProfile, console: Console) -> None:
     """The fit of ``calibrate --runs``: per run measured / before / after / left out, the
     fitted and fixed parameters, and the mean errors."""
     table = Table(title=f"calibration on {profile.fitted_on.runs} run(s) "
@@ -323,20 +418,18 @@ def render_trace(document: dict, console: Console) -> None:
                   f"{format_flops(document['bwd_flops'])} backward")
 
 
-_COMPARED = (("tp", "TP"), ("pp", "PP"), ("dp", "DP"), ("mbs", "micro-batch"),
-             ("zero", "ZeRO stage"), ("recompute", "recompute"), ("sp", "sequence parallel"),
-             ("vpp", "chunks per rank"), ("offload", "offload"))
-"""The degrees a current setup is compared on, by pin name, with the words that name them."""
+_COMPARED = ("tp", "pp", "dp", "mbs", "zero", "recompute", "sp", "vpp", "offload")
+"""The degrees a current setup is compared on, by pin name."""
 
 
 def changes(current: Result, best: Result) -> list[str]:
     """What to change in the current setup to run the plan, one phrase per setting."""
     phrases = []
-    for name, label in _COMPARED:
+    for name in _COMPARED:
         field = DEGREE[name].plan
         old, new = getattr(current.plan, field), getattr(best.plan, field)
         if old != new:
-            phrases.append(f"{label} {getattr(old, 'value', old)} -> {getattr(new, 'value', new)}")
+            phrases.append(f"{DEGREE[name].label} {getattr(old, 'value', old)} -> {getattr(new, 'value', new)}")
     return phrases
 
 
@@ -385,3 +478,51 @@ def tp_constraints(graph: LayerGraph) -> dict:
             "vocab_size": vocab,
             "padded_vocab": {tp: -(-vocab // (multiple * tp)) * multiple * tp
                              for tp in (1, 2, 4, 8) if vocab}}
+
+
+def render_verify(document: dict, console: Console) -> None:
+    """``autoplan verify``: each step's losses, the largest difference, each rank's peak
+    memory measured against predicted, and the runner's notes."""
+    for step, (ref, par) in enumerate(zip(document["losses_reference"],
+                                          document["losses_parallel"])):
+        console.print(f"step {step}: reference {ref:.6f}  parallel {par:.6f}")
+    console.print(f"largest relative loss difference: {document['max_rel_loss_diff']:.2e}")
+    for rank in document["ranks"]:
+        console.print(f"rank {rank['rank']}: peak {rank['peak_bytes_measured'] / 2**20:.2f} MiB "
+                      f"measured, {rank['peak_bytes_predicted'] / 2**20:.2f} MiB predicted, "
+                      f"{rank['peak_reserved_bytes_replayed'] / 2**20:.2f} MiB as CUDA's caching "
+                      "allocator would reserve it")
+    for note in document["notes"]:
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
+
+
+def render_inference(placement: InferencePlacement, context_len: int, batch: int,
+                     console: Console) -> None:
+    """``autoplan infer``: the device_map as modules per GPU with memory, and the time per
+    generated token."""
+    modules: dict[int, list[str]] = {}
+    for name, gpu in placement.device_map.items():
+        modules.setdefault(gpu, []).append(name)
+    table = Table(title=f"device_map over {placement.gpus_used} GPU(s), {context_len} tokens of "
+                  f"context x batch {batch}", title_justify="left")
+    for column in ("GPU", "modules", "first", "last", "GiB", "limit GiB"):
+        table.add_column(column, justify="left" if column in ("first", "last") else "right")
+    for gpu, names in sorted(modules.items()):
+        table.add_row(str(gpu), str(len(names)), names[0], names[-1],
+                      f"{placement.memory_per_gpu_gib[gpu]:.1f}",
+                      f"{placement.memory_limit_gib:.1f}")
+    console.print(table)
+    console.print(f"time per generated token: {placement.time_per_token_s * 1e3:.1f} ms; "
+                  f"{placement.tokens_per_s:,.1f} tokens/s (batch {batch})")
+
+
+def render_measured(measured: MeasuredProfile, fitted: ComputeProfile, console: Console) -> None:
+    """``autoplan calibrate``: what was measured here and the efficiencies fitted from it."""
+    console.print(f"{measured.device_name} ({measured.dtype}), reference peak "
+                  f"{measured.peak_flops / 1e12:.3g} TFLOP/s: gemm_efficiency "
+                  f"{fitted.gemm_efficiency:.3f}, gemm_half_flops {fitted.gemm_half_flops:.3g}, "
+                  f"memory_efficiency {fitted.memory_efficiency:.3f} "
+                  f"({measured.memory.bytes / measured.memory.seconds / 1e9:.3g} GB/s)")
+    if measured.all_reduce is not None:
+        console.print(f"all-reduce over {measured.all_reduce.num_gpus} GPUs: bus bandwidth "
+                      f"{bus_bandwidth_Bps(measured.all_reduce) / 1e9:.3g} GB/s")

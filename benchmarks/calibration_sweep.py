@@ -65,8 +65,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoplan.api import (plan_for, training_spec, calibrate_runs, load_cluster, load_model,
-                          make_problem)
+from autoplan.api import calibrate_runs, load_cluster, load_model
+from autoplan.problems import make_problem, training_spec
+from autoplan.search.defaults import plan_for
 from autoplan.costmodels.profiles import compute_profile
 from autoplan.costmodels.step import estimate
 from autoplan.errors import AutoplanError
@@ -226,7 +227,7 @@ def pose(problems: Problems, configs: list[Config]) -> list[Row]:
         pins = dict(tp=c.tp, pp=c.pp, dp=c.dp, cp=1, mbs=c.mbs, zero=c.zero,
                     recompute="none")
         try:
-            rows.append(Row(c, problem, plan_for(problem, cluster, model, pins)))
+            rows.append(Row(c, problem, plan_for(problem, model, pins)))
         except AutoplanError:
             continue
     return rows

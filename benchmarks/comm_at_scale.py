@@ -19,7 +19,9 @@ slower than predicted (HF Ultra-Scale Playbook; the rows themselves are not used
 
 from __future__ import annotations
 
+import csv
 import types
+from pathlib import Path
 
 import autoplan
 from autoplan.cluster.topology import group_links
@@ -192,6 +194,10 @@ def tp16_all_gather_check() -> None:
           f"(worked by hand: {TP16_ALL_GATHER_BY_HAND_S * 1e6:.1f} us)")
 
 
+SC21_MEGATRON = {"tp_bwd_overlap": False}
+"""Megatron-LM as of the SC'21 runs (April 2021): before its asynchronous TP all-reduce of input
+gradients (benchmarks/published_runs.py, ASYNC_TP_ALLREDUCE_YEAR poses N21 rows the same way)."""
+
 NARAYANAN_FIG13_PEAK = {32: 142.0, 128: 166.0}
 """TFLOP/s per GPU at (tp, pp) = (8, 8), read off Figure 13 (../shared/data/README.md 2.1)."""
 
@@ -206,7 +212,8 @@ def narayanan_fig13() -> None:
             pins = {"tp": tp, "pp": pp, "dp": 1, "mbs": 1, "recompute": "full", "zero": 0}
             try:
                 result = autoplan.estimate(GPT_162B, spec, pins, seq_len=2048,
-                                           global_batch=batch, runtime="megatron")
+                                           global_batch=batch, runtime="megatron",
+                                           runtime_settings=SC21_MEGATRON)
             except autoplan.AutoplanError as err:
                 row.append(f"({tp},{pp}) -- {type(err).__name__}")
                 continue
@@ -214,7 +221,35 @@ def narayanan_fig13() -> None:
         print(f"  batch {batch:3} (published peak at (8,8): ~{peak:.0f})  " + "  ".join(row))
 
 
+P5_NCCL_TESTS = Path(__file__).resolve().parents[1] / "tests" / "data" / "nccl_tests" / "p5_efa.csv"
+"""nccl-tests all_gather_perf / all_reduce_perf on 2-32 p5 nodes (tests/data/nccl_tests/README.md)."""
+
+
+def p5_nccl_tests() -> None:
+    """Predicted against measured time of every row of the p5 table: the 32 MiB column is the
+    latency that grows with the ranks, the 2 GiB one the bandwidth each node count keeps."""
+    print("\nnccl-tests on p5 (8 H100, 32x 100 Gb/s EFA): predicted / measured time")
+    with P5_NCCL_TESTS.open() as f:
+        rows = list(csv.DictReader(f))
+    sizes = sorted({int(r["size_bytes"]) for r in rows})
+    print(f"  {'':22}" + "".join(f"{s >> 20:>8}M" for s in sizes))
+    for collective in ("all_gather", "all_reduce"):
+        for nodes in sorted({int(r["nodes"]) for r in rows}):
+            cluster = autoplan.load_cluster(h100_nodes(nodes, "efa")).cluster
+            links = group_links(cluster, 8 * nodes, 1)
+            time = comm.all_gather_time if collective == "all_gather" else comm.all_reduce_time
+            by_size = {int(r["size_bytes"]): r for r in rows
+                       if r["collective"] == collective and int(r["nodes"]) == nodes}
+            cells = []
+            for size in sizes:
+                row = by_size.get(size)
+                measured = size / (float(row["algbw_GBps"]) * 1e9) if row else None
+                cells.append(f"{time(size, links) / measured:9.2f}" if measured else " " * 9)
+            print(f"  {collective:10} {nodes:3} nodes " + "".join(cells))
+
+
 if __name__ == "__main__":
+    p5_nccl_tests()
     busbw_by_ring_size()
     dp_at_scale()
     tp_across_nodes()

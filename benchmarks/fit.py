@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from autoplan.api import plan_for, training_spec, load_cluster, load_model, make_problem
+from autoplan.api import load_cluster, load_model
+from autoplan.problems import make_problem, training_spec
+from autoplan.search.defaults import plan_for
 from autoplan.errors import AutoplanError
 from autoplan.costmodels.profiles import FITTED, fit_grid
 from autoplan.costmodels.problem import Problem
@@ -40,7 +42,7 @@ def pose(runs: list[PublishedRun]) -> tuple[list[Question], list[tuple[Published
                                  run.attention)
             problem = make_problem(model, cluster, training,
                                    runtime_settings=run.runtime_settings)
-            out.append(Question(run, problem, plan_for(problem, cluster, model, run.pins)))
+            out.append(Question(run, problem, plan_for(problem, model, run.pins)))
         except AutoplanError as err:
             refused.append((run, str(err)))
     return out, refused

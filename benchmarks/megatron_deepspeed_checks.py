@@ -68,6 +68,24 @@ def main() -> None:
               f"{e.step_time_s / q.run.step_time_s - 1:>+7.1%}  {parts}")
     for run, why in refused:
         print(f"{run.row_id:12} refused: {why}")
+    mtnlg = [(q.plan.num_microbatches, q.run.step_time_s, estimate(q.problem, q.plan).step_time_s)
+             for q in questions if q.run.source == "MTNLG"]
+    if len(mtnlg) >= 2:
+        print("\nMT-NLG step = fixed + per micro-batch x m (least squares over the three runs):")
+        for label, column in (("published", 1), ("predicted", 2)):
+            per_mb, fixed = _line([(row[0], row[column]) for row in mtnlg])
+            print(f"  {label}: {fixed:5.1f} s + {per_mb:.3f} s x m   ((p - 1) = 34 slots of it: "
+                  f"{34 * per_mb:4.1f} s)")
+
+
+def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(slope, intercept) of the least-squares line through ``points``."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    slope = (sum((x - mx) * (y - my) for x, y in points)
+             / sum((x - mx) ** 2 for x, _ in points))
+    return slope, my - slope * mx
 
 
 if __name__ == "__main__":

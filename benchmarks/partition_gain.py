@@ -16,7 +16,8 @@ import types
 from pathlib import Path
 
 import autoplan
-from autoplan.api import training_spec, load_cluster, make_problem
+from autoplan.api import load_cluster
+from autoplan.problems import make_problem, training_spec
 from autoplan.search.space import block_counts
 from autoplan.search.table import Table
 from autoplan.training import Pins

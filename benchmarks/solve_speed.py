@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 import autoplan
-from autoplan.api import training_spec, load_cluster, make_problem
+from autoplan.api import load_cluster
+from autoplan.problems import make_problem, training_spec
 from autoplan.costmodels.step import estimate
 from autoplan.search.brute import brute_force
 from autoplan.search.groups_space import (assignments, capacity, group_candidates, group_shapes,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from autoplan import api
 from autoplan import sweep as sweeps
+from autoplan.problems import make_problem, training_spec
 
 SWEEP = Path(__file__).resolve().parents[1] / "examples" / "sweeps" / "llama2_70b_scaling.yaml"
 
@@ -26,10 +27,10 @@ def _split_one_point() -> None:
 
     spec = api.load_cluster(SWEEP.parent.parent / "clusters" / "dgx-a100-x16.yaml")
     model = api.load_model(SWEEP.parent.parent / "models" / "llama2_70b.py")
-    training = api.training_spec(4096, 512, "bf16", "megatron", "flash")
+    training = training_spec(4096, 512, "bf16", "megatron", "flash")
     model.trace(4096)
     start = time.perf_counter()
-    table = Table.build(api.make_problem(model, spec, training), Pins())
+    table = Table.build(make_problem(model, spec, training), Pins())
     tabulate = time.perf_counter() - start
     start = time.perf_counter()
     api.solve(model, spec, seq_len=4096, global_batch=512, runners_up=False)

@@ -46,12 +46,14 @@ class LayerCost:
 
 
 def _tp_messages(layer: Layer, split: Split) -> tuple[int, int, float]:
-    """(forward all-reduces, backward all-reduces, message bytes) per micro-batch."""
+    """(forward all-reduces, backward all-reduces, message bytes) per micro-batch; with SP
+    each stands for the collectives of :func:`_tp_forward_collective` (the head's forward:
+    the all-gather of its sequence-sharded input)."""
     size = split.mbs / split.cp
     if layer.kind is LayerKind.BLOCK:
         return layer.tp_allreduces, layer.tp_allreduces, layer.boundary_bytes * size
     if layer.kind is LayerKind.HEAD:
-        return 0, 1, layer.input_bytes * size
+        return int(split.sp), 1, layer.input_bytes * size
     return layer.tp_allreduces, 0, layer.boundary_bytes * size
 
 
@@ -69,7 +71,7 @@ def layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
                    profile=problem.compute, frozen_dtype=frozen_dtype, op_sac=op_sac,
                    compiled_fraction=compiled)
     fwd_n, bwd_n, message = _tp_messages(layer, split)
-    one = comm.all_reduce_time(message, tp_links) if split.tp > 1 else 0.0
+    one = _tp_forward_collective(layer, split, message, tp_links)
     full = recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK
     bwd_comm = _tp_backward_comm(problem, layer, split, t, bwd_n, message, tp_links)
     tp_comm = fwd_n * one * (2 if full else 1) + bwd_comm
@@ -89,6 +91,30 @@ def layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
     )
     memo(problem)[key] = cost
     return cost
+
+
+def _tp_forward_collective(layer: Layer, split: Split, message: float,
+                           tp_links: GroupLinks) -> float:
+    """Seconds of the TP collectives that stand for one forward all-reduce of ``layer``.
+
+    Without SP, one all-reduce (NCCL may run it as a tree across nodes). With SP
+    (Korthikanti et al. 2022 sec. 4.2.2; megatron-core's ColumnParallelLinear and
+    RowParallelLinear with sequence_parallel, as nanotron's REDUCE_SCATTER mode does) a block's
+    row-parallel Linear reduce-scatters its output and the next column-parallel Linear
+    all-gathers its input: two rings of n - 1 steps, two launches, and no tree (NCCL runs
+    neither collective as one). The vocab-parallel embedding reduce-scatters its output
+    (reduce_scatter_to_sequence_parallel_region) and the output layer, a column-parallel
+    Linear, all-gathers its input."""
+    if split.tp == 1:
+        return 0.0
+    if not split.sp:
+        return comm.all_reduce_time(message, tp_links)
+    if layer.kind is LayerKind.HEAD:
+        return comm.all_gather_time(message, tp_links)
+    scatter = comm.reduce_scatter_time(message, tp_links)
+    if layer.kind is LayerKind.BLOCK:
+        return comm.all_gather_time(message, tp_links) + scatter
+    return scatter
 
 
 def _kept_bytes(problem: Problem, layer: Layer, split: Split, recompute: Recompute) -> float:
@@ -167,9 +193,10 @@ def _tp_backward_comm(problem: Problem, layer: Layer, split: Split, t: LayerTime
         exposed = count * gather
         hideable = count * (gather + comm.reduce_scatter_time(message, tp_links))
         window = 2 * t.column_gemm_s
-    else:
+    else:  # the head's input gradient: reduce-scattered back to the sequence shards with SP
         exposed = 0.0
-        hideable = count * comm.all_reduce_time(message, tp_links)
+        reduce = comm.reduce_scatter_time if split.sp else comm.all_reduce_time
+        hideable = count * reduce(message, tp_links)
         window = t.column_gemm_s
     if problem.runtime.tp_bwd_overlap:
         hideable = max(0.0, hideable - window)

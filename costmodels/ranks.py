@@ -105,13 +105,18 @@ def chunk_compositions(problem: Problem, plan: Plan,
     same either way.
     """
     n = plan.recompute_num_layers if plan.recompute is Recompute.FULL else None
+    key = ("compositions", stages, plan.recompute, n)
+    found = memo(problem).get(key)
+    if found is not None:  # asked for by each rank group, its experts and its signature
+        return found
     chunks = []
     for first, num in stages:
         cut = num if n is None else recomputed_prefix(problem, first, num, n)
         rest = Recompute.NONE if n is not None else plan.recompute
         chunks.append(tuple((c, k, plan.recompute) for c, k in problem.layer_counts(first, cut))
                       + tuple((c, k, rest) for c, k in problem.layer_counts(first + cut, num - cut)))
-    return tuple(chunks)
+    found = memo(problem)[key] = tuple(chunks)
+    return found
 
 
 def recomputed_prefix(problem: Problem, first: int, num: int, n: int) -> int:
@@ -380,13 +385,17 @@ def outside_allocator_bytes(problem: Problem, plan: Plan) -> float:
     context = problem.runtime.cuda_context_bytes
     if not context:
         return 0.0
-    gpu = problem.cluster.gpu
-    links = plan_links(problem, plan)
-    return context + sum(
-        nvls_buffer_bytes(links[group].members_per_node,
-                          compute_capability=gpu.compute_capability,
-                          nvswitch=links[group].intra_kind == "nvswitch")
-        for group in COLLECTIVE_GROUPS if group in links and links[group].size > 1)
+    key = ("outside_allocator", plan.tp, plan.cp, plan.dp, plan.pp, plan.ep, plan.placement)
+    found = memo(problem).get(key)  # the same for every rank and switch of a shape
+    if found is None:
+        gpu = problem.cluster.gpu
+        links = plan_links(problem, plan)
+        found = memo(problem)[key] = context + sum(
+            nvls_buffer_bytes(links[group].members_per_node,
+                              compute_capability=gpu.compute_capability,
+                              nvswitch=links[group].intra_kind == "nvswitch")
+            for group in COLLECTIVE_GROUPS if group in links and links[group].size > 1)
+    return found
 
 
 def _tied_copy_params(problem: Problem, stages: tuple[tuple[int, int], ...]) -> float:

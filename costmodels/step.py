@@ -72,10 +72,30 @@ class _Evaluation:
         return max(c.memory for c in self.costs)
 
 
+@dataclass(frozen=True, slots=True)
+class _RankCosts:
+    """The plan's links and each rank group's cost: its memory, and what its step adds up."""
+
+    links: dict
+    groups: list[list[int]]
+    costs: list[RankCost]
+
+
+def _rank_costs(problem: Problem, plan: Plan) -> _RankCosts:
+    """Each rank group's cost, kept for the last plan: the search prices a plan's memory first
+    and its step time (or a bound over its splits, ``split_floor_s``) from the same ranks."""
+    last = memo(problem).get("last_rank_costs")
+    if last is None or last[0] != plan:
+        links = plan_links(problem, plan)
+        groups = rank_groups(problem, plan)
+        costs = [rank_cost(problem, plan, ranks[0], links) for ranks in groups]
+        last = memo(problem)["last_rank_costs"] = plan, _RankCosts(links, groups, costs)
+    return last[1]
+
+
 def _evaluate(problem: Problem, plan: Plan) -> _Evaluation:
-    links = plan_links(problem, plan)
-    groups = rank_groups(problem, plan)
-    costs = [rank_cost(problem, plan, ranks[0], links) for ranks in groups]
+    ranks = _rank_costs(problem, plan)
+    links, groups, costs = ranks.links, ranks.groups, ranks.costs
     slowest = max(c.micro_batch_s for c in costs)
     total = sum(c.micro_batch_s * len(ranks) for ranks, c in zip(groups, costs))
     m = plan.num_microbatches
@@ -108,7 +128,7 @@ def rank_profile(problem: Problem, plan: Plan, rank: int, stage: tuple[int, int]
     plan's degrees and switches (``plan``'s own stages are not read): the terms ``_evaluate``
     takes the max or sum of over ranks."""
     links = plan_links(problem, plan)
-    cost = rank_cost(problem, plan, rank, links, (stage,))
+    cost = _stage_rank_cost(problem, plan, rank, stage)
     experts = cost.expert_params
     sync_s = dp_time(problem, plan, cost.params, links["dp"], backward_s=cost.backward_s,
                      compute_s=plan.num_microbatches * cost.compute_s, gathers=cost.gathers,
@@ -117,6 +137,23 @@ def rank_profile(problem: Problem, plan: Plan, rank: int, stage: tuple[int, int]
     optimizer_s = (optimizer_time(problem, plan, cost.trained, experts)
                    + offload_param_time(problem, plan, cost.params))
     return RankProfile(cost.micro_batch_s, sync_s + optimizer_s, cost.memory)
+
+
+def rank_memory_bytes(problem: Problem, plan: Plan, rank: int, stage: tuple[int, int]) -> float:
+    """``rank_profile``'s memory alone: the partition screens a stage's memory before its
+    times, which a stage over the limit does not need."""
+    return _stage_rank_cost(problem, plan, rank, stage).memory
+
+
+def _stage_rank_cost(problem: Problem, plan: Plan, rank: int, stage: tuple[int, int]) -> RankCost:
+    """``rank_cost`` of a rank running the one chunk ``stage``, kept per problem (its memory is
+    asked for first, its times where it fits)."""
+    key = ("stage_rank_cost", plan, rank, stage)
+    cost = memo(problem).get(key)
+    if cost is None:
+        cost = memo(problem)[key] = rank_cost(problem, plan, rank, plan_links(problem, plan),
+                                              (stage,))
+    return cost
 
 
 def split_floor_s(problem: Problem, plan: Plan) -> float:
@@ -133,7 +170,7 @@ def split_floor_s(problem: Problem, plan: Plan) -> float:
     that floor falls by at most 1 s per second T grows, so with m >= 2 the sum is least at
     T = S/p; with ZeRO-3 or m = 1 the window is left unbounded. EP-split experts: the pipeline
     term alone."""
-    evaluation = _evaluated(problem, plan)
+    evaluation = _rank_costs(problem, plan)
     total = sum(c.micro_batch_s * len(ranks)
                 for ranks, c in zip(evaluation.groups, evaluation.costs))
     m = plan.num_microbatches
@@ -150,16 +187,12 @@ def split_floor_s(problem: Problem, plan: Plan) -> float:
     return pipe + after
 
 
-def _evaluated(problem: Problem, plan: Plan) -> _Evaluation:
-    """``_evaluate``, kept whole for the last plan only (the search measures a balanced layout
-    and then bounds its splits, ``split_floor_s``, from the same ranks, or the other way
-    round) and as ``step_and_peak`` for every plan."""
-    last = memo(problem).get("last_evaluation")
-    if last is None or last[0] != plan:
-        evaluation = _evaluate(problem, plan)
-        last = memo(problem)["last_evaluation"] = plan, evaluation
-        memo(problem)[("step_and_peak", plan)] = evaluation.step_s, evaluation.peak_memory_bytes
-    return last[1]
+def _evaluated(problem: Problem, plan: Plan) -> tuple[float, float]:
+    """``_evaluate`` as ``step_and_peak``, kept for every plan."""
+    evaluation = _evaluate(problem, plan)
+    found = memo(problem)[("step_and_peak", plan)] = (evaluation.step_s,
+                                                       evaluation.peak_memory_bytes)
+    return found
 
 
 def step_and_peak(problem: Problem, plan: Plan) -> tuple[float, float]:
@@ -168,10 +201,23 @@ def step_and_peak(problem: Problem, plan: Plan) -> tuple[float, float]:
     if plan.stage_groups is not None:
         return step_and_peak_on_groups(problem, plan)
     found = memo(problem).get(("step_and_peak", plan))  # a plan met again (a ZeRO re-solve,
-    if found is None:  # a runner-up, a split bound's balanced layout) is free
-        _evaluated(problem, plan)
-        found = memo(problem)[("step_and_peak", plan)]
-    return found
+    return found or _evaluated(problem, plan)  # a runner-up) is free
+
+
+def worst_gpu_bytes(problem: Problem, plan: Plan) -> float:
+    """``step_and_peak``'s worst-GPU bytes without its step time: the ranks' costs alone, none
+    of the pipeline, gradient reduction and optimizer terms. Most plans a search meets do
+    not fit, and those need no step time (``search.table`` prices it where asked)."""
+    if plan.stage_groups is not None:
+        return step_and_peak_on_groups(problem, plan)[1]
+    found = memo(problem).get(("step_and_peak", plan))
+    if found is not None:
+        return found[1]
+    key = ("peak", plan)
+    peak = memo(problem).get(key)
+    if peak is None:
+        peak = memo(problem)[key] = max(c.memory for c in _rank_costs(problem, plan).costs)
+    return peak
 
 
 def _rank_memories(problem: Problem, plan: Plan, evaluation: _Evaluation) -> list[float]:

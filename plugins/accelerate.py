@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import yaml
 
+from autoplan.capabilities import OFFLOAD_MIN_ZERO, OFFLOAD_NEEDS
 from autoplan.errors import ExportError
 from autoplan.plan import Offload, Recompute, Result
 from autoplan.plugins.exporter import Exporter
@@ -80,9 +81,7 @@ def _deepspeed_section(result: Result) -> dict:
     plan = result.plan
     _refuse("DEEPSPEED", [problem for problem, bad in (
         ("no pipeline, tensor or context parallelism", plan.pp * plan.tp * plan.cp > 1),
-        ("optimizer offload needs ZeRO stage 1 or more",
-         plan.offload == Offload.OPTIMIZER and plan.zero_stage == 0),
-        ("parameter offload needs ZeRO-3", plan.offload == Offload.PARAMS and plan.zero_stage != 3),
+        (OFFLOAD_NEEDS.get(plan.offload), plan.zero_stage < OFFLOAD_MIN_ZERO[plan.offload]),
     ) if bad])
     return {"deepspeed_config": {
         "zero_stage": plan.zero_stage,

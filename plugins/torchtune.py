@@ -121,17 +121,7 @@ def check(result: Result) -> None:
     Raises:
         ExportError: saying which rule fails and what to change.
     """
-    plan = result.plan
-    problems = capability_problems(result, "torchtune")
-    if plan.pp > 1:
-        problems.append("its recipes have no pipeline parallelism; re-plan with --pp 1")
-    if plan.dp > 1 and plan.zero_stage == 0:
-        problems.append("its data parallelism is FSDP2 sharding (\"DDP is currently not "
-                        "supported\"); re-plan with --zero 2 or 3")
-    if plan.recompute is Recompute.SELECTIVE:
-        problems.append("enable_activation_checkpointing wraps whole blocks; re-plan with "
-                        "--recompute full or none")
-    problems += _fine_tuning_problems(result)
+    problems = capability_problems(result, "torchtune") + _fine_tuning_problems(result)
     if problems:
         raise ExportError("torchtune cannot run this plan: " + "; ".join(problems) + ".")
 

@@ -19,6 +19,7 @@ from autoplan.fit import mean_abs_error, memory_margin, pivot_order, predict
 from autoplan.plugins.training_logs import read_training_log
 from autoplan.run_profile import FitFigures, FittedOn, RunsProfile
 from autoplan.runs import HEADER, RunsError, read_runs
+from autoplan.calibration_runs import fit_runs
 
 DATA = Path(__file__).parent / "data" / "calibration"
 LLMF = DATA / "llmf_h100"
@@ -265,7 +266,7 @@ def test_calibrating_on_published_rows_lowers_the_error_on_held_out_rows(tmp_pat
     held_out = tmp_path / "held.csv"
     held_out.write_text("\n".join([lines[0], *(row[r] for r in held)]) + "\n")
     profile = api.calibrate_runs([calibration], tmp_path / "p.yaml")
-    runs = api.fit_runs(read_runs(held_out))
+    runs = fit_runs(read_runs(held_out))
     measured = [r.tokens_per_s_per_gpu for r in runs]
     before = mean_abs_error([predict(r, {}).tokens_per_s_per_gpu for r in runs], measured)
     after = mean_abs_error([predict(r, profile.parameters).tokens_per_s_per_gpu for r in runs],

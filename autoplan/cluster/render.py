@@ -16,7 +16,8 @@ from rich.table import Table
 
 from autoplan.cluster.spec import Cluster
 from autoplan.cluster.topology import build_topology, group_links, summary
-from autoplan.files import replacing
+from autoplan.errors import OutputExistsError
+from autoplan.files import check_writable_folder, refuse_existing, replacing, write_errors_as
 
 FULL_DRAWING_MAX_GPUS = 64
 SUMMARY_MAX_NODES = 32
@@ -317,3 +318,16 @@ def draw_png(cluster: Cluster, path: str | Path) -> Path:
         fig.savefig(tmp, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def write_topology_png(cluster: Cluster, path: str | Path, *, force: bool = False) -> Path:
+    """:func:`draw_png`, refusing a folder, an unwritable place or (without ``force``) an
+    existing file."""
+    path = Path(path)
+    if path.is_dir():
+        raise OutputExistsError(f"--png {path} is a folder; give the path of the PNG file to write.")
+    check_writable_folder(path.parent, flag="--png")
+    if not force:
+        refuse_existing([path])
+    with write_errors_as(OutputExistsError, "--png"):
+        return draw_png(cluster, path)

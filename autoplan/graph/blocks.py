@@ -33,9 +33,6 @@ class Stack:
     blocks: tuple[tuple[str, nn.Module], ...]
     traced_as: tuple[str, ...]
 
-    def replayed(self) -> list[nn.Module]:
-        return [m for (n, m), t in zip(self.blocks, self.traced_as) if n != t]
-
 
 @dataclass(frozen=True)
 class Chain:

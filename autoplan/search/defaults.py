@@ -4,14 +4,20 @@ saved plan belongs to the traced model."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Mapping
 
 from autoplan.capabilities import RUNTIMES
+from autoplan.costmodels.groups import check_groups, on_groups_in_order
 from autoplan.costmodels.problem import Problem
-from autoplan.degrees import plan_fields
+from autoplan.degrees import of_plan, plan_fields
 from autoplan.errors import ConstraintError
+from autoplan.options import as_pins
 from autoplan.plan import ModelInfo, Plan
-from autoplan.search.space import balanced_stages, dp_options, pipeline_schedule
+from autoplan.plugins.importers import ImportedRun
+from autoplan.search.space import (
+    balanced_stages, check_ep, check_ep_cluster, check_pins, check_tp, dp_options,
+    pipeline_schedule,
+)
 from autoplan.training import DEFAULT_PLACEMENT, Pins
 
 if TYPE_CHECKING:
@@ -80,4 +86,40 @@ def with_implied_sp(problem: Problem, plan: Plan) -> Plan:
     """The plan as its runtime runs it: torchtitan shards the sequence whenever TP > 1."""
     if plan.tp > 1 and not plan.sequence_parallel and RUNTIMES[problem.training.runtime].tp_implies_sp:
         return plan.model_copy(update={"sequence_parallel": True})
+    return plan
+
+
+def plan_for(problem: Problem, model: Model, plan_or_pins: Plan | Mapping[str, Any] | Pins
+             | ImportedRun | None) -> Plan:
+    """The plan to estimate: a Plan checked against the problem, or pins (from the caller or an
+    imported configuration) completed with the documented defaults."""
+    cluster = problem.cluster
+    if isinstance(plan_or_pins, Plan):
+        return _checked_plan(problem, model, plan_or_pins)
+    run = plan_or_pins if isinstance(plan_or_pins, ImportedRun) else None
+    pins = as_pins(run.pins if run else plan_or_pins)
+    check_ep_cluster(cluster, pins.ep)
+    check_pins(problem.graph, world=cluster.num_gpus, training=problem.training, pins=pins)
+    plan = plan_from_pins(problem, pins, first=run.first_stage_blocks if run else None,
+                          last=run.last_stage_blocks if run else None)
+    return plan if cluster.is_homogeneous else on_groups_in_order(problem, plan)
+
+
+def _checked_plan(problem: Problem, model: Model, plan: Plan) -> Plan:
+    """A given plan checked against the traced model and the cluster, with the switches its
+    runtime implies, laid on the node groups in order where it names none."""
+    cluster = problem.cluster
+    check_plan_matches(problem, plan, model)
+    check_tp(problem.graph, plan.tp, world=cluster.num_gpus)
+    if plan.world_size > cluster.num_gpus:
+        raise ConstraintError(f"the plan needs {plan.world_size} GPUs but the "
+                              f"cluster has {cluster.num_gpus}.")
+    if plan.ep > 1:
+        check_ep_cluster(cluster, plan.ep)
+        check_ep(problem.graph, problem.training, Pins(**of_plan(plan, ("ep", "dp", "cp", "tp", "sp"))))
+    plan = with_implied_sp(problem, plan)
+    if plan.stage_groups is not None:
+        check_groups(problem, plan)
+    elif not cluster.is_homogeneous:
+        return on_groups_in_order(problem, plan)
     return plan

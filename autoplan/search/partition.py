@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from autoplan.search.cpsat import cp_model
 
 from autoplan.costmodels.problem import Problem, limit_mib, memo, memory_mib
-from autoplan.costmodels.step import rank_profile
+from autoplan.costmodels.step import rank_memory_bytes, rank_profile
 from autoplan.graph.layer_graph import LayerGraph
 from autoplan.plan import Plan, Stage
 from autoplan.search.space import (
@@ -109,11 +109,22 @@ def _canonical_stage(graph: LayerGraph, rank: int, pp: int, count: int) -> tuple
 
 def _stage_cost(problem: Problem, plan: Plan, rank: int, count: int,
                 memory: bool = True) -> tuple[int, int] | None:
-    """(t, e) of a stage in ns, None when over the memory limit (``memory``)."""
-    t, e, mib = _stage_profile(problem, plan, rank, count)
-    if memory and mib > limit_mib(problem):
+    """(t, e) of a stage in ns, None when over the memory limit (``memory``: its memory is
+    priced first, and its times only where it fits)."""
+    if memory and _stage_mib(problem, plan, rank, count) > limit_mib(problem):
         return None
+    t, e, _ = _stage_profile(problem, plan, rank, count)
     return t, e
+
+
+def _stage_mib(problem: Problem, plan: Plan, rank: int, count: int) -> int:
+    """A stage's memory in MiB, as ``_stage_profile`` has it, without its times."""
+    key = ("partition_stage_mib", plan, rank, count)
+    table = memo(problem)
+    if key not in table:
+        stage = _canonical_stage(problem.graph, rank, plan.pp, count)
+        table[key] = memory_mib(rank_memory_bytes(problem, plan, rank, stage))
+    return table[key]
 
 
 def _stage_profile(problem: Problem, plan: Plan, rank: int, count: int) -> tuple[int, int, int]:

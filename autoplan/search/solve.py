@@ -101,7 +101,7 @@ def solve_search(problems: Problem | list[Problem], pins: Pins, *, time_limit_s:
 def _info(table: Table, row: int, name: str, bound_key: float, wall: float) -> SolverInfo:
     """The report in the primary term's unit; the bound is in seconds for time."""
     objective, per_token = table.objective, table.per_token
-    value, unit = objective_value(objective, table.step_times_s[row], table.plans[row].world_size,
+    value, unit = objective_value(objective, table.step_time(row), table.plans[row].world_size,
                                   table.tokens(row), per_token=per_token)
     bound = objective_from_key(objective, bound_key, per_token=per_token)
     if table.open_bound_s < math.inf:  # optimal among what was evaluated, not proven

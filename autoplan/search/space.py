@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 from itertools import product
 from typing import Iterable
 
-from autoplan.capabilities import RUNTIMES, lack_reason, missing, pinned_features
+from autoplan.capabilities import OFFLOAD_MIN_ZERO, RUNTIMES, lack_reason, missing, pinned_features
+from autoplan.cluster.spec import Cluster
 from autoplan.costmodels.experts import common_expert_count
 from autoplan.degrees import plan_fields
 from autoplan.errors import ConstraintError, InfeasibleError
@@ -103,27 +104,42 @@ def balanced_stages(graph: LayerGraph, pp: int, vpp: int = 1, *, first: int | No
     (Megatron's placement of embedding and head). ``first``/``last`` fix the number of blocks
     of the first and last chunk (Megatron's ``--decoder-first/last-pipeline-num-layers``).
     """
-    chunks = pp * vpp
     blocks = graph.block_indices()
+    return _balanced_stages(len(graph.layers), blocks[0] if blocks else None, len(blocks),
+                            pp, vpp, first, last)
+
+
+@functools.lru_cache(maxsize=4096)
+def _balanced_stages(num_layers: int, first_block: int | None, num_blocks: int, pp: int,
+                     vpp: int, first: int | None, last: int | None) -> tuple[Stage, ...]:
+    """``balanced_stages`` from what it depends on, kept (``_stages_at``)."""
+    chunks = pp * vpp
     if chunks == 1:
-        return (Stage(first_layer=0, num_layers=len(graph.layers)),)
-    if not blocks:
-        return _split_chain(len(graph.layers), chunks)
-    counts = (_interleaved_counts(len(blocks), pp, vpp) if vpp > 1 and first is None
-              and last is None else _block_counts(len(blocks), chunks, first, last))
-    return stages_of_counts(graph, counts)
+        return (Stage(first_layer=0, num_layers=num_layers),)
+    if not num_blocks:
+        return _split_chain(num_layers, chunks)
+    counts = (_interleaved_counts(num_blocks, pp, vpp) if vpp > 1 and first is None
+              and last is None else _block_counts(num_blocks, chunks, first, last))
+    return _stages_at(num_layers, first_block, tuple(counts))
 
 
 def stages_of_counts(graph: LayerGraph, counts) -> tuple[Stage, ...]:
     """The chunks that run ``counts[i]`` consecutive blocks each, in pipeline order: the layers
     before the first block join chunk 0 and those after the last block the final chunk."""
-    blocks = graph.block_indices()
-    starts, position = [], blocks[0]
+    return _stages_at(len(graph.layers), graph.block_indices()[0], tuple(counts))
+
+
+@functools.lru_cache(maxsize=16384)
+def _stages_at(num_layers: int, first_block: int, counts: tuple[int, ...]) -> tuple[Stage, ...]:
+    """``stages_of_counts`` from what it depends on, kept: the search cuts the same stages
+    thousands of times, and its memos hash and compare them, which is cheap when equal
+    stages are the same records."""
+    starts, position = [], first_block
     for count in counts:
         starts.append(position)
         position += count
     starts[0] = 0
-    ends = starts[1:] + [len(graph.layers)]
+    ends = starts[1:] + [num_layers]
     return tuple(Stage(first_layer=s, num_layers=e - s) for s, e in zip(starts, ends))
 
 
@@ -451,7 +467,7 @@ def _switches(tensor_parallel: bool, pipelined: bool, runtime: Runtime, pins: Pi
         sps = (True,)
     offloads = (Offload.NONE, *caps.offloads)
     for zero, rc, sp, off in product(zeros, Recompute, sps, offloads):
-        if off is Offload.OPTIMIZER and zero == 0 or off is Offload.PARAMS and zero < 3:
+        if zero < OFFLOAD_MIN_ZERO[off]:
             continue
         layers = recompute_layer_options(runtime, blocks_per_chunk, pins) if rc is Recompute.FULL else [None]
         for n in layers:
@@ -644,3 +660,11 @@ def check_ep(graph: LayerGraph, training: TrainingSpec, pins: Pins) -> None:
     if RUNTIMES[training.runtime].ep_with_tp_needs_sp and pins.sp is False and (pins.tp or 1) > 1:
         raise ConstraintError(f"--ep {ep} with --tp {pins.tp} needs sequence parallelism in "
                               f"{RUNTIMES[training.runtime].name}; drop --no-sp (or pin --tp 1).")
+
+
+def check_ep_cluster(cluster: Cluster, ep: int | None) -> None:
+    """Expert parallelism is costed on clusters of one kind of node only."""
+    if ep not in (None, 1) and not cluster.is_homogeneous:
+        raise ConstraintError(
+            f"--ep {ep}: expert parallelism is not modelled on a cluster of several node groups "
+            "yet; leave --ep unset or plan on one node group.")

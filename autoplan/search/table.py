@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 from autoplan.costmodels.bounds import lower_bound_s, shape_lower_bound_s
 from autoplan.costmodels.problem import Problem, limit_mib, memory_mib
-from autoplan.costmodels.step import estimate, split_floor_s, step_and_peak
+from autoplan.costmodels.step import estimate, split_floor_s, step_and_peak, worst_gpu_bytes
 from autoplan.plan import Estimate, Offload, Plan, Recompute, ShapeRunnerUp, one_line
 from autoplan.search.objective import key as objective_key
 from autoplan.search.objective import meets_throughput
@@ -93,16 +93,19 @@ class _Pending:
 @dataclass
 class Table:
     """Evaluated candidate plans with their step time and worst-GPU memory, from one problem
-    per allowed global batch (``sources[r]`` names row r's). Full estimates (breakdowns,
-    per-stage memory) are computed on demand."""
+    per allowed global batch (``sources[r]`` names row r's). A row's memory is priced when it
+    is added, its step time (and objective key) where it fits or when asked for
+    (``step_time``, ``key``): most rows of a large search do not fit, and their step time
+    is wanted only for a bound or an explanation. Full estimates (breakdowns, per-stage
+    memory) are computed on demand."""
 
     problems: list[Problem]
     objective: Objective = field(default_factory=Objective)
     plans: list[Plan] = field(default_factory=list)
-    step_times_s: list[float] = field(default_factory=list)
+    _step_s: list[float | None] = field(default_factory=list)  # None: not priced yet
     peak_bytes: list[float] = field(default_factory=list)
     sources: list[int] = field(default_factory=list)
-    keys: list[tuple] = field(default_factory=list)  # objective key of each row
+    _keys: list[tuple | None] = field(default_factory=list)  # objective key of each row
     eligible_rows: list[bool] = field(default_factory=list)  # fits and fast enough
     open_bound_s: float = math.inf  # lower bound of candidates left unevaluated at the deadline
     unexpanded: list[_Pending] = field(default_factory=list)  # never evaluated (runners-up)
@@ -237,8 +240,8 @@ class Table:
                     continue
                 kept = [sw for sw in options if sw.zero in fitting]
             fast = [sw for sw in options if _cannot_be_slower(sw)] or options
-            bound = min(times[sw] if sw in times else self.add(
-                make_plan(shape, sw, stages, problem.training), item.source) for sw in fast)
+            bound = min(self.step_time(times[sw] if sw in times else self.add(
+                make_plan(shape, sw, stages, problem.training), item.source)) for sw in fast)
             rest = [sw for sw in kept if sw not in fast and sw not in times]
             groups.append(self._new_pending(bound, item.source, shape, stages, rest))
         return groups
@@ -316,8 +319,7 @@ class Table:
         problem, template = self.problems[source], self._template(shape, sw, source)
         fits = False
         if balanced:
-            self.add(template, source)
-            fits = self.fits(len(self) - 1)
+            fits = self.fits(self.add(template, source))
         bound = self.split_bound(shape, sw, source)
         if balanced and self._cannot_beat(bound, shape, source):
             self._defer(bound, source, shape, [sw])
@@ -386,18 +388,18 @@ class Table:
         """Whether ``plan`` fits, on its own stages or (``any_split``) on some split."""
         if any_split:
             return split_fits(problem, plan)
-        return memory_mib(step_and_peak(problem, plan)[1]) <= limit_mib(problem)
+        return memory_mib(worst_gpu_bytes(problem, plan)) <= limit_mib(problem)
 
     def _zero_stages_that_fit(self, item: _Pending, stages: tuple, options: list,
                               times: dict) -> set[int]:
-        """Evaluate the leanest switches of each ZeRO stage (their step times into ``times``);
-        the stages whose leanest fits."""
+        """Evaluate the leanest switches of each ZeRO stage (their rows into ``times``); the
+        stages whose leanest fits."""
         training = self.problems[item.source].training
         fitting = set()
         for zero in sorted({sw.zero for sw in options}):
             lean = leanest([sw for sw in options if sw.zero == zero])
             times[lean] = self.add(make_plan(item.shape, lean, stages, training), item.source)
-            if self.fits(len(self) - 1):
+            if self.fits(times[lean]):
                 fitting.add(zero)
         return fitting
 
@@ -495,28 +497,41 @@ class Table:
         low, high = 0, len(options) - 1
         while low <= high:
             middle = (low + high) // 2
-            self.add(make_plan(shape, options[middle], stages, training), source)
-            if self.fits(len(self) - 1):
+            if self.fits(self.add(make_plan(shape, options[middle], stages, training), source)):
                 high = middle - 1
             else:
                 low = middle + 1
 
-    def add(self, plan: Plan, source: int = 0) -> float:
-        """Evaluate ``plan`` on problem ``source`` into a new row; its step time."""
+    def add(self, plan: Plan, source: int = 0) -> int:
+        """Evaluate ``plan`` on problem ``source`` into a new row (its step time only where
+        it fits); the row."""
         problem = self.problems[source]
-        step_s, peak = self._measure(plan, source)
-        tokens = problem.training.tokens_per_step
+        found = self._measured.get((source, plan))
+        peak = found[1] if found is not None else worst_gpu_bytes(problem, plan)
         self._rows.add((source, plan))
         self.plans.append(plan)
-        self.step_times_s.append(step_s)
+        self._step_s.append(None)
+        self._keys.append(None)
         self.peak_bytes.append(peak)
         self.sources.append(source)
-        self.keys.append(self._key(step_s, plan.world_size, tokens))
-        self.eligible_rows.append(memory_mib(peak) <= limit_mib(problem) and meets_throughput(
-            self.objective, step_s, tokens))
-        if self.eligible_rows[-1] and (self.best_key is None or self.keys[-1] < self.best_key):
-            self.best_key = self.keys[-1]
-        return step_s
+        row = len(self.plans) - 1
+        fits = memory_mib(peak) <= limit_mib(problem)
+        self.eligible_rows.append(fits and meets_throughput(
+            self.objective, self.step_time(row), problem.training.tokens_per_step))
+        if self.eligible_rows[-1] and (self.best_key is None or self.key(row) < self.best_key):
+            self.best_key = self.key(row)
+        return row
+
+    def step_time(self, row: int) -> float:
+        """The step seconds of ``row``, priced on first ask."""
+        if self._step_s[row] is None:
+            self._step_s[row] = self._measure(self.plans[row], self.sources[row])[0]
+        return self._step_s[row]
+
+    @property
+    def step_times_s(self) -> list[float]:
+        """Every row's step seconds (each priced if it was not)."""
+        return [self.step_time(row) for row in range(len(self))]
 
     def _measure(self, plan: Plan, source: int) -> tuple[float, float]:
         """``step_and_peak``, once per plan: a split's near-optimal plans are measured to pick
@@ -540,7 +555,10 @@ class Table:
 
     def key(self, row: int) -> tuple[int, ...]:
         """The objective's integer key of ``row`` (smaller is better)."""
-        return self.keys[row]
+        if self._keys[row] is None:
+            self._keys[row] = self._key(self.step_time(row), self.plans[row].world_size,
+                                        self.tokens(row))
+        return self._keys[row]
 
     def fits(self, row: int) -> bool:
         return memory_mib(self.peak_bytes[row]) <= limit_mib(self.problem)
@@ -616,10 +634,10 @@ class Table:
                      if self.is_eligible(r)]
             best = best_by_shape([*best.values(), *added], self.plans, self.order)
             done.add(shape)
-        per_token = lambda r: self.step_times_s[r] / self.tokens(r)  # noqa: E731
+        per_token = lambda r: self.step_time(r) / self.tokens(r)  # noqa: E731
         rows = sorted((best[s] for s in done if s in best), key=self.order)[:count]
         return [ShapeRunnerUp(tp=self.plans[r].tp, pp=self.plans[r].pp, dp=self.plans[r].dp,
-                              plan=one_line(self.plans[r]), step_time_s=self.step_times_s[r],
+                              plan=one_line(self.plans[r]), step_time_s=self.step_time(r),
                               slower_by=per_token(r) / per_token(chosen) - 1) for r in rows]
 
 

@@ -6,7 +6,9 @@ import dataclasses
 
 import pytest
 
-from autoplan.api import training_spec, load_cluster, load_model, make_problem, plan_from_pins
+from autoplan.api import load_cluster, load_model
+from autoplan.problems import make_problem, training_spec
+from autoplan.search.defaults import plan_from_pins
 from autoplan.costmodels import comm
 from autoplan.costmodels.memory import WEIGHT_BYTES
 from autoplan.costmodels.placement import plan_links

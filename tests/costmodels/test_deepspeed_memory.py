@@ -9,7 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 import autoplan
-from autoplan.api import training_spec, load_cluster, load_model, make_problem, plan_from_pins
+from autoplan.api import load_cluster, load_model
+from autoplan.problems import make_problem, training_spec
+from autoplan.search.defaults import plan_from_pins
 from autoplan.costmodels.step import peak_moments
 from autoplan.training import Pins
 from autoplan.verify.memory import PeakMemory

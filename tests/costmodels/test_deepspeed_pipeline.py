@@ -10,7 +10,9 @@ from unittest import mock
 
 import pytest
 
-from autoplan.api import training_spec, load_cluster, load_model, make_problem, plan_from_pins
+from autoplan.api import load_cluster, load_model
+from autoplan.problems import make_problem, training_spec
+from autoplan.search.defaults import plan_from_pins
 from autoplan.cluster.catalog import get_gpu
 from autoplan.costmodels.pipeline import blocking_transfers, pipeline_time
 from autoplan.costmodels.profiles import compute_profile
@@ -203,3 +205,15 @@ def test_bf16_optimizer_pass_where_deepspeed_picks_it(examples, traced, precisio
     else:
         assert bf16_pass == 0.0
         assert plain_pass > 0.0
+
+
+def test_a_slowest_first_stage_overlaps_the_downstream_round_trip():
+    """The closed form (m - 1) max t + sum t is exact when the slowest stage is the last and an
+    upper bound otherwise: a slowest first stage runs its p - 1 warm-up forwards while
+    micro-batch 0 goes down the other stages and back. 4 stages, 8 micro-batches, the first at
+    F = 1.5, B = 4 and the others at 1 and 3: the first stage works 8 x 5.5 = 44 s and waits
+    once for the round trip, 1.5 + 3 x (1 + 3) - 4 x 1.5 = 7.5 s: 51.5 s, where the form gives
+    7 x 5.5 + 5.5 + 3 x 4 = 56 s."""
+    forward, backward = [1.5, 1.0, 1.0, 1.0], [4.0, 3.0, 3.0, 3.0]
+    assert _simulate(forward, backward, 0.0, 8) == pytest.approx(51.5)
+    assert _step(forward, backward, 0.0, 8, batched=False) == pytest.approx(56.0)

@@ -6,7 +6,9 @@ import inspect
 
 import pytest
 
-from autoplan.api import training_spec, load_cluster, load_model, make_problem, plan_from_pins
+from autoplan.api import load_cluster, load_model
+from autoplan.problems import make_problem, training_spec
+from autoplan.search.defaults import plan_from_pins
 from autoplan.cluster.topology import group_links
 from autoplan.costmodels import comm
 from autoplan.costmodels.profiles import compute_profile, runtime_profile

@@ -15,6 +15,7 @@ from autoplan.graph.loader import load_model_source
 from autoplan.graph.trace import trace_model
 from autoplan.plan import Offload, Recompute
 from autoplan.zoo import GPT, GPTConfig, next_token_loss
+from autoplan.problems import make_problem, training_spec
 from tests.extras import require
 
 DEEPSPEED = runtime_profile("deepspeed")
@@ -173,8 +174,8 @@ def test_tied_head_copy_sits_on_the_rank_that_runs_the_head(layout, copies):
     from autoplan.plan import Plan, Stage
 
     model = autoplan.load_model("examples/models/tiny_gpt.py")
-    problem = autoplan.api.make_problem(model, autoplan.load_cluster("examples/clusters/dgx-a100-x1.yaml"),
-                                       autoplan.api.training_spec(64, 8, "bf16", "megatron", "flash"))
+    problem = make_problem(model, autoplan.load_cluster("examples/clusters/dgx-a100-x1.yaml"),
+                           training_spec(64, 8, "bf16", "megatron", "flash"))
     vpp = 2 if len(layout) == 4 else 1
     pp = len(layout) // vpp
     starts = [sum(layout[:i]) for i in range(len(layout))]

@@ -3,8 +3,9 @@
 
 import pytest
 
-from autoplan.api import training_spec, load_cluster, load_model, make_problem, plan_from_pins
-from autoplan.api import runtime_with
+from autoplan.api import load_cluster, load_model
+from autoplan.problems import make_problem, runtime_with, training_spec
+from autoplan.search.defaults import plan_from_pins
 from autoplan.cluster.topology import group_links
 from autoplan.costmodels import comm
 from autoplan.costmodels.compute import Split, column_gemm_time
@@ -66,12 +67,32 @@ def test_full_recompute_keeps_the_overlap(megatron):
 
 
 def test_sequence_parallel_exposes_the_output_gradient_gathers(megatron):
-    # With SP each row-parallel Linear all-gathers its output gradient in backward (2 per
-    # block); the column-parallel gathers and reduce-scatters hide under their GEMMs.
-    m, ar = 4, _all_reduce(megatron)
-    gather = comm.all_gather_time(2 * S * MBS * H, group_links(megatron.cluster, TP, 1))
+    # With SP the forward of a block runs, per row-parallel Linear, a reduce-scatter of its
+    # output and the next column-parallel Linear's all-gather (2 of each per block), the
+    # vocab-parallel embedding one reduce-scatter (megatron-core
+    # reduce_scatter_to_sequence_parallel_region), the output layer one all-gather of its
+    # input; in backward each row-parallel Linear all-gathers its output gradient (2 per
+    # block), and the column-parallel gathers and reduce-scatters (the head's included) hide
+    # under their GEMMs.
+    m = 4
+    links = group_links(megatron.cluster, TP, 1)
+    gather = comm.all_gather_time(2 * S * MBS * H, links)
+    scatter = comm.reduce_scatter_time(2 * S * MBS * H, links)
     assert _tp_comm(megatron, overlap=True, sp=True) == pytest.approx(
-        m * ((2 * L + 1) * ar + 2 * L * gather), rel=1e-9)
+        m * (2 * L * (gather + scatter) + scatter + gather + 2 * L * gather), rel=1e-9)
+
+
+def test_sequence_parallel_across_nodes_pays_two_rings_not_a_tree():
+    # TP 16 over two p5 nodes (EFA), 32 MiB of activations: NCCL can run the all-reduce as a
+    # tree (2 network steps) but SP's all-gather and reduce-scatter only as rings (NCCL's
+    # tuner has no tree for either), each with one network step at EFA's 75 us (twice for
+    # Simple) and its own launch: the pair costs more than the all-reduce it replaces.
+    cluster = load_cluster({"name": "p5", "preset": "dgx-h100", "nodes": 2, "inter_node": {
+        "link": "efa", "nics_per_node": 32, "bandwidth": "100Gbps"}}).cluster
+    links = group_links(cluster, 16, 1)
+    message = 32 * 2**20
+    pair = comm.all_gather_time(message, links) + comm.reduce_scatter_time(message, links)
+    assert pair > comm.all_reduce_time(message, links)
 
 
 def test_unknown_runtime_settings_are_refused(megatron):

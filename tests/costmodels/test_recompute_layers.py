@@ -4,7 +4,9 @@ hand from one block's costs, and chosen by the solver when memory is tight."""
 import pytest
 
 import autoplan
-from autoplan.api import training_spec, load_cluster, load_model, make_problem, plan_from_pins
+from autoplan.api import load_cluster, load_model
+from autoplan.problems import make_problem, training_spec
+from autoplan.search.defaults import plan_from_pins
 from autoplan.costmodels.compute import Split, layer_time
 from autoplan.costmodels.memory import layer_activation_bytes
 from autoplan.costmodels.step import estimate

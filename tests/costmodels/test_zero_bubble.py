@@ -4,7 +4,9 @@ import json
 
 import pytest
 
-from autoplan.api import training_spec, load_cluster, load_model, make_problem, plan_from_pins
+from autoplan.api import load_cluster, load_model
+from autoplan.problems import make_problem, training_spec
+from autoplan.search.defaults import plan_from_pins
 from autoplan.costmodels.pipeline import pipeline_time
 from autoplan.costmodels.step import estimate
 from autoplan.errors import ExportError

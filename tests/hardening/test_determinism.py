@@ -16,6 +16,7 @@ from autoplan.cli import app
 from autoplan.search.solver import US, PlanModel
 from autoplan.search.table import Table
 from autoplan.training import Pins, TrainingSpec
+from autoplan.problems import make_problem
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TINY = EXAMPLES / "models" / "tiny_gpt.py"
@@ -60,7 +61,7 @@ def _bytes_without_wall_time(stdout: str) -> str:
 def test_ties_in_step_time_go_to_the_stated_rule(workers):
     """Among fitting plans within the same microsecond, the solver picks the smallest
     (GPUs, tp*pp, memory, candidate order): checked on a table that has such ties."""
-    problem = api.make_problem(api.load_model(TINY),
+    problem = make_problem(api.load_model(TINY),
                                api.load_cluster(EXAMPLES / "clusters" / "dgx-a100-x16.yaml"),
                                TrainingSpec(seq_len=256, global_batch=64))
     table = Table.build(problem, Pins())

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import autoplan
-from autoplan.api import training_spec, load_cluster, make_problem
+from autoplan.api import load_cluster
+from autoplan.problems import make_problem, training_spec
 from autoplan.cli import app
 from autoplan.costmodels.memory import model_state_bytes
 from autoplan.costmodels.profiles import runtime_profile
@@ -20,6 +21,7 @@ from autoplan.plan import Offload
 from autoplan.search.solve import solve_table
 from autoplan.training import Pins
 from autoplan.zoo import GPT, GPTConfig, next_token_loss
+from autoplan.search.defaults import plan_from_pins
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -175,7 +177,7 @@ def test_a_faster_link_never_makes_the_estimate_slower():
     @given(slow=st.integers(1, 399), pinned=pins)
     def check(slow, pinned):
         try:
-            plan = autoplan.api.plan_from_pins(_problem(inter=f"{slow}Gbps"), Pins(**pinned))
+            plan = plan_from_pins(_problem(inter=f"{slow}Gbps"), Pins(**pinned))
         except autoplan.AutoplanError:
             return  # pins no plan can take (counted below)
         slow_s = estimate(_problem(inter=f"{slow}Gbps"), plan).step_time_s

@@ -18,6 +18,7 @@ from autoplan.search.solve import solve_search
 from autoplan.search.table import Table
 from autoplan.search.space import candidate_plans, family_of, leanest_members, shapes
 from autoplan.training import Objective, Pins
+from autoplan.problems import make_problem, training_spec
 from tests.search.test_solver import cluster, tiny_gpt
 
 BIG = {"preset": "dgx-h100", "nodes": 1024}  # 8,192 GPUs
@@ -26,8 +27,8 @@ BIG = {"preset": "dgx-h100", "nodes": 1024}  # 8,192 GPUs
 @pytest.fixture(scope="module")
 def problem():
     model = tiny_gpt(4, 64, 4)
-    training = api.training_spec(256, 2048, "bf16", "megatron", "flash")
-    return api.make_problem(model, api.load_cluster(BIG), training, mem_limit=2**20)  # 1 MiB
+    training = training_spec(256, 2048, "bf16", "megatron", "flash")
+    return make_problem(model, api.load_cluster(BIG), training, mem_limit=2**20)  # 1 MiB
 
 
 def test_nothing_fitting_is_found_from_each_familys_leanest_shapes_only(problem):
@@ -65,8 +66,8 @@ LABELS = {"tp": "--tp 2", "pp": "--pp 2", "dp": "--dp 4", "recompute": "--recomp
 
 
 def _small(mem_limit):
-    training = api.training_spec(256, 32, "bf16", "megatron", "flash")
-    return api.make_problem(tiny_gpt(4, 256, 4), api.load_cluster(cluster(2, 8, False)),
+    training = training_spec(256, 32, "bf16", "megatron", "flash")
+    return make_problem(tiny_gpt(4, 256, 4), api.load_cluster(cluster(2, 8, False)),
                             training, mem_limit=mem_limit)
 
 

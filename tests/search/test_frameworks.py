@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import autoplan
-from autoplan.api import load_cluster, make_problem, training_spec
+from autoplan.api import load_cluster
+from autoplan.problems import make_problem, training_spec
 from autoplan.capabilities import RUNTIME_TARGET
 from autoplan.errors import ExportError, InfeasibleError
 from autoplan.search.brute import brute_force

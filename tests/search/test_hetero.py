@@ -12,7 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 import autoplan
-from autoplan.api import training_spec, load_cluster, load_model, make_problem
+from autoplan.api import load_cluster, load_model
+from autoplan.problems import make_problem, training_spec
 from autoplan.cli import app
 from autoplan.costmodels.step import estimate
 from autoplan.errors import ConstraintError, InfeasibleError

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoplan.api import training_spec, load_cluster, make_problem
+from autoplan.api import load_cluster
+from autoplan.problems import make_problem, training_spec
 from autoplan.errors import InfeasibleError
 from autoplan.search.brute import brute_force
 from autoplan.search.objective import key as objective_key

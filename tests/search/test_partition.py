@@ -6,7 +6,8 @@ import types
 
 import pytest
 
-from autoplan.api import training_spec, load_cluster, load_model, make_problem
+from autoplan.api import load_cluster, load_model
+from autoplan.problems import make_problem, training_spec
 from autoplan.costmodels.problem import limit_mib, memory_mib
 from autoplan.costmodels.step import step_and_peak
 from autoplan.search.brute import brute_force

@@ -6,7 +6,8 @@ from collections import defaultdict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoplan.api import training_spec, load_cluster, make_problem
+from autoplan.api import load_cluster
+from autoplan.problems import make_problem, training_spec
 from autoplan.costmodels.bounds import shape_lower_bound_s
 from autoplan.costmodels.step import step_and_peak
 from autoplan.search.space import (Shape, candidate_plans, family_of, leanest, leanest_members,

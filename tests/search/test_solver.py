@@ -6,7 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoplan.api import load_cluster, load_model, make_problem, training_spec
+from autoplan.api import load_cluster, load_model
+from autoplan.problems import make_problem, training_spec
 from autoplan.errors import InfeasibleError
 from autoplan.costmodels.bounds import lower_bound_s
 from autoplan.search.brute import brute_force

@@ -13,6 +13,7 @@ from autoplan.cli import app
 from autoplan.errors import ConstraintError
 from autoplan.search.space import shapes
 from autoplan.training import Pins
+from autoplan.problems import make_problem, training_spec
 
 SIXTEEN = {"gpu": "a100-sxm4-80gb", "nodes": 2, "gpus_per_node": 8,
            "intra_node": {"link": "nvswitch", "bandwidth": "300GB/s"},
@@ -69,8 +70,8 @@ def test_the_search_never_proposes_a_tp_that_does_not_split_a_linear(tmp_path):
     path = tmp_path / "narrow.py"
     path.write_text(MLP.replace("256", "12").replace("1024", "48"))
     model = api.load_model(path)
-    problem = api.make_problem(model, api.load_cluster(SIXTEEN),
-                               api.training_spec(64, 16, "bf16", "megatron", "flash"))
+    problem = make_problem(model, api.load_cluster(SIXTEEN),
+                               training_spec(64, 16, "bf16", "megatron", "flash"))
     tps = {s.tp for s in shapes(problem.graph, world=16, gpus_per_node=8,
                                 training=problem.training, pins=Pins())}
     assert tps == {1, 2, 4}

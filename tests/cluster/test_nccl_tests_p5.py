@@ -1,0 +1,58 @@
+"""Collectives across p5 nodes (8 H100, 32x 100 Gb/s EFA) against nccl-tests measured there
+(tests/data/nccl_tests/README.md says where the table comes from).
+
+At 32 MiB a whole-node ring's time is mostly latency once it spans a few nodes: the
+all-gather takes 0.24 ms on 2 nodes and 2.7 ms on 32 (256 ranks), where the bytes alone would
+take ~0.1 ms. That growth with the ranks and the network steps is what NCCL's tuning model
+(costmodels/nccl_tuning.py, with the 75 us aws-ofi-nccl reports per network step) has to
+carry; these are the sizes of TP activations and of gradient buckets."""
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from autoplan.api import load_cluster
+from autoplan.cluster.topology import group_links
+from autoplan.costmodels import comm
+
+TABLE = Path(__file__).resolve().parents[1] / "data" / "nccl_tests" / "p5_efa.csv"
+COLLECTIVES = {"all_gather": comm.all_gather_time, "all_reduce": comm.all_reduce_time}
+
+
+def _rows(size_bytes: int) -> list[dict]:
+    with TABLE.open() as f:
+        return [r for r in csv.DictReader(f) if int(r["size_bytes"]) == size_bytes]
+
+
+def _p5(nodes: int):
+    return load_cluster({"name": f"p5-x{nodes}", "preset": "dgx-h100", "nodes": nodes,
+                         "inter_node": {"link": "efa", "nics_per_node": 32,
+                                        "bandwidth": "100Gbps"}}).cluster
+
+
+def _measured_s(row: dict) -> float:
+    """nccl-tests' algbw is size / time (GB/s of 1e9 bytes)."""
+    return int(row["size_bytes"]) / (float(row["algbw_GBps"]) * 1e9)
+
+
+def _predicted_s(row: dict) -> float:
+    nodes, gpus = int(row["nodes"]), int(row["gpus"])
+    links = group_links(_p5(nodes), gpus, 1)
+    return COLLECTIVES[row["collective"]](int(row["size_bytes"]), links)
+
+
+@pytest.mark.parametrize("row", _rows(32 * 2**20),
+                         ids=lambda r: f"{r['collective']}-{r['nodes']}nodes")
+def test_32_mib_collectives_follow_nccl_tests_from_2_to_32_nodes(row):
+    assert _predicted_s(row) == pytest.approx(_measured_s(row), rel=0.25)
+
+
+@pytest.mark.parametrize("collective", sorted(COLLECTIVES))
+def test_latency_grows_with_the_ranks_as_measured(collective):
+    # measured: all-gather 0.240 -> 2.699 ms (11.2x), all-reduce 0.427 -> 1.008 ms (2.4x, a
+    # tree's log2 latency) from 2 to 32 nodes at 32 MiB
+    rows = {int(r["nodes"]): r for r in _rows(32 * 2**20) if r["collective"] == collective}
+    measured = _measured_s(rows[32]) / _measured_s(rows[2])
+    predicted = _predicted_s(rows[32]) / _predicted_s(rows[2])
+    assert predicted == pytest.approx(measured, rel=0.25)
