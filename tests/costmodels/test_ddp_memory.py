@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 
 import autoplan
-from autoplan.api import load_cluster, load_model, make_problem, plan_from_pins, training_spec
+from autoplan.api import load_cluster, load_model
+from autoplan.problems import make_problem, training_spec
+from autoplan.search.defaults import plan_from_pins
 from autoplan.costmodels.memory import ddp_bucket_copy_bytes
 from autoplan.costmodels.step import peak_moments
 from autoplan.training import Pins
