@@ -255,15 +255,34 @@ def grad_copy_bytes_per_element(*, upcast_bytes: float, accumulates_into_grad: b
     return max(upcast_bytes, accumulated)
 
 
-def upcast_grad_moment_bytes(largest_params: float, *, bytes_per_element: float,
+def upcast_grad_moment_bytes(copied_params: float, *, bytes_per_element: float,
                              acts_per_chunk: float, held: int) -> float:
-    """Activation-side bytes when a runtime adds each 16-bit gradient into its fp32 accumulator
-    after a micro-batch's backward: DeepSpeed's BF16_Optimizer (``update_hp_grads``:
+    """Activation-side bytes when a runtime adds 16-bit gradients into its fp32 accumulator
+    after a micro-batch's backward, once that micro-batch's activations are freed and the other
+    ``held - 1`` are still in flight, with ``copied_params`` gradients' copies alive
+    (``bytes_per_element`` each). DeepSpeed's BF16_Optimizer (``update_hp_grads``:
     ``hp_grad.data.add_(lp.grad.data.to(hp_grad.dtype))``) copies one parameter's gradient at
-    a time to fp32, so the largest parameter's (``bytes_per_element`` 4 each) is the
-    transient, once that micro-batch's activations are freed and the other ``held - 1`` are
-    still in flight."""
-    return max(0, held - 1) * acts_per_chunk + bytes_per_element * largest_params
+    a time to fp32: the largest parameter's, 4 bytes each. nanotron's
+    ``FP32GradientAccumulator.backward`` runs ``loss.backward()`` whole and only then, parameter
+    by parameter, ``fp32_grad.add_(half_param.grad)`` and ``half_param.grad = None``: the 16-bit
+    gradient of every trained parameter the GPU holds, 2 bytes each (the runtime's
+    ``grads_before_accumulation_bytes``)."""
+    return max(0, held - 1) * acts_per_chunk + bytes_per_element * copied_params
+
+
+def ddp_bucket_copy_bytes(trained_params: float, *, bytes_per_param: float, data_parallel: int,
+                          zero_stage: int, max_zero_stage: int) -> float:
+    """The second copy of the gradients in torch DDP's buckets. ``DistributedDataParallel``
+    with its default ``gradient_as_bucket_view=False`` allocates, when it wraps the model, flat
+    buckets holding every trained parameter's gradient in the parameter's dtype
+    (``bytes_per_param``), beside each ``param.grad``, and copies each gradient in when it is
+    ready (torch docs: the view option saves "the total gradients size"). Only where DDP wraps
+    the model: more than one data-parallel rank (``data_parallel``, dp x cp; nanotron's
+    ``make_ddp``, torchtitan's replicate) at a ZeRO stage the runtime still runs under DDP
+    (``max_zero_stage``: 0 for plain DDP, 1 for nanotron's ZeRO-1 optimizer over a DDP model)."""
+    if not bytes_per_param or data_parallel <= 1 or zero_stage > max_zero_stage:
+        return 0.0
+    return bytes_per_param * trained_params
 
 
 def backward_working_bytes(layer: Layer, split: Split, *, gathered_inputs: bool = False) -> float:

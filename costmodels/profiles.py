@@ -82,6 +82,18 @@ class RuntimeProfile:
     AccumulateGrad (DeepSpeed's ZeRO-0/1 and BF16_Optimizer keep ``.grad``), so a later
     micro-batch's gradient of a parameter is a second 16-bit copy until added in
     (memory.grad_copy_bytes_per_element)."""
+    grads_before_accumulation_bytes: float = 0.0
+    """Bytes per trained parameter of the 16-bit gradients that all exist at once after each
+    micro-batch's backward, where the runtime adds them into its fp32 buffer only once the
+    whole backward is done (nanotron's FP32GradientAccumulator: memory.upcast_grad_moment_bytes
+    over every parameter of the GPU); 0: folded in as the backward produces them (Megatron's
+    gradient_accumulation_fusion and main_grad hooks)."""
+    ddp_bucket_copy_bytes: float = 0.0
+    ddp_max_zero_stage: int = 0
+    """Bytes per trained parameter of the gradient copy torch DDP keeps in its buckets beside
+    ``param.grad`` (gradient_as_bucket_view=False, torch's default), where the runtime wraps
+    the model in DDP: dp x cp > 1 at ZeRO stages up to ``ddp_max_zero_stage``
+    (memory.ddp_bucket_copy_bytes); 0: no DDP copy."""
     step_flattens_grads: bool = False
     """The ZeRO-1/2 optimizer flattens its partition's 16-bit gradients into a new buffer at the
     step (memory.flat_grad_copy_excess_bytes; DeepSpeed's, unless pre-flattened by ZeRO-2)."""

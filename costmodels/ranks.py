@@ -14,6 +14,7 @@ from autoplan.costmodels.memory import (
     ModelStates,
     allocator_slack_bytes,
     cublas_workspace_bytes,
+    ddp_bucket_copy_bytes,
     grad_norm_copy_bytes,
     held_fp32_logits_bytes,
     flat_grad_copy_excess_bytes,
@@ -251,7 +252,8 @@ def grad_accumulation_time(problem: Problem, plan: Plan, trained: float) -> floa
 def _model_states(problem: Problem, plan: Plan, dense: HeldParams, experts: float) -> ModelStates:
     """Model states of a GPU: the dense parameters sharded over the dp*cp replicas, the experts
     EP split (``experts``, 0 when ep = 1; priced as trained) over the dp*cp/ep ranks that hold
-    the same ones."""
+    the same ones; where the runtime wraps the model in torch DDP, its buckets' copy of the
+    dense gradients (memory.ddp_bucket_copy_bytes)."""
     optimizer = problem.training.optimizer
     held = (in_backward_grads_held(problem.graph.layers, plan.tp)
             if problem.training.optimizer_in_backward else None)
@@ -259,6 +261,11 @@ def _model_states(problem: Problem, plan: Plan, dense: HeldParams, experts: floa
                                offload=plan.offload, runtime=problem.runtime,
                                trained=dense.trained, weight_bytes=dense.weight_bytes,
                                optimizer=optimizer, grads_held=held)
+    runtime = problem.runtime
+    ddp_copy = ddp_bucket_copy_bytes(dense.trained, bytes_per_param=runtime.ddp_bucket_copy_bytes,
+                                     data_parallel=plan.dp * plan.cp, zero_stage=plan.zero_stage,
+                                     max_zero_stage=runtime.ddp_max_zero_stage)
+    states = ModelStates(states.weights, states.gradients + ddp_copy, states.optimizer)
     if not experts:
         return states
     own = model_state_bytes(experts, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp // plan.ep,
@@ -296,20 +303,28 @@ def _rank_experts(problem: Problem, plan: Plan, split: Split, links: dict[str, G
 def activation_peak_bytes(problem: Problem, plan: Plan, sums: ChunkSums, acts_per_chunk: float,
                           held: int) -> float:
     """Activation-side bytes at a rank's peak moment: the ``held`` in-flight micro-batch chunks
-    with its largest backward (or loss) transient, or the copy of its largest gradient after a
-    micro-batch's backward (an fp32 upcast, or the 16-bit gradient being accumulated into
-    ``.grad``: memory.grad_copy_bytes_per_element) with one chunk fewer in flight
-    (memory.upcast_grad_moment_bytes)."""
+    with its largest backward (or loss) transient, or the gradients' copies after a
+    micro-batch's backward with one chunk fewer in flight (grad_accumulation_moment_bytes)."""
     backward = held * acts_per_chunk + sums.working
+    return max(backward, grad_accumulation_moment_bytes(problem, plan, sums, acts_per_chunk, held))
+
+
+def grad_accumulation_moment_bytes(problem: Problem, plan: Plan, sums: ChunkSums,
+                                   acts_per_chunk: float, held: int) -> float:
+    """Activation-side bytes as a micro-batch's gradients are accumulated after its backward
+    (memory.upcast_grad_moment_bytes): the copy of the largest gradient (an fp32 upcast, or
+    the 16-bit gradient being added into ``.grad``: memory.grad_copy_bytes_per_element), or
+    where the runtime accumulates only after the whole backward, every 16-bit gradient of the
+    rank's chunks (``grads_before_accumulation_bytes``); 0 where it copies none."""
     runtime = problem.runtime
     per_element = grad_copy_bytes_per_element(
         upcast_bytes=runtime.grad_upcast_bytes,
         accumulates_into_grad=runtime.accumulates_into_grad and plan.zero_stage <= 1,
         num_microbatches=plan.num_microbatches)
-    if not per_element:
-        return backward
-    return max(backward, upcast_grad_moment_bytes(sums.largest, bytes_per_element=per_element,
-                                                  acts_per_chunk=acts_per_chunk, held=held))
+    copies = [(sums.largest, per_element), (sums.trained, runtime.grads_before_accumulation_bytes)]
+    return max((upcast_grad_moment_bytes(params, bytes_per_element=per_element_bytes,
+                                         acts_per_chunk=acts_per_chunk, held=held)
+                for params, per_element_bytes in copies if per_element_bytes), default=0.0)
 
 
 def _kept_last_outputs(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], ...],

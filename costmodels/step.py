@@ -252,9 +252,11 @@ def peak_moments(problem: Problem, plan: Plan) -> list[str]:
                                     num_microbatches=plan.num_microbatches)
             activations = held * sums.acts_per_chunk + sums.working
             if activation_peak_bytes(problem, plan, sums, sums.acts_per_chunk, held) > activations:
-                moments[rank] = ("the copy of the largest gradient as it is accumulated "
-                                 f"after a micro-batch's backward, with {held - 1} other "
-                                 "micro-batch chunk(s) in flight")
+                copied = ("the 16-bit gradients of the whole stage, before they are added "
+                          "into the fp32 buffer," if problem.runtime.grads_before_accumulation_bytes
+                          else "the copy of the largest gradient as it is accumulated")
+                moments[rank] = (f"{copied} after a micro-batch's backward, with {held - 1} "
+                                 "other micro-batch chunk(s) in flight")
                 continue
             if step_moment_excess_bytes(step_transient_bytes(problem, plan, sums.largest,
                                                               holds.count, holds.trained),

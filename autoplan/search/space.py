@@ -63,10 +63,12 @@ def family_of(shape: Shape) -> tuple:
 def leanest_members(shapes_: Iterable[Shape]) -> dict[tuple, list[Shape]]:
     """Per family (family_of), the shapes no other shape of the family beats in memory: with
     the rest fixed, more data parallelism never needs more memory per GPU (fewer micro-batches
-    in flight, ZeRO shards over more ranks), a smaller micro-batch never more (activations
-    scale with it) and the placement none at all. So these are the shapes of largest DP for
-    each smallest micro-batch (the Pareto front); if none of them fits, no member does
-    (checked by enumeration in tests/search/test_pruning.py)."""
+    in flight, ZeRO shards over more ranks) once there are two replicas or more, a smaller
+    micro-batch never more (activations scale with it) and the placement none at all. So these
+    are the shapes of largest DP for each smallest micro-batch (the Pareto front), and the
+    smallest micro-batch on one replica, which has no data-parallel wrapper to copy its
+    gradients (DDP's buckets: costmodels.memory.ddp_bucket_copy_bytes); if none of them fits,
+    no member does (checked by enumeration in tests/search/test_pruning.py)."""
     smallest: dict[tuple, dict[int, Shape]] = {}
     for shape in shapes_:
         by_dp = smallest.setdefault(family_of(shape), {})
@@ -76,9 +78,9 @@ def leanest_members(shapes_: Iterable[Shape]) -> dict[tuple, list[Shape]]:
     for family, by_dp in smallest.items():
         members, least_mbs = [], math.inf
         for dp in sorted(by_dp, reverse=True):
-            if by_dp[dp].mbs < least_mbs:
+            if by_dp[dp].mbs < least_mbs or dp == 1:
                 members.append(by_dp[dp])
-                least_mbs = by_dp[dp].mbs
+                least_mbs = min(least_mbs, by_dp[dp].mbs)
         front[family] = members
     return front
 
