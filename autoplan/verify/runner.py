@@ -103,6 +103,31 @@ def _rank_main(rank: int, run: _Run) -> None:
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     sys.stdout = sys.stderr = log
+    try:
+        _train_rank(rank, run)
+    except BaseException:
+        _stamp_failure(run.out_dir, rank)
+        raise
+
+
+def _stamp_failure(out_dir: Path, rank: int) -> None:
+    """Write when this rank failed (CLOCK_MONOTONIC, one clock for every process here): when
+    one rank's error makes its peers fail too (gloo closes their connections), the earliest
+    stamp names the rank that failed first."""
+    (out_dir / f"rank{rank}.failed").write_text(repr(time.monotonic()))
+
+
+def first_to_fail(out_dir: Path, failed: int) -> int:
+    """The rank whose failure stamp is earliest; ``failed`` (the first exit seen) where no
+    rank stamped one (it was killed, or timed out)."""
+    stamps = {int(path.stem.removeprefix("rank")): float(path.read_text())
+              for path in out_dir.glob("rank*.failed")}
+    return min(stamps, key=stamps.get) if stamps else failed
+
+
+def _train_rank(rank: int, run: _Run) -> None:
+    """The rank's training steps and its report (imports after the output is redirected, so
+    their warnings land in the rank's log)."""
     import torch.distributed as dist
 
     from autoplan.verify.memory import PeakMemory
@@ -149,6 +174,7 @@ def parallel_reports(source: ModelSource, graph: LayerGraph, plan: Plan, seq_len
             proc.start()
         failed = _wait(procs, timeout_s)
         if failed is not None:
+            failed = first_to_fail(Path(out_dir), failed)
             text = Path(out_dir, f"rank{failed}.log").read_text()
             raise VerifyError(f"rank {failed} of the parallel run failed:\n{_tail(text)}")
         return [json.loads(Path(out_dir, f"rank{r}.json").read_text())

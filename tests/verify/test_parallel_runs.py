@@ -10,6 +10,7 @@ import pytest
 from autoplan import api
 from autoplan.errors import VerifyError
 from autoplan.plan import Plan
+from autoplan.verify.runner import first_to_fail
 from tests.verify.cases import CASES, MODELS, SEQ_LEN, STEPS, model_path, plan_of
 
 TOLERANCE = 1e-4
@@ -45,6 +46,16 @@ def test_losses_match_single_process(model, case):
     if plan.tp > 1:
         assert any("cannot be tensor-parallelized as written" in note
                    and NOT_TP_READY[model] in note for note in doc["notes"]), doc["notes"]
+
+
+def test_the_rank_that_failed_first_is_named_not_the_first_exit_seen(tmp_path):
+    """Rank 1 raised at t = 5.0 s and rank 0, whose gloo connection it closed, at t = 5.2 s;
+    the poll may see rank 0's exit first. Without stamps (a killed or timed-out rank) the exit
+    seen stands."""
+    (tmp_path / "rank0.failed").write_text("5.2")
+    (tmp_path / "rank1.failed").write_text("5.0")
+    assert first_to_fail(tmp_path, failed=0) == 1
+    assert first_to_fail(tmp_path / "empty", failed=3) == 3
 
 
 def test_a_failing_rank_is_reported_and_the_others_stopped():
