@@ -1,20 +1,17 @@
-"""Exact search for the best plan on a heterogeneous cluster (stages on node groups).
+"""Search for the best plan on a heterogeneous cluster (stages on node groups).
 
 For each (shape, switches, assignment of groups along the pipeline) of ``groups_space``, the
-blocks per stage are chosen by a dynamic program over the stages in pipeline order. With t_r a
-stage's micro-batch time and e_r what it adds after the pipeline drains (costmodels.groups), the
-step is
+blocks per stage are chosen by the partition's CP-SAT model (``search.partition``), the same
+model as on one kind of GPU: a stage on a node group is one row of its table, with that
+group's GPU and links in its micro-batch time t_r and post-drain term e_r (costmodels.groups)
+and that group's memory limit excluding counts, and the model minimizes
     (m - 1) * max_r t_r + sum_r t_r + max_r e_r,
-nondecreasing in each of (max t, running sum t, max e), and a stage's costs depend only on its
-rank, its group, its neighbours' groups and its layers (not on how the earlier stages were cut;
-equal blocks cost the same wherever they sit). So the DP keeps, per number of blocks used, the
-partial splits that no split with lexicographically smaller blocks matches or beats on those
-three values: a dropped one can neither end faster (float addition and max are monotone) nor
-win a tie. That makes it exact with respect to ``estimate()``: stages are evaluated by the same
-``stage_cost`` and the step from the same floats in the same order. Stages over their own group's
-memory limit are never extended. (A CP-SAT model of this choice would need the step rounded to
-integers and give up that exactness; the DP needs no rounding, and the choice among its results
-is a plain minimum.)
+which on node groups is the step itself (each stage's own post-drain term). Its near-optimal
+splits are re-evaluated in floats with the same ``stage_cost`` and ``step_time`` as
+``estimate()``, so the answer is ``estimate()``'s best split (``partition.best_split_on_groups``;
+tests/search check it against every composition). That needs blocks that are all alike (a
+stage's costs then depend on its rank, group, neighbours' groups and count); other models take
+the best of the menu (``space.stage_variants``), as they do on one kind of GPU.
 
 Tie-break (as ``brute``'s on heterogeneous clusters): the objective's key, then fewer GPUs,
 then tp*pp, then the exact step time, then the enumeration order of ``groups_space`` (shape,
@@ -26,12 +23,12 @@ embedding or head it also holds). Spreading the B blocks fluidly,
     max t >= (B + sum_r a_r / c_r) / sum_r 1 / c_r,     sum t >= sum_r a_r + B min_r c_r.
 A shape's bound holds for every assignment and switch (recompute off; each rank's least a, and
 the per-block rates of the fastest groups filled up to their capacity); an assignment's uses
-its own groups, a switch setting its own recompute, and inside the DP a partial split is
-dropped once it plus this bound on the remaining ranks is worse than the best plan found. The
-bounds need blocks that all cost the same (true of transformer stacks); otherwise they are 0
-and only the DP's own partial steps prune. With a deadline the search stops and reports the
-best plan with the smallest open bound (or the cluster's physics bound for shapes never
-bounded): status FEASIBLE, with its gap.
+its own groups, a switch setting its own recompute. The partition then prunes with the best
+plan found: its hint's least slowest stage bounds every split before the model is built, and
+the model's optimum before its window is enumerated. The bounds need blocks that all cost the
+same (true of transformer stacks); otherwise they are 0. With a deadline the search stops and
+reports the best plan with the smallest open bound (or the cluster's physics bound for shapes
+never bounded): status FEASIBLE, with its gap.
 """
 
 from __future__ import annotations
