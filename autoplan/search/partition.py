@@ -1,25 +1,33 @@
 """CP-SAT choice of the layer-to-stage partition: how many transformer blocks each pipeline stage
 runs, for one shape and one setting of the switches, in the steps of OR-Tools'
 ``examples/python/line_balancing_sat.py`` (read the problem, a greedy hint, the model, solve,
-re-evaluate the answer).
+re-evaluate the answer). One model serves a cluster of one kind of GPU (``StageCosts``) and
+the node groups of a heterogeneous one (``GroupStageCosts``): they differ only in the table.
 
 Read problem
     B blocks over p stages (one chunk per rank, vpp = 1), m micro-batches. For stage s running c
     blocks (the embedding with the first, the final norm, head and loss with the last) the cost
-    model (``costmodels.step.rank_profile``) gives, in whole ns, its micro-batch time
-    ``t[s][c]`` and what it adds after the pipeline drains ``e[s][c]`` (its gradient reduction
-    and optimizer step), and its memory against the limit (whole MiB, as the table compares).
-    A stage's costs then depend on its position and count only, which holds when all blocks are
-    alike (``uniform``): the model is built for those; other models keep the menu of
-    ``space.stage_variants`` (``space.split_is_chosen``). A stage's counts run up to the
-    largest that fits and, with m > 1, whose ``t[s][c]`` is at most the slowest stage the
-    hint's objective allows (below; binary search, both grow with c), and down to what the
-    other stages' largest leave.
+    model gives, in whole ns, its micro-batch time ``t[s][c]`` and what it adds after the
+    pipeline drains ``e[s][c]`` (its gradient reduction and optimizer step), and its memory
+    against its limit (whole MiB, as the table compares): ``costmodels.step.rank_profile``
+    and the user's limit on one kind of GPU; on node groups ``costmodels.groups.stage_cost``,
+    stage s on its group ``groups[s]`` (that group's GPU, its links to its neighbours, its own
+    limit), so the groups become per-stage speed and capacity. A stage's costs then depend on
+    its position and count only, which holds when all blocks are alike (``uniform``): the
+    model is built for those; other models keep the menu of ``space.stage_variants``
+    (``space.split_is_chosen``; ``hetero`` on node groups). A stage's counts run up to the
+    largest that fits and whose ``t[s][c]`` is at most the cap the hint's objective allows
+    (below; binary search, both grow with c), and down to what the other stages' largest
+    leave.
 Greedy hint
-    The balanced split (``space.balanced_stages``), when its counts are in the table; its
-    objective caps the slowest stage: (m - 1) T + S + E <= hint, with S = sum t the same for
-    every split (alike blocks), gives T <= (hint - S) / (m - 1), so larger counts cannot be in
-    a better answer.
+    One kind of GPU: the balanced split (``space.balanced_stages``). Its objective caps the
+    slowest stage: (m - 1) T + S + E <= hint + rounding, with S = sum t the same for every
+    split (alike blocks), gives T <= (hint - S + rounding) / (m - 1) (m > 1), so larger counts
+    cannot be in the window. Node groups: the split of least slowest stage T*
+    (``GroupStageCosts.first_hint``: a greedy or a binary search), and since S there is at
+    least t[s][c] plus the other stages' one-block times, m t[s][c] <= hint + rounding -
+    sum_r t[r][1] + t[s][1] caps each stage; (m - 1) T* + sum_r t[r][1] bounds every split,
+    which lets the caller drop a table that cannot beat its best plan before any model.
 
 Decision variables
     ``x[s][c]`` (bool): stage s runs c blocks; T the slowest stage, E the largest post-drain
@@ -28,9 +36,12 @@ Decision variables
 Constraints (one ``add_<family>`` each, every constraint named)
     1. one count per stage: ``sum_c x[s][c] == 1``                      → add_one_count()
     2. composition: ``sum_s sum_c c x[s][c] == B``                      → add_composition()
-    3. memory: ``x[s][c] == 0`` where stage s with c blocks is over the limit → add_memory()
+    3. memory: ``x[s][c] == 0`` where stage s with c blocks is over its limit → add_memory()
     4. slowest: ``T == max_s sum_c t[s][c] x[s][c]``, ``E == max_s sum_c e[s][c] x[s][c]``
                                                                          → add_slowest()
+    5. symmetry: ``sum_c c x[s][c] <= sum_c c x[s'][c]`` for consecutive members s < s' of
+       each class of stages with equal rows (the objective is symmetric in the stages, so
+       their permutations are equal; node groups' middle stages of one group)  → add_symmetry()
 
 Objective
     ``(m - 1) T + sum_s sum_c t[s][c] x[s][c] + E``: 1F1B (``costmodels.pipeline``) plus the
@@ -40,13 +51,18 @@ Solve and re-evaluate
     Skipped where the hint is provably alone in the window (``hint_is_alone``: any other
     split gives some stage one block more, which already costs more than the window). One
     worker, a fixed seed and a deterministic time limit (same input, same partition; past
-    it the best split found, at worst the hint). The integer objective differs
-    from ``estimate()``'s float step by the rounding of each term and by the post-drain term
-    (which ``estimate()`` takes from the rank with most parameters rather than stage by stage),
-    so every solution within ``WINDOW`` of the optimum is enumerated (at most ``POOL`` of them)
-    and re-evaluated with ``step_and_peak``; the fastest in whole µs, then least memory, then the
-    lexicographically first counts, is the answer (the table's and the brute force's order).
-    ``tests/search/test_partition.py`` checks it against every composition on small cases.
+    it the best split found, at worst the hint). The integer objective differs from
+    ``estimate()``'s float step by the rounding of each term (under (m + p) / 2 ns) and, on
+    one kind of GPU, by the post-drain term (which ``estimate()`` takes from the rank with
+    most parameters rather than stage by stage), so every solution within the window of the
+    optimum (``window_top``: ``WINDOW`` of it on one kind of GPU, m + p + 1 ns on node
+    groups) is enumerated (at most ``POOL`` of them), the permutations of equal-row stages'
+    counts put back (``permutations_of_equal_rows``), and each re-evaluated in floats: with
+    ``step_and_peak`` on one kind of GPU, the fastest in whole µs, then least memory, then
+    the lexicographically first counts (the table's and the brute force's order); with
+    ``groups.step_time`` on node groups, the least step, then the first counts.
+    ``tests/search/test_partition.py`` and ``tests/search/test_hetero_partition.py`` check it
+    against every composition on small cases.
 """
 
 from __future__ import annotations
@@ -603,7 +619,7 @@ def _solver() -> cp_model.CpSolver:
 
 def applies(problem: Problem, pp: int, vpp: int) -> bool:
     """Whether the model chooses this shape's split: a pipeline of one chunk per rank over
-    blocks that are all alike, on a homogeneous cluster."""
+    blocks that are all alike, on a homogeneous cluster (node groups: ``best_split_on_groups``)."""
     return problem.cluster.is_homogeneous and split_is_chosen(problem.graph, pp, vpp)
 
 
@@ -652,11 +668,12 @@ def hint_is_alone(costs: StageCosts, m: int) -> bool:
     """Whether the hint is admissible and every other split is outside the window above it,
     so the model's pool would be the hint alone; asks for 2p stage costs, not the table. Any
     other split gives some stage s more blocks than the hint (the counts sum to the same B),
-    so its objective is at least (m - 1) t[s][hint_s + 1] + S - p (T at least that stage's
-    time, post-drain term at least 0, and S, the same for every split, less one unit of
-    rounding per stage); a stage whose next count is not admissible (over the memory limit or
-    the slowest-stage cap) cannot grow. The usual case for alike blocks split evenly, where a
-    block moved is worth more than the ends' embedding and head."""
+    so its objective is at least (m - 1) t[s][hint_s + 1] + F - p (T at least that stage's
+    time, post-drain term at least 0, and F = ``times_floor``, on one kind of GPU the S every
+    split has, less one unit of rounding per stage); a stage whose next count is not
+    admissible (over its memory limit or its cap) cannot grow. The usual case for alike
+    blocks split evenly, where a block moved is worth more than the ends' embedding and
+    head."""
     hint = costs.hint
     if not hint or not all(costs.admissible(s, c) for s, c in enumerate(hint)):
         return False
