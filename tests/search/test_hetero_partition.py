@@ -93,13 +93,14 @@ def three_groups(limit_gib: float | None, runtime: str = "megatron", layers: int
 # Stages of these plans hold 1.525-1.575 GiB (CUDA context, workspace, a few MiB of blocks):
 # the tight limits exclude counts over a stage's limit, most on the first stages (most
 # micro-batches in flight)
-CASES = [(None, "megatron"), (1.545, "megatron"), (1.535, "megatron"), (1.55, "deepspeed")]
+CASES = [(None, "megatron", 1), (1.545, "megatron", 0), (1.535, "megatron", 1),
+         (None, "deepspeed", 1)]  # limit (GiB), runtime, ZeRO stage
 
 
-@pytest.mark.parametrize("limit_gib,runtime", CASES)
-def test_split_on_groups_equals_every_composition(limit_gib, runtime):
+@pytest.mark.parametrize("limit_gib,runtime,zero", CASES)
+def test_split_on_groups_equals_every_composition(limit_gib, runtime, zero):
     problem = three_groups(limit_gib, runtime)
-    graph, training, pins = problem.graph, problem.training, Pins(tp=1, mbs=2)
+    graph, training, pins = problem.graph, problem.training, Pins(tp=1, mbs=2, zero=zero)
     checked = fitting = 0
     for shape in group_shapes(graph, problem.cluster, training, pins, every_dp=True):
         if shape.pp == 1 or shape.dp > 1:
@@ -114,7 +115,7 @@ def test_split_on_groups_equals_every_composition(limit_gib, runtime):
                     shape, sw, assignment)
                 checked += 1
                 fitting += expected is not None
-    assert checked >= 100 and fitting  # pp 2 to 5 on up to three groups, some split fits
+    assert checked >= 40 and fitting  # pp 2 to 5 on up to three groups, some split fits
 
 
 def test_five_stages_with_equal_middles_on_one_group():
