@@ -105,6 +105,9 @@ class InterNode(_Strict):
     latency: str | None = None
     interface: str | None = None
     nccl_net_latency: str | None = None
+    kept_per_doubling: float | None = Field(default=None, gt=0, le=1)
+    """The share of its busbw a ring keeps per doubling of the nodes it spans (catalog link's
+    ``kept_per_doubling`` otherwise)."""
 
     _bandwidth = field_validator("bandwidth", mode="before")(
         _quantity("bandwidth", MAX_NIC_BANDWIDTH, _NIC_WHY))
@@ -422,7 +425,10 @@ def _resolve_inter(inter: InterNode) -> LinkSpec:
                      "ethernet-25g" if rate >= 3.125e9 else "ethernet-10g"),
         "efa": "efa-v2" if rate * inter.nics_per_node >= EFA_V2_NODE_BANDWIDTH else "efa",
     }[inter.link]
-    return _with_overrides(get_link(name), inter.bandwidth, inter.latency, inter.nccl_net_latency)
+    link = _with_overrides(get_link(name), inter.bandwidth, inter.latency, inter.nccl_net_latency)
+    if inter.kept_per_doubling is None:
+        return link
+    return replace(link, kept_per_doubling=inter.kept_per_doubling)
 
 
 def _resolve_fabric(fabric: FabricSpec | None, num_nodes: int) -> Fabric:

@@ -193,3 +193,12 @@ def test_four_h100_nodes_on_roce_reach_the_published_ring_busbw():
     for size in (4 * GIB, 8 * GIB):
         busbw = 2 * 31 / 32 * size / comm.all_reduce_time(size, links) / 1e9
         assert busbw == pytest.approx(320, rel=0.10)
+
+
+def test_cluster_yaml_states_its_fabrics_loss_per_doubling():
+    # a fabric measured at 0.9 per doubling: a ring over 16 nodes keeps 0.9 ** 3 = 0.729 of its
+    # 2-node busbw; the share must be in (0, 1]
+    ib = {"kept_per_doubling": 0.9}
+    assert _plateau(16, **ib) / _plateau(2, **ib) == pytest.approx(0.729)
+    with pytest.raises(ClusterSpecError, match="kept_per_doubling"):
+        _cluster(_h100(2, kept_per_doubling=1.5))
