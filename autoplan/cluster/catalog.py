@@ -65,7 +65,8 @@ def kept_share(kept_per_doubling: float, nodes: int) -> float:
     the fabric (more leaves, so more of its hops through the spine, and more flows hashed or
     sprayed onto each spine link) and makes the ring wait on the slowest of twice the links;
     what one doubling costs is the fabric's, read from nccl-tests at several node counts
-    (catalog ``efa``: 0.965, from the p5 all_reduce_perf plateau over 4 to 32 nodes)."""
+    (catalog ``efa-v2``: 0.965, from the p5 all_reduce_perf plateau over 4 to 32 nodes;
+    ``efa``: 0.837, from p3dn's on 2 and 8 nodes)."""
     if nodes <= 2:
         return 1.0
     return kept_per_doubling ** math.log2(nodes / 2)
