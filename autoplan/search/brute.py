@@ -24,7 +24,8 @@ def brute_force(problems: Problem | list[Problem], pins: Pins, *,
     objective's integer keys, then GPUs used, then GPUs per replica (tp*pp), then memory, then
     candidate order. ``problems`` are alternatives (one per allowed global batch). None if
     nothing qualifies. On a heterogeneous cluster the candidates are every stage-to-group
-    assignment and every split of the blocks (``groups_space``), a plan fits when every stage
+    assignment and every split of the blocks (``groups_space``; the menu where blocks are not
+    all alike, as in the search), a plan fits when every stage
     fits its own group's limit, and exact step time replaces memory in the tie-break. The stage
     splits are every composition of the blocks where CP-SAT chooses the split
     (``space.split_is_chosen``); ``every_split`` False keeps the menu (large models)."""

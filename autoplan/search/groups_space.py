@@ -10,8 +10,10 @@ stage's tp*dp*cp GPUs inside one node group. Its candidates are
     assignments the groups along the pipeline: distinct groups in some order, each running a
                 contiguous run of k_g >= 1 stages with k_g*tp*dp <= its GPUs, sum k_g = pp (the
                 order matters: the first stage holds the most micro-batches in flight)
-    blocks      every split of the blocks into pp stages of at least one block each; the layers
-                before the first block join stage 0, those after the last the final stage.
+    blocks      every split of the blocks into pp stages of at least one block each where the
+                blocks are all alike (``space.uniform_blocks``; the partition model chooses
+                among them), else the menu of ``space.stage_variants``; the layers before
+                the first block join stage 0, those after the last the final stage.
 Both the search (``hetero``) and the brute-force reference (``brute``) draw from here.
 """
 
@@ -23,7 +25,8 @@ from autoplan.cluster.spec import Cluster
 from autoplan.graph.layer_graph import LayerGraph
 from autoplan.plan import Plan, Stage
 from autoplan.search.space import (
-    MAX_MICRO_BATCH, Shape, Switches, divisors, make_plan, pp_options, switches, tp_options,
+    MAX_MICRO_BATCH, Shape, Switches, block_counts, compositions, divisors, make_plan, pp_options,
+    stage_variants, switches, tp_options, uniform_blocks,
 )
 from autoplan.training import Bounds, Pins, TrainingSpec
 
@@ -106,17 +109,6 @@ def block_stages(graph: LayerGraph, blocks: tuple[int, ...],
     return tuple(stages)
 
 
-def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
-    """Every way to write ``total`` as ``parts`` positive integers, in lexicographic order."""
-    if parts == 1:
-        if total >= 1:
-            yield (total,)
-        return
-    for first in range(1, total - parts + 2):
-        for rest in compositions(total - first, parts - 1):
-            yield (first,) + rest
-
-
 def group_plan(shape: Shape, sw: Switches, graph: LayerGraph, blocks: tuple[int, ...],
                assignment: Assignment, training: TrainingSpec) -> Plan:
     return make_plan(shape, sw, block_stages(graph, blocks, stage_groups(assignment)), training)
@@ -126,10 +118,16 @@ def group_candidates(graph: LayerGraph, cluster: Cluster, training: TrainingSpec
                      bounds: Bounds | None = None, max_gpus: int | None = None,
                      every_dp: bool = False) -> Iterator[Plan]:
     """Every plan of the space (a generator; exponential in pp: for references and tests)."""
-    num_blocks = len(graph.block_indices())
     for shape in group_shapes(graph, cluster, training, pins, bounds, max_gpus, every_dp):
         caps = capacity(cluster, graph, shape.tp, shape.dp, pins)
         for assignment in assignments(caps, shape.pp):
             for sw in shape_switches(shape, training, pins):
-                for blocks in compositions(num_blocks, shape.pp):
+                for blocks in block_splits(graph, shape.pp):
                     yield group_plan(shape, sw, graph, blocks, assignment, training)
+
+
+def block_splits(graph: LayerGraph, pp: int) -> list[tuple[int, ...]]:
+    """The blocks per stage a plan of ``pp`` stages may have (the space above), in order."""
+    if uniform_blocks(graph):
+        return list(compositions(len(graph.block_indices()), pp))
+    return [block_counts(graph, stages) for stages in stage_variants(graph, pp, 1)]

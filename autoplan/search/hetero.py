@@ -1,20 +1,17 @@
-"""Exact search for the best plan on a heterogeneous cluster (stages on node groups).
+"""Search for the best plan on a heterogeneous cluster (stages on node groups).
 
 For each (shape, switches, assignment of groups along the pipeline) of ``groups_space``, the
-blocks per stage are chosen by a dynamic program over the stages in pipeline order. With t_r a
-stage's micro-batch time and e_r what it adds after the pipeline drains (costmodels.groups), the
-step is
+blocks per stage are chosen by the partition's CP-SAT model (``search.partition``), the same
+model as on one kind of GPU: a stage on a node group is one row of its table, with that
+group's GPU and links in its micro-batch time t_r and post-drain term e_r (costmodels.groups)
+and that group's memory limit excluding counts, and the model minimizes
     (m - 1) * max_r t_r + sum_r t_r + max_r e_r,
-nondecreasing in each of (max t, running sum t, max e), and a stage's costs depend only on its
-rank, its group, its neighbours' groups and its layers (not on how the earlier stages were cut;
-equal blocks cost the same wherever they sit). So the DP keeps, per number of blocks used, the
-partial splits that no split with lexicographically smaller blocks matches or beats on those
-three values: a dropped one can neither end faster (float addition and max are monotone) nor
-win a tie. That makes it exact with respect to ``estimate()``: stages are evaluated by the same
-``stage_cost`` and the step from the same floats in the same order. Stages over their own group's
-memory limit are never extended. (A CP-SAT model of this choice would need the step rounded to
-integers and give up that exactness; the DP needs no rounding, and the choice among its results
-is a plain minimum.)
+which on node groups is the step itself (each stage's own post-drain term). Its near-optimal
+splits are re-evaluated in floats with the same ``stage_cost`` and ``step_time`` as
+``estimate()``, so the answer is ``estimate()``'s best split (``partition.best_split_on_groups``;
+tests/search check it against every composition). That needs blocks that are all alike (a
+stage's costs then depend on its rank, group, neighbours' groups and count); other models take
+the best of the menu (``space.stage_variants``), as they do on one kind of GPU.
 
 Tie-break (as ``brute``'s on heterogeneous clusters): the objective's key, then fewer GPUs,
 then tp*pp, then the exact step time, then the enumeration order of ``groups_space`` (shape,
@@ -26,12 +23,12 @@ embedding or head it also holds). Spreading the B blocks fluidly,
     max t >= (B + sum_r a_r / c_r) / sum_r 1 / c_r,     sum t >= sum_r a_r + B min_r c_r.
 A shape's bound holds for every assignment and switch (recompute off; each rank's least a, and
 the per-block rates of the fastest groups filled up to their capacity); an assignment's uses
-its own groups, a switch setting its own recompute, and inside the DP a partial split is
-dropped once it plus this bound on the remaining ranks is worse than the best plan found. The
-bounds need blocks that all cost the same (true of transformer stacks); otherwise they are 0
-and only the DP's own partial steps prune. With a deadline the search stops and reports the
-best plan with the smallest open bound (or the cluster's physics bound for shapes never
-bounded): status FEASIBLE, with its gap.
+its own groups, a switch setting its own recompute. The partition then prunes with the best
+plan found: its hint's least slowest stage bounds every split before the model is built, and
+the model's optimum before its window is enumerated. The bounds need blocks that all cost the
+same (true of transformer stacks); otherwise they are 0. With a deadline the search stops and
+reports the best plan with the smallest open bound (or the cluster's physics bound for shapes
+never bounded): status FEASIBLE, with its gap.
 """
 
 from __future__ import annotations
@@ -41,8 +38,7 @@ import time
 from dataclasses import dataclass
 
 from autoplan.costmodels.compute import Split
-from autoplan.costmodels.groups import stage_cost
-from autoplan.costmodels.pipeline import pipeline_time
+from autoplan.costmodels.groups import stage_cost, step_time
 from autoplan.costmodels.problem import Problem, layer_key
 from autoplan.costmodels.placement import plan_axis_links
 from autoplan.costmodels.layers import layer_cost
@@ -56,7 +52,10 @@ from autoplan.search.groups_space import (
 from autoplan.search.objective import key as objective_key
 from autoplan.search.objective import meets_throughput
 from autoplan.search.objective import value as objective_value
-from autoplan.search.space import Shape, Switches, balanced_stages, make_plan
+from autoplan.search.partition import best_split_on_groups
+from autoplan.search.space import (
+    Shape, Switches, balanced_stages, block_counts, make_plan, stage_variants, uniform_blocks,
+)
 from autoplan.training import DEFAULT_PLACEMENT, Bounds, Objective, ObjectiveTerm, Pins
 
 SORTED_ASSIGNMENTS = 20_000
@@ -154,31 +153,19 @@ class _Bounds:
                  + self.num_blocks * min(c for options in per_rank for _, c in options))
         return ((m - 1) * slowest + total) * (1 - BOUND_SLACK)
 
-    def rest(self, plan: Plan, recompute: Recompute, groups: tuple[str, ...]) -> list[tuple]:
-        """Per rank r, (sum a/c, sum 1/c, sum a, min c) over ranks r.. (for the DP's cut)."""
-        out = [(0.0, 0.0, 0.0, math.inf)]
-        for rank in range(plan.pp - 1, -1, -1):
-            a, c = self.terms(groups[rank], plan, recompute, rank)
-            sa, sr, s_a, c_min = out[0]
-            out.insert(0, (sa + a / c, sr + 1 / c, s_a + a, min(c_min, c)))
-        return out
-
     def assignment_bound(self, plan: Plan, recompute: Recompute, groups: tuple[str, ...],
                          m: int) -> float:
+        """Bound over every split of the blocks with stage r on ``groups[r]`` (the module
+        docstring's fluid spread, summed from the last rank)."""
         if not self.uniform:
             return 0.0
-        return _rest_bound(self.rest(plan, recompute, groups)[0], self.num_blocks, m, 0.0, 0.0, 0.0)
-
-
-def _rest_bound(rest: tuple, left: int, m: int, slowest: float, summed: float,
-                worst: float) -> float:
-    """Least step of a split whose first ranks have (max t, sum t, max e) = (slowest, summed,
-    worst) with ``left`` blocks for the ranks that ``rest`` sums over."""
-    shifted, rate, fixed, c_min = rest
-    if rate:
-        slowest = max(slowest, (left + shifted) / rate)
-        summed += fixed + left * c_min
-    return ((m - 1) * slowest + summed + worst) * (1 - BOUND_SLACK)
+        shifted = rate = fixed = 0.0
+        c_min = math.inf
+        for rank in range(plan.pp - 1, -1, -1):
+            a, c = self.terms(groups[rank], plan, recompute, rank)
+            shifted, rate, fixed, c_min = shifted + a / c, rate + 1 / c, fixed + a, min(c_min, c)
+        slowest = (self.num_blocks + shifted) / rate
+        return ((m - 1) * slowest + (fixed + self.num_blocks * c_min)) * (1 - BOUND_SLACK)
 
 
 class _Search:
@@ -190,6 +177,7 @@ class _Search:
         self.user_bounds, self.max_gpus, self.deadline = bounds, max_gpus, deadline
         self.best: tuple | None = None  # (order, plan, problem)
         self.open_bound_s = math.inf
+        self.pools: dict = {}  # stage tables solved -> their near-optimal splits
         self.per_token = len({p.training.global_batch for p in problems}) > 1
         """Step times of different global batches compare only per token (as in solver)."""
 
@@ -284,19 +272,20 @@ class _Search:
     def expand_assignment(self, problem: Problem, limits: _Bounds, shape: Shape,
                           assignment: Assignment, options: list[Switches], m: int,
                           where: tuple[int, int], assignment_bound: float) -> None:
-        """Solve the DP for each switch setting; ``where`` (shape and assignment numbers in
-        enumeration order) with the switch number and the blocks make the stated tie-break."""
+        """Choose the split for each switch setting whose bound can win; ``where`` (shape and
+        assignment numbers in enumeration order) with the switch number and the blocks make the
+        stated tie-break."""
         groups = stage_groups(assignment)
         for number, sw in enumerate(options):
             plan = _settings(problem, shape, sw)
             recompute = sw.recompute if sw.recompute_num_layers is None else Recompute.NONE
-            rest = limits.rest(plan, recompute, groups) if limits.uniform else None
-            bound = _rest_bound(rest[0], limits.num_blocks, m, 0.0, 0.0, 0.0) if rest else 0.0
+            bound = limits.assignment_bound(plan, recompute, groups, m)
             if self.beaten(bound, shape, problem):
                 continue
             if self.late(assignment_bound):
                 return
-            best = _best_split(problem, plan, groups, m, self.cutoff(shape, problem), limits, rest)
+            best = _best_split(problem, plan, groups, self.pools,
+                               lambda step_s: self.beaten(step_s, shape, problem))
             if best is None:
                 continue
             tokens = problem.training.tokens_per_step
@@ -310,88 +299,33 @@ class _Search:
                                     problem.training)
                 self.best = (order, chosen, problem)
 
-    def cutoff(self, shape: Shape, problem: Problem):
-        """A test on partial steps: True when they cannot reach the best key any more."""
-        if self.best is None:
-            return lambda step_s: False
-        best_key = self.best[0][0]
-        return lambda step_s: self.key(step_s, shape, problem) > best_key
-
 
 def _by_sp(options: list[Switches]) -> list[Switches]:
     """One switch per SP setting: the bounds depend on nothing else (recompute off)."""
     return list({sw.sp: sw for sw in options}.values())
 
 
-def _best_split(problem: Problem, plan: Plan, groups: tuple[str, ...], m: int, cut,
-                limits: _Bounds, rest: list[tuple] | None) -> _Split | None:
-    """The blocks per stage with the smallest step, every stage within its own limit (the DP
-    described in the module docstring); None when no split fits or none can beat ``cut``.
-    ``rest`` (uniform models) strengthens the cut with what the remaining ranks must add."""
-    pp, total = plan.pp, limits.num_blocks
-    stage = _stage_table(problem, plan, groups, limits)
-    fronts: dict[int, list[tuple]] = {0: [(0.0, 0.0, 0.0, ())]}  # used -> (max t, sum t, max e, blocks)
-    for rank in range(pp):
-        after: dict[int, list[tuple]] = {}
-        for used, front in fronts.items():
-            left = total - used - (pp - rank - 1)
-            for count in [left] if rank == pp - 1 else range(1, left + 1):
-                cost = stage(rank, used, count)
-                if cost is None:
-                    if limits.uniform:  # more blocks only need more memory
-                        break
-                    continue
-                t, e = cost
-                for slowest, summed, worst, blocks in front:
-                    point = (max(slowest, t), summed + t, max(worst, e), blocks + (count,))
-                    bound = (_rest_bound(rest[rank + 1], left - count + (pp - rank - 1), m,
-                                         *point[:3]) if rest else _step(point, m))
-                    if not cut(bound):
-                        after.setdefault(used + count, []).append(point)
-        fronts = {used: _pareto(points) for used, points in after.items()}
-    finals = fronts.get(total, [])
-    if not finals:
-        return None
-    best = min(finals, key=lambda p: (_step(p, m), p[3]))
-    return _Split(_step(best, m), best[3])
-
-
-def _stage_table(problem: Problem, plan: Plan, groups: tuple[str, ...], limits: _Bounds):
-    """``stage(rank, used, count)``: (micro-batch time, post-drain time) of the rank running
-    blocks used..used+count-1, or None when over its limit. Memoized; for uniform models by
-    (rank, count), which cost the same wherever the blocks start."""
-    starts, end, pp = limits.starts, len(problem.graph.layers), plan.pp
-    memo: dict[tuple, tuple | None] = {}
-
-    def stage(rank: int, used: int, count: int):
-        if limits.uniform:  # a canonical start: the first for rank 0, the last for the final
-            used = 0 if rank == 0 else limits.num_blocks - count if rank == pp - 1 else 1
-        key = (rank, used, count)
-        if key not in memo:
-            first = 0 if rank == 0 else starts[used]
-            last = end if rank == pp - 1 else starts[used + count]
-            cost = stage_cost(problem, plan, rank, groups, (first, last - first))
-            memo[key] = (cost.cost.micro_batch_s, cost.after_s) if cost.fits else None
-        return memo[key]
-
-    return stage
-
-
-def _step(point: tuple, m: int) -> float:
-    """groups.step_time of a (max t, sum t, max e) point: the same floats in the same order."""
-    return pipeline_time(slowest_s=point[0], total_s=point[1], num_microbatches=m, vpp=1) + point[2]
-
-
-def _pareto(points: list[tuple]) -> list[tuple]:
-    """Drop each point that a point with lexicographically smaller blocks beats or equals on all
-    of (max t, sum t, max e): every completion of it is then no faster and later in the
-    tie-break (a point beaten only by later blocks stays: it may tie, and ties go to the first)."""
-    points.sort(key=lambda p: p[3])
-    kept: list[tuple] = []
-    for point in points:
-        if not any(k[0] <= point[0] and k[1] <= point[1] and k[2] <= point[2] for k in kept):
-            kept.append(point)
-    return kept
+def _best_split(problem: Problem, plan: Plan, groups: tuple[str, ...], pools: dict,
+                beaten) -> _Split | None:
+    """The blocks per stage with the least step, every stage within its own group's limit, the
+    first lexicographically of equal steps; None when no split fits (or, for alike blocks,
+    when ``beaten`` holds for a bound on every split). Alike blocks: the partition model's
+    (``partition.best_split_on_groups``, node groups as per-stage speed and capacity;
+    ``pools`` keeps the answers of equal stage tables); other models: the best of the menu
+    (``space.stage_variants``), as on one kind of GPU."""
+    if uniform_blocks(problem.graph):
+        found = best_split_on_groups(problem, plan, groups, pools, beaten)
+        return None if found is None else _Split(*found)
+    best = None
+    for stages in stage_variants(problem.graph, plan.pp, 1):
+        costs = [stage_cost(problem, plan, rank, groups, (s.first_layer, s.num_layers))
+                 for rank, s in enumerate(stages)]
+        if all(c.fits for c in costs):
+            step = step_time([c.cost.micro_batch_s for c in costs], [c.after_s for c in costs],
+                             plan.num_microbatches)
+            found = _Split(step, block_counts(problem.graph, stages))
+            best = found if best is None or (step, found.blocks) < (best.step_s, best.blocks) else best
+    return best
 
 
 def _check_group_pins(pins: Pins) -> None:

@@ -1,25 +1,33 @@
 """CP-SAT choice of the layer-to-stage partition: how many transformer blocks each pipeline stage
 runs, for one shape and one setting of the switches, in the steps of OR-Tools'
 ``examples/python/line_balancing_sat.py`` (read the problem, a greedy hint, the model, solve,
-re-evaluate the answer).
+re-evaluate the answer). One model serves a cluster of one kind of GPU (``StageCosts``) and
+the node groups of a heterogeneous one (``GroupStageCosts``): they differ only in the table.
 
 Read problem
     B blocks over p stages (one chunk per rank, vpp = 1), m micro-batches. For stage s running c
     blocks (the embedding with the first, the final norm, head and loss with the last) the cost
-    model (``costmodels.step.rank_profile``) gives, in whole ns, its micro-batch time
-    ``t[s][c]`` and what it adds after the pipeline drains ``e[s][c]`` (its gradient reduction
-    and optimizer step), and its memory against the limit (whole MiB, as the table compares).
-    A stage's costs then depend on its position and count only, which holds when all blocks are
-    alike (``uniform``): the model is built for those; other models keep the menu of
-    ``space.stage_variants`` (``space.split_is_chosen``). A stage's counts run up to the
-    largest that fits and, with m > 1, whose ``t[s][c]`` is at most the slowest stage the
-    hint's objective allows (below; binary search, both grow with c), and down to what the
-    other stages' largest leave.
+    model gives, in whole ns, its micro-batch time ``t[s][c]`` and what it adds after the
+    pipeline drains ``e[s][c]`` (its gradient reduction and optimizer step), and its memory
+    against its limit (whole MiB, as the table compares): ``costmodels.step.rank_profile``
+    and the user's limit on one kind of GPU; on node groups ``costmodels.groups.stage_cost``,
+    stage s on its group ``groups[s]`` (that group's GPU, its links to its neighbours, its own
+    limit), so the groups become per-stage speed and capacity. A stage's costs then depend on
+    its position and count only, which holds when all blocks are alike (``uniform``): the
+    model is built for those; other models keep the menu of ``space.stage_variants``
+    (``space.split_is_chosen``; ``hetero`` on node groups). A stage's counts run up to the
+    largest that fits and whose ``t[s][c]`` is at most the cap the hint's objective allows
+    (below; binary search, both grow with c), and down to what the other stages' largest
+    leave.
 Greedy hint
-    The balanced split (``space.balanced_stages``), when its counts are in the table; its
-    objective caps the slowest stage: (m - 1) T + S + E <= hint, with S = sum t the same for
-    every split (alike blocks), gives T <= (hint - S) / (m - 1), so larger counts cannot be in
-    a better answer.
+    One kind of GPU: the balanced split (``space.balanced_stages``). Its objective caps the
+    slowest stage: (m - 1) T + S + E <= hint + rounding, with S = sum t the same for every
+    split (alike blocks), gives T <= (hint - S + rounding) / (m - 1) (m > 1), so larger counts
+    cannot be in the window. Node groups: the split of least slowest stage T*
+    (``GroupStageCosts.first_hint``: a greedy or a binary search), and since S there is at
+    least t[s][c] plus the other stages' one-block times, m t[s][c] <= hint + rounding -
+    sum_r t[r][1] + t[s][1] caps each stage; (m - 1) T* + sum_r t[r][1] bounds every split,
+    which lets the caller drop a table that cannot beat its best plan before any model.
 
 Decision variables
     ``x[s][c]`` (bool): stage s runs c blocks; T the slowest stage, E the largest post-drain
@@ -28,9 +36,12 @@ Decision variables
 Constraints (one ``add_<family>`` each, every constraint named)
     1. one count per stage: ``sum_c x[s][c] == 1``                      → add_one_count()
     2. composition: ``sum_s sum_c c x[s][c] == B``                      → add_composition()
-    3. memory: ``x[s][c] == 0`` where stage s with c blocks is over the limit → add_memory()
+    3. memory: ``x[s][c] == 0`` where stage s with c blocks is over its limit → add_memory()
     4. slowest: ``T == max_s sum_c t[s][c] x[s][c]``, ``E == max_s sum_c e[s][c] x[s][c]``
                                                                          → add_slowest()
+    5. symmetry: ``sum_c c x[s][c] <= sum_c c x[s'][c]`` for consecutive members s < s' of
+       each class of stages with equal rows (the objective is symmetric in the stages, so
+       their permutations are equal; node groups' middle stages of one group)  → add_symmetry()
 
 Objective
     ``(m - 1) T + sum_s sum_c t[s][c] x[s][c] + E``: 1F1B (``costmodels.pipeline``) plus the
@@ -40,21 +51,28 @@ Solve and re-evaluate
     Skipped where the hint is provably alone in the window (``hint_is_alone``: any other
     split gives some stage one block more, which already costs more than the window). One
     worker, a fixed seed and a deterministic time limit (same input, same partition; past
-    it the best split found, at worst the hint). The integer objective differs
-    from ``estimate()``'s float step by the rounding of each term and by the post-drain term
-    (which ``estimate()`` takes from the rank with most parameters rather than stage by stage),
-    so every solution within ``WINDOW`` of the optimum is enumerated (at most ``POOL`` of them)
-    and re-evaluated with ``step_and_peak``; the fastest in whole µs, then least memory, then the
-    lexicographically first counts, is the answer (the table's and the brute force's order).
-    ``tests/search/test_partition.py`` checks it against every composition on small cases.
+    it the best split found, at worst the hint). The integer objective differs from
+    ``estimate()``'s float step by the rounding of each term (under (m + p) / 2 ns) and, on
+    one kind of GPU, by the post-drain term (which ``estimate()`` takes from the rank with
+    most parameters rather than stage by stage), so every solution within the window of the
+    optimum (``window_top``: ``WINDOW`` of it on one kind of GPU, m + p + 1 ns on node
+    groups) is enumerated (at most ``POOL`` of them), the permutations of equal-row stages'
+    counts put back (``permutations_of_equal_rows``), and each re-evaluated in floats: with
+    ``step_and_peak`` on one kind of GPU, the fastest in whole µs, then least memory, then
+    the lexicographically first counts (the table's and the brute force's order); with
+    ``groups.step_time`` on node groups, the least step, then the first counts.
+    ``tests/search/test_partition.py`` and ``tests/search/test_hetero_partition.py`` check it
+    against every composition on small cases.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from autoplan.search.cpsat import cp_model
 
+from autoplan.costmodels.groups import stage_cost, step_time
 from autoplan.costmodels.problem import Problem, limit_mib, memo, memory_mib
 from autoplan.costmodels.step import rank_memory_bytes, rank_profile
 from autoplan.graph.layer_graph import LayerGraph
@@ -87,12 +105,24 @@ class StageTable:
     costs: tuple[dict[int, tuple[int, int]], ...]
     num_blocks: int
     num_microbatches: int
+    share: float = WINDOW
+    rounding: int = 0
+    """``StageCosts.share`` and ``rounding``: what the window around the optimum spans."""
 
     @property
     def key(self) -> tuple:
         """The table's content, hashable (what its pool depends on)."""
         return (tuple(tuple(row.items()) for row in self.costs), self.num_blocks,
-                self.num_microbatches)
+                self.num_microbatches, self.share, self.rounding)
+
+    def window_top(self, best: int) -> int:
+        return window_top(best, self.share, self.rounding)
+
+
+def window_top(best: int, share: float, rounding: int) -> int:
+    """The largest objective re-evaluated when the optimum is ``best``: its ``share`` of it
+    and ``rounding`` units more."""
+    return best + int(best * share) + rounding
 
 
 def _canonical_stage(graph: LayerGraph, rank: int, pp: int, count: int) -> tuple[int, int]:
@@ -141,56 +171,227 @@ def _stage_profile(problem: Problem, plan: Plan, rank: int, count: int) -> tuple
 
 
 class StageCosts:
-    """Each stage's (t, e) per block count, computed when first asked (``_stage_cost``), and
-    the counts admissible under the memory limit and the hint's slowest-stage cap."""
+    """Each stage's (t, e) per block count on a cluster of one kind of GPU, computed when first
+    asked (``_stage_cost``), the hint (the balanced split) and the counts admissible under the
+    memory limit and the hint's slowest-stage cap."""
 
-    def __init__(self, problem: Problem, plan: Plan, hint: tuple[int, ...], memory: bool):
-        self.problem, self.plan, self.hint, self.memory = problem, plan, hint, memory
+    share = WINDOW
+    """Share of the optimum within which splits are re-evaluated (see WINDOW)."""
+
+    def __init__(self, problem: Problem, plan: Plan, memory: bool = True):
+        self.problem, self.plan, self.memory = problem, plan, memory
         self.total = len(problem.graph.block_indices())
         self._known: dict[tuple[int, int], tuple[int, int] | None] = {}
-        self.cap = _slowest_cap(problem, plan, hint, self.cost)
+        self.hint = self.first_hint()
+        self.cap = self.slowest_cap()
+
+    def price(self, s: int, c: int) -> tuple[int, int] | None:
+        """(t, e) of stage s with c blocks in ns, None over its memory limit."""
+        return _stage_cost(self.problem, self.plan, s, c, self.memory)
 
     def cost(self, s: int, c: int) -> tuple[int, int] | None:
         if (s, c) not in self._known:
-            self._known[s, c] = _stage_cost(self.problem, self.plan, s, c, self.memory)
+            self._known[s, c] = self.price(s, c)
         return self._known[s, c]
 
+    def first_hint(self) -> tuple[int, ...] | None:
+        graph = self.problem.graph
+        return block_counts(graph, balanced_stages(graph, self.plan.pp))
+
+    def rounding(self) -> int:
+        """Integer units the objective of a split may differ by between tables: one per stage
+        time (each rounded), and one more (the share covers the post-drain term's)."""
+        return self.plan.pp + 1
+
+    def times_floor(self) -> int:
+        """The least sum of stage times a split can have (the hint fits): alike blocks on one
+        kind of GPU give every split the same sum S, the hint's (up to ``rounding``)."""
+        return sum(self.cost(s, c)[0] for s, c in enumerate(self.hint))
+
+    def slowest_cap(self) -> tuple[float, ...] | None:
+        """Per stage, the slowest it can be in a split within the window of the hint: (m - 1) T
+        + S + E <= hint + rounding, with E >= 0 and S >= ``times_floor``. None with m = 1 or a
+        hint that does not fit."""
+        m = self.plan.num_microbatches
+        hinted = [self.cost(s, c) for s, c in enumerate(self.hint or ())]
+        if m == 1 or not self.hint or not all(hinted):
+            return None
+        cap = (_objective(hinted, m) - self.times_floor() + self.rounding()) / (m - 1)
+        return (cap,) * self.plan.pp
+
     def admissible(self, s: int, c: int) -> bool:
-        """Stage s may run c blocks: it fits and is not slower than the cap."""
+        """Stage s may run c blocks: it fits and is not slower than its cap."""
         if not 1 <= c <= self.total - (self.plan.pp - 1):
             return False
         cost = self.cost(s, c)
-        return cost is not None and (self.cap is None or cost[0] <= self.cap)
+        return cost is not None and (self.cap is None or cost[0] <= self.cap[s])
 
 
-def read_problem(problem: Problem, plan: Plan, hint: tuple[int, ...], *,
-                 memory: bool = True, costs: StageCosts | None = None) -> StageTable:
-    """Tabulate each stage's costs per block count (see the module docstring); ``memory``
-    False tabulates counts over the limit too. A stage's time and memory grow with its count,
-    so its largest admissible count is found by binary search, and its smallest is what the
-    other stages' largest leave."""
-    costs = costs or StageCosts(problem, plan, hint, memory)
-    pp, total = plan.pp, costs.total
+
+class GroupStageCosts(StageCosts):
+    """The same table for stages on node groups, stage s on ``groups[s]``: its times come from
+    its group's GPU and links, its memory is held against its group's own limit
+    (``costmodels.groups.stage_cost``, with its neighbours' groups fixed), so the rows differ
+    by group and nothing else in the model changes. The step on node groups is the model's
+    objective itself (``groups.step_time``: each stage's own post-drain term), so only the
+    rounding separates the two: the window has no share, and every split whose float step
+    could be the least is in it."""
+
+    share = 0.0
+
+    def __init__(self, problem: Problem, plan: Plan, groups: tuple[str, ...], beaten=None):
+        self.groups, self.beaten = groups, beaten
+        self._floats: dict[tuple[int, int], tuple[float, float, bool]] = {}
+        super().__init__(problem, plan)
+
+    def floats(self, s: int, c: int) -> tuple[float, float, bool]:
+        """(t s, e s, fits) of stage s with c blocks, as ``estimate()`` has them."""
+        if (s, c) not in self._floats:
+            stage = _canonical_stage(self.problem.graph, s, self.plan.pp, c)
+            cost = stage_cost(self.problem, self.plan, s, self.groups, stage)
+            self._floats[s, c] = (cost.cost.micro_batch_s, cost.after_s, cost.fits)
+        return self._floats[s, c]
+
+    def price(self, s: int, c: int) -> tuple[int, int] | None:
+        t, e, fits = self.floats(s, c)
+        return (round(t * NS), round(e * NS)) if fits else None
+
+    def first_hint(self) -> tuple[int, ...] | None:
+        """A split of least slowest stage T*, the bottleneck the objective weighs m - 1 times
+        (line balancing's hint), by whichever of two exact searches asks fewer stage costs:
+        about p (2 log2 B + 1) for ``bisected_hint`` (two binary searches a stage: shallow
+        pipelines of many blocks), B + p for ``greedy_hint`` (deep ones of few). None when no
+        split fits, or when ``beaten`` holds for ``least_objective_s`` of a bound under T*:
+        then no split can win."""
+        pp, total = self.plan.pp, self.total
+        if any(self.cost(s, 1) is None for s in range(pp)):
+            return None
+        if pp * (2 * math.log2(total) + 1) < total + pp:
+            return self.bisected_hint()
+        return self.greedy_hint()
+
+    def cannot_win(self, slowest: int) -> bool:
+        """``beaten`` holds where no split's slowest stage is below ``slowest``."""
+        return self.beaten is not None and self.beaten(self.least_objective_s(slowest))
+
+    def greedy_hint(self) -> tuple[int, ...] | None:
+        """One block per stage, then each next block to the stage whose time with it is least
+        (the first of equals) among those it still fits. Each block placed costs at most T*
+        (were the least next time above T*, every stage would hold more than a split of
+        slowest T* may give it, and the counts would already exceed the blocks), so the
+        slowest so far is a bound under T* and the greedy ends at T*."""
+        pp, counts = self.plan.pp, [1] * self.plan.pp
+        slowest = max(self.cost(s, 1)[0] for s in range(pp))
+        for _ in range(self.total - pp):
+            if self.cannot_win(slowest):
+                return None
+            grown = [(self.cost(s, c + 1)[0], s) for s, c in enumerate(counts)
+                     if self.cost(s, c + 1) is not None]
+            if not grown:  # memory grows with blocks: no split fits
+                return None
+            time, s = min(grown)
+            counts[s] += 1
+            slowest = max(slowest, time)
+        return None if self.cannot_win(slowest) else tuple(counts)
+
+    def bisected_hint(self) -> tuple[int, ...] | None:
+        """T* is the least T at which the stages' largest counts that fit and take at most T
+        reach the blocks: binary search on T, each stage's largest count by binary search too
+        (its time and memory grow with blocks); then blocks come off the slowest stages (the
+        first of equals) down to the total."""
+        pp, total = self.plan.pp, self.total
+        most = [_largest(lambda c, s=s: self.cost(s, c) is not None, total - (pp - 1))
+                for s in range(pp)]
+        if sum(most) < total:  # no split fits
+            return None
+
+        def largest_within(limit: int) -> list[int]:
+            return [_largest(lambda c, s=s: self.cost(s, c)[0] <= limit, most[s], 1)
+                    for s in range(pp)]
+
+        low = max(self.cost(s, 1)[0] for s in range(pp))
+        high = max(self.cost(s, most[s])[0] for s in range(pp))
+        while low < high:
+            middle = (low + high) // 2
+            if sum(largest_within(middle)) >= total:
+                high = middle
+            else:
+                low = middle + 1
+        if self.cannot_win(low):
+            return None
+        counts = largest_within(low)
+        while sum(counts) > total:
+            slowest = max(self.cost(s, c)[0] for s, c in enumerate(counts) if c > 1)
+            counts[next(s for s, c in enumerate(counts)
+                        if c > 1 and self.cost(s, c)[0] == slowest)] -= 1
+        return tuple(counts)
+
+    def rounding(self) -> int:
+        """(m - 1) T + S + E rounded term by term is within (m + p) / 2 of the float step
+        times 1e9, so a split whose float step is least is within m + p of the integer
+        optimum (one more for the floats' own rounding)."""
+        return self.plan.num_microbatches + self.plan.pp + 1
+
+    def times_floor(self) -> int:
+        """On node groups the stages' times sum differently by split; each stage takes at least
+        its one-block time (times grow with blocks)."""
+        return sum(self.cost(s, 1)[0] for s in range(self.plan.pp))
+
+    def slowest_cap(self) -> tuple[float, ...] | None:
+        """Per stage s, its time t in a split within the window of the hint: (m - 1) t + S + E
+        <= hint + rounding, with E >= 0 and S at least t plus the other stages' one-block
+        times, so m t <= hint + rounding - times_floor + t[s][1] (any m). None where the hint
+        does not fit."""
+        if not self.hint:
+            return None
+        m, hinted = self.plan.num_microbatches, [self.cost(s, c) for s, c in enumerate(self.hint)]
+        room = _objective(hinted, m) + self.rounding() - self.times_floor()
+        return tuple((room + self.cost(s, 1)[0]) / m for s in range(self.plan.pp))
+
+    def least_objective_s(self, slowest: int) -> float:
+        """Seconds no split's step is below when no split's slowest stage is below ``slowest``
+        (ns): the stages' times sum to at least ``times_floor``, and a step differs from the
+        integer objective by under ``rounding``."""
+        least = (self.plan.num_microbatches - 1) * slowest + self.times_floor()
+        return (least - self.rounding()) / NS
+
+    def step_s(self, counts: tuple[int, ...]) -> float:
+        """The step of the split ``counts`` in floats, as ``estimate()`` computes it."""
+        stages = [self.floats(s, c) for s, c in enumerate(counts)]
+        return step_time([t for t, _, _ in stages], [e for _, e, _ in stages],
+                         self.plan.num_microbatches)
+
+
+def best_split_on_groups(problem: Problem, plan: Plan, groups: tuple[str, ...],
+                         cache: dict | None = None, beaten=None
+                         ) -> tuple[float, tuple[int, ...]] | None:
+    """(step s, blocks per stage) of the fastest split for ``plan``'s degrees and switches with
+    stage s on node group ``groups[s]``, every stage within its group's limit, the
+    lexicographically first of equal steps (the brute force's order); None when no split
+    fits, or when ``beaten(step_s)`` holds for a bound under every split's step (from the
+    greedy hint: ``GroupStageCosts.first_hint``). Blocks must be alike
+    (``space.uniform_blocks``). The model's window is re-evaluated in floats, so the answer is
+    ``estimate()``'s best split wherever the window holds at most POOL splits."""
+    costs = GroupStageCosts(problem, plan, groups, beaten)
+    if costs.hint is None:
+        return None
+    pool = _near_optimal_counts(costs, cache, beaten)
+    return min(((costs.step_s(counts), counts) for counts in pool), default=None)
+
+
+def read_problem(costs: StageCosts) -> StageTable:
+    """Tabulate each stage's costs per block count (see the module docstring). A stage's time
+    and memory grow with its count, so its largest admissible count is found by binary search
+    (from the hint's), and its smallest is what the other stages' largest leave."""
+    pp, total, hint = costs.plan.pp, costs.total, costs.hint
     highest = [_largest_from(lambda c, s=s: costs.admissible(s, c), hint[s], total - (pp - 1))
                for s in range(pp)]
     rows = []
     for s in range(pp):
         lowest = max(1, total - (sum(highest) - highest[s]))
         rows.append({c: costs.cost(s, c) for c in range(lowest, highest[s] + 1)})
-    return StageTable(tuple(rows), total, plan.num_microbatches)
-
-
-def _slowest_cap(problem: Problem, plan: Plan, hint: tuple[int, ...], cost) -> float | None:
-    """The slowest stage a split better than the hint can have: (m - 1) T + S + E <= hint, E >=
-    0, and the stages' times sum to the same S for every split (alike blocks; the ends and
-    each stage's sends are fixed), up to one unit of rounding per stage. None with m = 1 or a
-    hint that does not fit."""
-    m = plan.num_microbatches
-    hinted = [cost(s, c) for s, c in enumerate(hint)]
-    if m == 1 or not all(hinted):
-        return None
-    times = sum(t for t, _ in hinted)
-    return (_objective(hinted, m) - times + len(hint) + 1) / (m - 1)
+    return StageTable(tuple(rows), total, costs.plan.num_microbatches, costs.share,
+                      costs.rounding())
 
 
 def _largest(admissible, most: int, least: int = 0) -> int:
@@ -237,6 +438,7 @@ class PartitionModel:
         self.add_composition()
         self.add_memory()
         self.add_slowest()
+        self.add_symmetry()
         self.objective = self.add_objective()
 
     def stage_time(self, s: int) -> cp_model.LinearExpr:
@@ -273,6 +475,19 @@ class PartitionModel:
             list(self.x[s].values()), [e for _, e in self.table.costs[s].values()])
             for s in stages]).with_name("after")
 
+    def count(self, s: int) -> cp_model.LinearExpr:
+        return cp_model.LinearExpr.weighted_sum(list(self.x[s].values()), list(self.x[s]))
+
+    def add_symmetry(self) -> None:
+        """Stages with equal rows (the same counts, times and post-drain terms: middle stages
+        of one group) are interchangeable, the objective being symmetric in the stages; their
+        counts ascend in pipeline order (the lexicographically first of the permutations),
+        and ``solve`` puts the permutations back for re-evaluation."""
+        for members in equal_row_classes(self.table.costs):
+            for first, second in zip(members, members[1:]):
+                self.model.add(self.count(first) <= self.count(second)
+                               ).with_name(f"symmetry_{first}_{second}")
+
     def add_objective(self) -> cp_model.LinearExpr:
         m = self.table.num_microbatches
         objective = ((m - 1) * self.slowest + self.after
@@ -289,10 +504,13 @@ class PartitionModel:
         return tuple(next(c for c, var in row.items() if solver.boolean_value(var))
                      for row in self.x)
 
-    def solve(self, hint: tuple[int, ...] | None = None) -> tuple[int, list[tuple[int, ...]]]:
-        """The optimum and every solution within WINDOW of it (at most POOL); none without
+    def solve(self, hint: tuple[int, ...] | None = None, beaten=None
+              ) -> tuple[int, list[tuple[int, ...]] | None]:
+        """The optimum and every solution within the window of it (at most POOL); none without
         solving where the counts that fit cannot add up to the blocks; the admissible
-        ``hint`` alone where the time limit passes before any solution."""
+        ``hint`` alone where the time limit passes before any solution; None for the pool,
+        without enumerating it, where ``beaten(step_s)`` holds for the optimum's bound (less
+        the rounding, in seconds)."""
         costs, total = self.table.costs, self.table.num_blocks
         if not all(costs) or sum(max(row) for row in costs) < total:
             return 0, []
@@ -306,15 +524,66 @@ class PartitionModel:
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):  # time limit: the hint
             return 0, [hint] if hint else []
         best = round(solver.objective_value)
+        if beaten is not None and beaten(
+                (round(solver.best_objective_bound) - self.table.rounding) / NS):
+            return best, None
         self.model.clear_objective()
         self.model.clear_hints()
-        self.model.add(self.objective <= best + int(best * WINDOW) + len(self.x) + 1
-                       ).with_name("near_optimum")
+        self.model.add(self.objective <= self.table.window_top(best)).with_name("near_optimum")
         pool = _Pool(self)
         enumerate_ = _solver()
         enumerate_.parameters.enumerate_all_solutions = True
         enumerate_.solve(self.model, pool)
-        return best, sorted(pool.found | {self.counts(solver)})
+        found = pool.found | {self.counts(solver)}
+        return best, sorted({c for counts in found
+                             for c in permutations_of_equal_rows(self.table.costs, counts)})
+
+
+def equal_row_classes(rows: tuple[dict, ...]) -> list[list[int]]:
+    """The stages of each class of two or more with equal rows of more than one count, in
+    pipeline order."""
+    classes: dict[tuple, list[int]] = {}
+    for s, row in enumerate(rows):
+        if len(row) > 1:
+            classes.setdefault(tuple(row.items()), []).append(s)
+    return [members for members in classes.values() if len(members) > 1]
+
+
+def permutations_of_equal_rows(rows: tuple[dict, ...], counts: tuple[int, ...]
+                               ) -> list[tuple[int, ...]]:
+    """``counts`` with the counts of each class of equal-row stages permuted every distinct
+    way (their integer objectives are equal, their float steps may differ in the last bits),
+    when there are at most POOL of them; else ``counts`` alone stands for them."""
+    out = [tuple(counts)]
+    for members in equal_row_classes(rows):
+        arranged = []
+        for base in out:
+            for values in _distinct_permutations([base[s] for s in members]):
+                split = list(base)
+                for s, value in zip(members, values):
+                    split[s] = value
+                arranged.append(tuple(split))
+                if len(arranged) > POOL:
+                    return [tuple(counts)]
+        out = arranged
+    return out
+
+
+def _distinct_permutations(values: list[int]):
+    """Every distinct ordering of ``values``, lexicographically (next-permutation steps)."""
+    current = sorted(values)
+    while True:
+        yield tuple(current)
+        i = len(current) - 2
+        while i >= 0 and current[i] >= current[i + 1]:
+            i -= 1
+        if i < 0:
+            return
+        j = len(current) - 1
+        while current[j] <= current[i]:
+            j -= 1
+        current[i], current[j] = current[j], current[i]
+        current[i + 1:] = reversed(current[i + 1:])
 
 
 class _Pool(cp_model.CpSolverSolutionCallback):
@@ -350,7 +619,7 @@ def _solver() -> cp_model.CpSolver:
 
 def applies(problem: Problem, pp: int, vpp: int) -> bool:
     """Whether the model chooses this shape's split: a pipeline of one chunk per rank over
-    blocks that are all alike, on a homogeneous cluster."""
+    blocks that are all alike, on a homogeneous cluster (node groups: ``best_split_on_groups``)."""
     return problem.cluster.is_homogeneous and split_is_chosen(problem.graph, pp, vpp)
 
 
@@ -362,48 +631,59 @@ def near_optimal_splits(problem: Problem, plan: Plan, *, memory: bool = True,
     Where the hint is provably the only split in the window (``hint_is_alone``) no model is
     built; ``cache`` maps stage tables already solved to their pools (equal tables, e.g. of
     ZeRO stages that change no stage's time, post-drain term or fit, have equal answers)."""
-    graph = problem.graph
-    hint = block_counts(graph, balanced_stages(graph, plan.pp))
-    costs = StageCosts(problem, plan, hint, memory)
-    if hint_is_alone(costs, plan.num_microbatches):
-        return [stages_of_counts(graph, hint)]
-    table = read_problem(problem, plan, hint, memory=memory, costs=costs)
+    return [stages_of_counts(problem.graph, counts)
+            for counts in _near_optimal_counts(StageCosts(problem, plan, memory), cache)]
+
+
+def _near_optimal_counts(costs: StageCosts, cache: dict | None, beaten=None
+                         ) -> list[tuple[int, ...]]:
+    """The block counts of every split in the window of the model's optimum over ``costs``;
+    none where ``beaten`` holds for the optimum (that answer is not kept in ``cache``: it
+    depends on the caller's incumbent)."""
+    if costs.hint is None:  # no split fits
+        return []
+    if hint_is_alone(costs, costs.plan.num_microbatches):
+        return [costs.hint]
+    table = read_problem(costs)
     pool = None if cache is None else cache.get(table.key)
     if pool is None:
-        pool = _solve_pool(table, hint)
+        pool = _solve_pool(table, costs.hint, beaten)
+        if pool is None:
+            return []
         if cache is not None:
             cache[table.key] = pool
-    return [stages_of_counts(graph, counts) for counts in pool]
+    return pool
 
 
-def _solve_pool(table: StageTable, hint: tuple[int, ...]) -> list[tuple[int, ...]]:
+def _solve_pool(table: StageTable, hint: tuple[int, ...], beaten=None
+                ) -> list[tuple[int, ...]] | None:
     model = PartitionModel(table)
     admissible = all(c in row for c, row in zip(hint, table.costs))
     if admissible:
         model.add_hint(hint)
-    return model.solve(hint if admissible else None)[1]
+    return model.solve(hint if admissible else None, beaten)[1]
 
 
 def hint_is_alone(costs: StageCosts, m: int) -> bool:
     """Whether the hint is admissible and every other split is outside the window above it,
     so the model's pool would be the hint alone; asks for 2p stage costs, not the table. Any
     other split gives some stage s more blocks than the hint (the counts sum to the same B),
-    so its objective is at least (m - 1) t[s][hint_s + 1] + S - p (T at least that stage's
-    time, post-drain term at least 0, and S, the same for every split, less one unit of
-    rounding per stage); a stage whose next count is not admissible (over the memory limit or
-    the slowest-stage cap) cannot grow. The usual case for alike blocks split evenly, where a
-    block moved is worth more than the ends' embedding and head."""
-    hint, p = costs.hint, len(costs.hint)
-    if not all(costs.admissible(s, c) for s, c in enumerate(hint)):
+    so its objective is at least (m - 1) t[s][hint_s + 1] + F - p (T at least that stage's
+    time, post-drain term at least 0, and F = ``times_floor``, on one kind of GPU the S every
+    split has, less one unit of rounding per stage); a stage whose next count is not
+    admissible (over its memory limit or its cap) cannot grow. The usual case for alike
+    blocks split evenly, where a block moved is worth more than the ends' embedding and
+    head."""
+    hint = costs.hint
+    if not hint or not all(costs.admissible(s, c) for s, c in enumerate(hint)):
         return False
     hinted = [costs.cost(s, c) for s, c in enumerate(hint)]
     best = _objective(hinted, m)
-    times = sum(t for t, _ in hinted)
     grown = [costs.cost(s, c + 1)[0] for s, c in enumerate(hint) if costs.admissible(s, c + 1)]
     if not grown:
         return True
-    lower = (m - 1) * min(grown) + times - p
-    return lower > best + int(best * WINDOW) + p + 1
+    lower = (m - 1) * min(grown) + costs.times_floor() - len(hint)
+    return lower > window_top(best, costs.share, costs.rounding())
 
 
 def split_fits(problem: Problem, plan: Plan) -> bool:
