@@ -14,6 +14,12 @@ predicted step time per configuration and the error.
 Megatron-DeepSpeed in 2021-22 ran explicit attention (Megatron's fused softmax, no flash
 attention) with dropout 0.1.
 
+The published MT-NLG times fit 12.7 s + 0.197 s per micro-batch: 6 s beyond the 1F1B fill
+and drain ((p - 1) slots) that does not grow with the micro-batches. The last table prices
+what DeepSpeed's PipelineEngine runs once per step (TrainSchedule's last step), from
+DeepSpeed's source: it comes to about 0.5 s, the ZeRO-1 gradient all-reduce and parameter
+all-gather nearly all of it, so the rest of the 6 s is not in that path.
+
     .venv/bin/python benchmarks/megatron_deepspeed_checks.py
 """
 
@@ -28,7 +34,10 @@ from fit import pose  # noqa: E402
 from more_runs import JEAN_ZAY_A100, _cluster  # noqa: E402
 from published_runs import PublishedRun, _gpt_module, selene  # noqa: E402
 
-from autoplan.costmodels.profiles import runtime_profile  # noqa: E402
+from autoplan.cluster.topology import group_links  # noqa: E402
+from autoplan.costmodels import comm  # noqa: E402
+from autoplan.costmodels.placement import axis_stride  # noqa: E402
+from autoplan.costmodels.profiles import compute_profile, runtime_profile  # noqa: E402
 from autoplan.costmodels.step import estimate  # noqa: E402
 
 MTNLG_NODES_AND_SECONDS = ((280, 60.1), (350, 50.2), (420, 44.4))
@@ -41,7 +50,8 @@ def mtnlg_runs() -> list[PublishedRun]:
         row_id=f"MT-NLG-{nodes}", model=model, cluster=selene(8 * nodes), seq_len=2048,
         global_batch=1920, pins={"tp": 8, "pp": 35, "dp": nodes * 8 // 280, "mbs": 1, "vpp": 1,
                                  "recompute": "full", "sp": False, "zero": 1},
-        runtime="deepspeed", precision="bf16", step_time_s=seconds, runtime_settings={},
+        runtime="deepspeed", precision="bf16", step_time_s=seconds,
+        runtime_settings={"zero_grads_all_reduced": False},  # 2021's ZeRO-1: dist.reduce
         source="MTNLG") for nodes, seconds in MTNLG_NODES_AND_SECONDS]
 
 
@@ -76,6 +86,34 @@ def main() -> None:
             per_mb, fixed = _line([(row[0], row[column]) for row in mtnlg])
             print(f"  {label}: {fixed:5.1f} s + {per_mb:.3f} s x m   ((p - 1) = 34 slots of it: "
                   f"{34 * per_mb:4.1f} s)")
+    print("\nWhat DeepSpeed's PipelineEngine runs once per step, after the last micro-batch "
+          "(TrainSchedule's last step: ReduceTiedGrads, ReduceGrads, OptimizerStep), seconds:")
+    for q in questions:
+        print(f"  {q.run.row_id:12} " + "  ".join(f"{k} {v:.3f}" for k, v in _once_per_step(q)))
+
+
+def _once_per_step(q) -> list[tuple[str, float]]:
+    """The per-step work on the pipeline's first stage (the last to finish its backward), each
+    priced from what DeepSpeed 0.19.8 calls: the tied embedding's gradient all-reduced between
+    the first and last stage (pipe/engine.py _exec_reduce_tied_grads: dist.all_reduce of
+    weight.grad, 16-bit under ZeRO-1), the ZeRO-1 reduction and all-gather (the estimate's
+    dp_comm), the gradient norm's fp64 copy of the rank's gradient partition (stage_1_and_2.py
+    get_grad_norm_direct: read 2, write 8, read 8 bytes) and the optimizer step (the
+    estimate's optimizer term)."""
+    problem, plan = q.problem, q.plan
+    e = estimate(problem, plan)
+    runtime = problem.runtime
+    tied = sum(layer.tied_params for layer in problem.graph.layers) / plan.tp
+    ends = group_links(problem.cluster, 2, axis_stride(plan, "pp") * (plan.pp - 1))
+    tied_s = comm.all_reduce_time(runtime.grad_bytes * tied, ends) if plan.pp > 1 else 0.0
+    gpu = problem.cluster.gpu
+    hbm = gpu.memory_bandwidth_Bps * compute_profile(gpu.name).memory_efficiency
+    first = plan.stages[0]
+    layers = problem.graph.layers[first.first_layer:first.first_layer + first.num_layers]
+    partition = sum(layer.num_params for layer in layers) / plan.tp / (plan.dp * plan.cp)
+    norm_s = partition * (2 + runtime.grad_norm_bytes * 2) / hbm
+    return [("tied all-reduce", tied_s), ("dp reduce + gather", e.time_breakdown_s["dp_comm"]),
+            ("grad norm", norm_s), ("optimizer", e.time_breakdown_s["optimizer"])]
 
 
 def _line(points: list[tuple[float, float]]) -> tuple[float, float]:

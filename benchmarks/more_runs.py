@@ -161,12 +161,19 @@ def _runtime_settings(source: str, zero_text: str = "") -> dict:
     (costmodels.compute.RELATIVE_KERNELS).
     BigScience's bf16 rows ran DeepSpeed's BF16_Optimizer (ZeRO stage 0, which shards the
     optimizer states like ZeRO-1, so they are posed as ZeRO 1) with its fp32 gradient update
-    each micro-batch (profiles.yaml, deepspeed.bf16_optimizer_accumulation_bytes)."""
+    each micro-batch (profiles.yaml, deepspeed.bf16_optimizer_accumulation_bytes), and it
+    all-reduces the gradients (_bf16_reduce_grads, as today). Their ZeRO-1 rows (fp16, 2021-22)
+    ran DeepSpeed's ZeRO-1 of the time, whose average_tensor reduced each partition's slice to
+    its owner with dist.reduce (DeepSpeed v0.5-v0.12 runtime/zero/stage2.py and
+    stage_1_and_2.py), a reduce-scatter's traffic; the bucket all-reduce of the profile
+    (deepspeed.zero_grads_all_reduced) came in v0.13 (DeepSpeed PR 4695, November 2023)."""
     if source == "LLMF":
         return {"unshard_copy_bytes": 0, "loss_bytes_per_logit": 2, "attention_kernel": "triton"}
     if "BF16Optimizer" in zero_text:
         bf16_optimizer = runtime_profile("deepspeed").bf16_optimizer_accumulation_bytes
         return {"grad_accumulation_bytes": bf16_optimizer}
+    if source in ("BSPRQ", "BS1B3"):
+        return {"zero_grads_all_reduced": False}
     return {}
 
 

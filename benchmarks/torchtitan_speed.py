@@ -15,8 +15,8 @@ Sources (rows keep their tables' names):
   Hardware as the benchmark states it: Grand Teton H100 SXM with 96 GB HBM2e at 2.4 TB/s, run at
   the default 500 W power limit (its footnote: the real peak lies "between SXM and NVL" and is
   not known), 400 Gb/s RDMA per GPU. Posed as the catalog's h100-sxm5-96gb-hbm2e: its 2.4 TB/s,
-  and H100 SXM's 989 TFLOP/s as the upper bound of the unknown peak, so the lower clock at
-  500 W is not modelled and these rows should come out somewhat optimistic.
+  and the tensor-core clock at 500 W between NVIDIA's two datasheet operating points of the
+  same die (H100 SXM at 700 W, 1830 MHz; H100 NVL at 400 W, 1545 MHz): 886.7 TFLOP/s.
 - A100: torchtitan ``docs/performance.md`` as first published (pytorch/torchtitan 0413364,
   2024): Llama 3 8B/70B (sequence 8192) and Llama 2 13B/70B (sequence 4096) on 64 A100 80GB,
   FSDP2, eager; "selective op" is op-level SAC, "full" full AC, "no" none (the "selective

@@ -94,6 +94,11 @@ class RuntimeProfile:
     ``param.grad`` (gradient_as_bucket_view=False, torch's default), where the runtime wraps
     the model in DDP: dp x cp > 1 at ZeRO stages up to ``ddp_max_zero_stage``
     (memory.ddp_bucket_copy_bytes); 0: no DDP copy."""
+    zero_grads_all_reduced: bool = False
+    """ZeRO-1/2 reduce each gradient bucket with an all-reduce, every rank keeping its own
+    partition of the result, instead of a reduce-scatter: twice the ring traffic of the
+    reduction (DeepSpeed's average_tensor, ``use_multi_rank_bucket_allreduce`` true by default,
+    and its BF16_Optimizer's buffered_allreduce_fallback: costmodels.sync)."""
     step_flattens_grads: bool = False
     """The ZeRO-1/2 optimizer flattens its partition's 16-bit gradients into a new buffer at the
     step (memory.flat_grad_copy_excess_bytes; DeepSpeed's, unless pre-flattened by ZeRO-2)."""

@@ -292,8 +292,9 @@ def _dp_collectives(problem: Problem, plan: Plan, params: float, trained: float,
     if plan.zero_stage == 0:
         return comm.all_reduce_time(grads, links)
     if plan.zero_stage < 3:
-        return (comm.reduce_scatter_time(grads, links)
-                + comm.all_gather_time(WEIGHT_BYTES * trained, links))
+        reduce = (comm.all_reduce_time if runtime.zero_grads_all_reduced
+                  else comm.reduce_scatter_time)
+        return reduce(grads, links) + comm.all_gather_time(WEIGHT_BYTES * trained, links)
     weights = WEIGHT_BYTES * params
     volume = 2 * comm.all_gather_time(weights, links) + comm.reduce_scatter_time(grads, links)
     latency = ZERO3_PASSES * gathers * comm.ring_latency(links)
