@@ -119,6 +119,7 @@ class Table:
     choose_splits: bool = True  # CP-SAT chooses the split where partition.applies
     families: dict = field(default_factory=dict)  # (source, family) -> its memory-leanest shapes
     _family_fits: dict = field(default_factory=dict)  # (source, family, stages) -> any fits
+    _family_fits_seen: dict = field(default_factory=dict)  # the same by id(stages): see below
     _created: int = 0
     best_key: tuple | None = None  # of the best eligible row so far (what splits must beat)
     completing: tuple[tuple | None] | None = None  # (a shape's best key) while complete_shape runs
@@ -374,6 +375,9 @@ class Table:
         evaluated once per family and layout. When none fits, those rows join the table (what
         an explanation of infeasibility reports) and no other member is evaluated: on 8,192
         GPUs this is what makes an infeasible answer come in seconds."""
+        seen = self._family_fits_seen.get((source, family_of(shape), id(stages)))
+        if seen is not None and seen[0] is stages:  # hashing a deep layout's stage records
+            return seen[1]  # is most of the lookup; equal layouts are mostly the same tuple
         key = (source, family_of(shape), stages)
         if key not in self._family_fits:
             problem = self.problems[source]
@@ -385,6 +389,8 @@ class Table:
                 for plan in lean:
                     self.add(plan, source)
             self._family_fits[key] = fits
+        self._family_fits_seen[(source, family_of(shape), id(stages))] = (stages,
+                                                                          self._family_fits[key])
         return self._family_fits[key]
 
     @staticmethod
@@ -652,7 +658,9 @@ class Table:
                        peak_bytes=list(self.peak_bytes), sources=list(self.sources),
                        _keys=list(self._keys), eligible_rows=list(self.eligible_rows),
                        unexpanded=list(self.unexpanded), families=dict(self.families),
-                       _family_fits=dict(self._family_fits), _deferred=list(self._deferred),
+                       _family_fits=dict(self._family_fits),
+                       _family_fits_seen=dict(self._family_fits_seen),
+                       _deferred=list(self._deferred),
                        _rows=set(self._rows))
 
     @staticmethod
