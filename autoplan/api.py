@@ -27,7 +27,7 @@ from autoplan.inference import place_for_inference as inference_placement
 from autoplan.capabilities import missing, pinned_features, require_no_accumulation
 from autoplan.options import (SolveOptions, as_options, as_pins, global_batches,
                               mem_limit_bytes, merge_options, options_mem_limit, solve_headroom)
-from autoplan.plan import Plan, Result, SolverInfo
+from autoplan.plan import Estimate, Plan, Result, SolverInfo
 from autoplan.plugins.importers import ImportedRun, read_run  # noqa: F401 (API)
 from autoplan.problems import (Profile, batch_problems, choice, loaded_profile, make_problem,
                                training_settings, training_spec)
@@ -147,6 +147,19 @@ def solve(model: ModelLike, cluster: ClusterLike, *, seq_len: int,
             solutions[one] = solution
         return result
 
+    def at_zero(one: Runtime, zero: int) -> tuple[Plan, Estimate]:
+        """The best plan of runtime ``one`` at ZeRO stage ``zero`` and its estimate: from that
+        runtime's own search where it tells (``Table.best_at_zero``), else a search with the
+        stage pinned (``solve_for``)."""
+        solution = solutions.get(one)
+        found = solution and solution.table.best_at_zero(
+            zero, deadline=start + constraints.time_limit_s)
+        if found:
+            table, row = found
+            return table.plans[row], table.estimate(row)
+        result = solve_for(one, zero)
+        return result.plan, result.estimate
+
     start = time.perf_counter()
     solutions: dict[Runtime, Solution] = {}  # each runtime's own search, for the runners-up
     made: dict[TrainingSpec, Problem] = {}  # a ZeRO re-solve reuses its runtime's evaluations
@@ -157,7 +170,8 @@ def solve(model: ModelLike, cluster: ClusterLike, *, seq_len: int,
     runnable = [r for r in searched if not missing(r, features)]  # they share the time limit
     best = compare(solve_for, searched, features, objective=constraints.objective,
                    per_token=len(batches or []) > 1, time_limit_s=constraints.time_limit_s,
-                   zero_pinned=constraints.pins.zero is not None or not runners_up)
+                   zero_pinned=constraints.pins.zero is not None or not runners_up,
+                   at_zero=at_zero)
     chosen = solutions.get(Runtime(best.training.runtime))
     if runners_up and chosen is not None:  # only the chosen runtime's are reported
         best = best.model_copy(update={"runners_up": chosen.table.runners_up(chosen.row)})

@@ -74,31 +74,34 @@ SHARDED_STAGES = (2, 3)
 communication, and practice keeps stage 2 when memory allows."""
 
 
-def zero_options(solve_for: Callable[..., Result], runtime: Runtime, best: Result
-                 ) -> list[ZeroOption]:
-    """The runtime's best ZeRO-2 and ZeRO-3 plans when it has both stages and both fit (one of
-    them may be ``best`` itself); empty otherwise."""
+def zero_options(at_zero: Callable[[Runtime, int], tuple[Plan, Estimate]], runtime: Runtime,
+                 best: Result) -> list[ZeroOption]:
+    """The runtime's best ZeRO-2 and ZeRO-3 plans (``at_zero(runtime, zero)``: the plan and
+    its estimate) when it has both stages and both fit (one of them may be ``best`` itself);
+    empty otherwise."""
     if not set(SHARDED_STAGES) <= set(RUNTIMES[runtime].zero_stages):
         return []
     found = []
     for zero in SHARDED_STAGES:
         try:
-            result = best if best.plan.zero_stage == zero else solve_for(runtime, zero)
+            plan, est = ((best.plan, best.estimate) if best.plan.zero_stage == zero
+                         else at_zero(runtime, zero))
         except AutoplanError:
             return []
         found.append(ZeroOption(runtime=runtime.value, zero_stage=zero,
-                                step_time_s=result.estimate.step_time_s,
-                                peak_memory_gib=result.estimate.peak_memory_gib,
-                                plan=result.plan))
+                                step_time_s=est.step_time_s,
+                                peak_memory_gib=est.peak_memory_gib, plan=plan))
     return found
 
 
 def compare(solve_for: Callable[..., Result], runtimes: list[Runtime],
             features: list[Feature], *, objective: Objective, per_token: bool,
-            time_limit_s: float, zero_pinned: bool = False) -> Result:
+            time_limit_s: float, zero_pinned: bool = False,
+            at_zero: Callable[[Runtime, int], tuple[Plan, Estimate]] | None = None) -> Result:
     """The best of ``solve_for(runtime)`` over the ``runtimes`` that have every pinned
     feature, with the ``runtimes`` list filled in and, unless the ZeRO stage is pinned, the
-    ZeRO-2 and ZeRO-3 plans of runtimes where both fit (``solve_for(runtime, zero)``).
+    ZeRO-2 and ZeRO-3 plans of runtimes where both fit (``at_zero(runtime, zero)``, by
+    default the plan and estimate of ``solve_for(runtime, zero)``).
 
     Raises:
         InfeasibleError: no runtime has what the pins ask, or none has a plan that fits.
@@ -123,11 +126,16 @@ def compare(solve_for: Callable[..., Result], runtimes: list[Runtime],
         options.append(_option(runtime, result, result.solver.status, None))
     if not solved:
         raise _no_runtime(options, errors, time_limit_s)
+    at_zero = at_zero or (lambda runtime, zero: _plan_and_estimate(solve_for(runtime, zero)))
     for result in [] if zero_pinned else solved:  # after every runtime had its share of time
-        zeros += zero_options(solve_for, Runtime(result.training.runtime), result)
+        zeros += zero_options(at_zero, Runtime(result.training.runtime), result)
     best = min(solved, key=lambda r: order_key(r, objective, per_token))
     return best.model_copy(update={"runtimes": options, "zero_options": zeros or None,
                                    "solver": _overall_bound(best, solved, errors)})
+
+
+def _plan_and_estimate(result: Result) -> tuple[Plan, Estimate]:
+    return result.plan, result.estimate
 
 
 def _overall_bound(best: Result, solved: list[Result], errors: list[AutoplanError]):

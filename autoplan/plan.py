@@ -5,11 +5,16 @@ These are the JSON contracts of ``solve --json`` and ``estimate --json``; field 
 
 from __future__ import annotations
 
+import operator
 from enum import Enum
 from functools import cached_property
 from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+
+
+_FIRST_AND_COUNT = operator.attrgetter("first_layer", "num_layers")
+"""A stage's ``(first_layer, num_layers)``, in C: a deep pipeline's plans list a hundred."""
 
 
 class Recompute(str, Enum):
@@ -155,7 +160,7 @@ class Plan(OmitsDefaults):
     @cached_property
     def layout(self) -> tuple[tuple[int, int], ...]:
         """The stages as plain ``(first_layer, num_layers)`` pairs (a cheap, hashable key)."""
-        return tuple((s.first_layer, s.num_layers) for s in self.stages)
+        return tuple(map(_FIRST_AND_COUNT, self.stages))
 
     @cached_property
     def identity(self) -> tuple:

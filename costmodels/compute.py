@@ -29,7 +29,7 @@ fuses them, and its kernels move the measured share of that traffic
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 from autoplan.cluster.catalog import GpuSpec
 from autoplan.costmodels.profiles import ComputeProfile
@@ -161,6 +161,14 @@ class Split:
     mbs: int
     flash: bool = True
     kernel: str = REFERENCE_KERNEL
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        """The fields' hash, kept: the layer and rank memos are keyed by splits."""
+        if not self._hash:
+            object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name)
+                                                         for f in fields(self) if f.compare)))
+        return self._hash
 
     @classmethod
     def of(cls, plan: Plan, flash: bool, kernel: str = REFERENCE_KERNEL) -> "Split":

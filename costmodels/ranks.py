@@ -208,12 +208,23 @@ def held_params(problem: Problem, plan: Plan, sums: ChunkSums,
                       sums.weight_bytes + WEIGHT_BYTES * tied)
 
 
+def plan_split(problem: Problem, plan: Plan) -> Split:
+    """``Split.of`` the plan under the problem's attention kernel, one record per division of
+    the micro-batch, kept: its hash, cached in it, then serves every memo it keys."""
+    key = ("split", plan.tp, plan.cp, plan.sequence_parallel, plan.micro_batch_size)
+    split = memo(problem).get(key)
+    if split is None:
+        split = memo(problem)[key] = Split.of(plan, problem.flash_attention,
+                                              problem.runtime.attention_kernel)
+    return split
+
+
 def rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLinks],
               stages: tuple | None = None) -> RankCost:
     """What pipeline rank ``rank`` costs running ``stages`` (default: its chunks of the plan's
     layout) under the plan's degrees and switches."""
     stages = stages or rank_stages(plan, rank)
-    split = Split.of(plan, problem.flash_attention, problem.runtime.attention_kernel)
+    split = plan_split(problem, plan)
     sums, pp_comm_s, holds = rank_base(problem, plan, rank, split, links, stages)
     experts, ep_comm_s, routing_s = _rank_experts(problem, plan, split, links, stages)
     holds = holds.without(experts * (plan.ep - 1), experts * (plan.ep - 1))  # 1/ep of experts

@@ -15,7 +15,7 @@ Collective costs (costmodels.comm) read a placed group's bottleneck from :func:`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -142,6 +142,14 @@ class GroupLinks:
     profile: NcclProfile | None = None
     intra_kind: str = "nvswitch"
     net_latency: float = 0.0
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        """The fields' hash, kept: the cost models key their memos by links thousands of times."""
+        if not self._hash:
+            object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name)
+                                                         for f in fields(self) if f.compare)))
+        return self._hash
 
     @property
     def crosses_nodes(self) -> bool:

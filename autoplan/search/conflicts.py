@@ -26,7 +26,7 @@ from autoplan.costmodels.problem import Problem
 from autoplan.degrees import DEGREE
 from autoplan.plan import Plan, one_line
 from autoplan.search.solver import NO_LEGAL_PLAN, explain_infeasible
-from autoplan.search.table import Table
+from autoplan.search.table import UNEXPLAINED, Table
 from autoplan.search.space import Shape, leanest_members, leanest_plans, shapes, stage_variants
 from autoplan.training import DEFAULT_PLACEMENT, Bounds, Objective, Pins, Range, TrainingSpec
 from autoplan.units import format_excess, format_seconds
@@ -40,8 +40,6 @@ says so. A ceiling, not a target: tests/search/test_fast_infeasible.py's Llama 3
 conflict on 8,192 H100 takes 10.5 s of CPU in all (import and trace included), and a 10 s
 ceiling cut its explanation short on a loaded 2-core machine, where the message then depends
 on the load."""
-UNEXPLAINED = "no plan meeting these requirements fits (the conflict was not explained)"
-"""The message where the caller asked only whether a plan fits (``explain=False``)."""
 
 
 @dataclass(frozen=True)

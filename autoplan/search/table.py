@@ -41,11 +41,12 @@ import heapq
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from autoplan.costmodels.bounds import lower_bound_s, shape_lower_bound_s
 from autoplan.costmodels.problem import Problem, limit_mib, memory_mib
 from autoplan.costmodels.step import estimate, split_floor_s, step_and_peak, worst_gpu_bytes
+from autoplan.errors import InfeasibleError
 from autoplan.plan import Estimate, Offload, Plan, Recompute, ShapeRunnerUp, one_line
 from autoplan.search.objective import key as objective_key
 from autoplan.search.objective import meets_throughput
@@ -65,6 +66,9 @@ BOUND_SLACK = 1e-9
 """Relative margin taken off the split bound: its sum is in a different float order."""
 SPLIT = ()
 """The ``stages`` of a pending layout group whose split CP-SAT chooses per switch setting."""
+UNEXPLAINED = "no plan meeting these requirements fits (the conflict was not explained)"
+"""The message where the caller asked only whether a plan fits (``explain=False``; a ZeRO
+stage that nothing fits at, ``best_at_zero``)."""
 _BEST = object()
 """``_cannot_beat``'s default: the best eligible row so far."""
 
@@ -115,6 +119,7 @@ class Table:
     choose_splits: bool = True  # CP-SAT chooses the split where partition.applies
     families: dict = field(default_factory=dict)  # (source, family) -> its memory-leanest shapes
     _family_fits: dict = field(default_factory=dict)  # (source, family, stages) -> any fits
+    _family_fits_seen: dict = field(default_factory=dict)  # the same by id(stages): see below
     _created: int = 0
     best_key: tuple | None = None  # of the best eligible row so far (what splits must beat)
     completing: tuple[tuple | None] | None = None  # (a shape's best key) while complete_shape runs
@@ -239,7 +244,7 @@ class Table:
                 if not fitting:
                     continue
                 kept = [sw for sw in options if sw.zero in fitting]
-            fast = [sw for sw in options if _cannot_be_slower(sw)] or options
+            fast = fastest_switches(options)
             bound = min(self.step_time(times[sw] if sw in times else self.add(
                 make_plan(shape, sw, stages, problem.training), item.source)) for sw in fast)
             rest = [sw for sw in kept if sw not in fast and sw not in times]
@@ -275,7 +280,7 @@ class Table:
             if not fitting:
                 return []
             kept = [sw for sw in options if sw.zero in fitting]
-        fast = [sw for sw in options if _cannot_be_slower(sw)] or options
+        fast = fastest_switches(options)
         bound = min(self.split_bound(shape, sw, source) for sw in fast)
         rest = [sw for sw in kept if sw not in done]
         return [self._new_pending(bound, source, shape, SPLIT, rest)]
@@ -370,6 +375,9 @@ class Table:
         evaluated once per family and layout. When none fits, those rows join the table (what
         an explanation of infeasibility reports) and no other member is evaluated: on 8,192
         GPUs this is what makes an infeasible answer come in seconds."""
+        seen = self._family_fits_seen.get((source, family_of(shape), id(stages)))
+        if seen is not None and seen[0] is stages:  # hashing a deep layout's stage records
+            return seen[1]  # is most of the lookup; equal layouts are mostly the same tuple
         key = (source, family_of(shape), stages)
         if key not in self._family_fits:
             problem = self.problems[source]
@@ -381,6 +389,8 @@ class Table:
                 for plan in lean:
                     self.add(plan, source)
             self._family_fits[key] = fits
+        self._family_fits_seen[(source, family_of(shape), id(stages))] = (stages,
+                                                                          self._family_fits[key])
         return self._family_fits[key]
 
     @staticmethod
@@ -603,6 +613,79 @@ class Table:
         self.unexpanded += mine
         return list(range(first, len(self)))
 
+    def best_at_zero(self, zero: int, deadline: float = math.inf) -> tuple["Table", int] | None:
+        """The plan a search pinned to ZeRO stage ``zero`` chooses, as (a copy of this table,
+        its row), or None where the copy cannot tell it the same way.
+
+        The pinned search's candidates are this table's at that stage, and its order the same
+        (objective key, then the tie-break), so its choice is the best eligible row at that
+        stage once every candidate whose bound could beat it is evaluated: the pending items
+        are completed best bound first with the stage pinned (their switches at other stages
+        left out), until the least bound left is worse, as ``complete_shape`` does for one
+        shape. Done on a copy, so that this table's runners-up stay what they were; the caches
+        of pure results are shared. None (the caller then searches with the stage pinned):
+        this search or the copy's stopped at a deadline, or two different plans tie in
+        everything but the candidate order, which differs between the two searches.
+
+        Raises:
+            InfeasibleError: every candidate at that stage was evaluated and none is eligible
+                (what the pinned search would raise, unexplained as it is there).
+        """
+        if self.open_bound_s < math.inf:
+            return None
+        fork = self._fork(self.pins.model_copy(update={"zero": zero}))
+        best = fork._best_row_at_zero(zero, range(len(fork)), None)
+        pending = [p for p in (fork._at_zero(item, zero) for item in fork.unexpanded) if p]
+        heapq.heapify(pending)
+        while pending and (best is None or pending[0].key <= fork.key(best)):
+            if time.perf_counter() > deadline:
+                return None
+            start = len(fork)
+            limit = None if best is None else fork.key(best)
+            fork.best_key, fork.completing = limit, (limit,)
+            for group in fork._process(heapq.heappop(pending)):
+                if (group := fork._at_zero(group, zero)) is not None:
+                    heapq.heappush(pending, group)
+            best = fork._best_row_at_zero(zero, range(start, len(fork)), best)
+        if best is None:
+            raise InfeasibleError(UNEXPLAINED)
+        return None if fork._tied(best, zero) else (fork, best)
+
+    def _fork(self, pins: Pins) -> "Table":
+        """A copy to search further in under ``pins``, leaving this table as it is (the caches
+        of pure results, measurements, split bounds and pools, are shared)."""
+        return replace(self, pins=pins, plans=list(self.plans), _step_s=list(self._step_s),
+                       peak_bytes=list(self.peak_bytes), sources=list(self.sources),
+                       _keys=list(self._keys), eligible_rows=list(self.eligible_rows),
+                       unexpanded=list(self.unexpanded), families=dict(self.families),
+                       _family_fits=dict(self._family_fits),
+                       _family_fits_seen=dict(self._family_fits_seen),
+                       _deferred=list(self._deferred),
+                       _rows=set(self._rows))
+
+    @staticmethod
+    def _at_zero(item: _Pending, zero: int) -> _Pending | None:
+        """A pending item with only its switches at ZeRO stage ``zero`` (a whole shape as it
+        is: its layouts are cut when it is split); None when nothing is left."""
+        if item.stages is None:
+            return item
+        rest = [sw for sw in item.rest if sw.zero == zero]
+        return replace(item, rest=rest) if rest else None
+
+    def _best_row_at_zero(self, zero: int, rows, best: int | None) -> int | None:
+        """The best eligible row at ZeRO stage ``zero`` among ``rows`` and ``best``."""
+        found = [r for r in rows if self.is_eligible(r) and self.plans[r].zero_stage == zero]
+        return min([*found, *([best] if best is not None else [])], key=self.order,
+                   default=None)
+
+    def _tied(self, row: int, zero: int) -> bool:
+        """Whether another plan at ZeRO stage ``zero`` ties ``row`` in all of the order but
+        the candidate order."""
+        tie = self.order(row)[:-1]
+        return any(self.plans[r] != self.plans[row] and self.order(r)[:-1] == tie
+                   for r in range(len(self)) if self.is_eligible(r)
+                   and self.plans[r].zero_stage == zero)
+
     def _optimistic_shapes(self, mine: tuple[int, int],
                            best: dict[tuple[int, int], int]) -> dict[tuple[int, int], tuple]:
         """For every other (tp, pp) shape, the best key it could still reach: its best
@@ -652,7 +735,13 @@ def _log_search(table: "Table", shapes_bounded: int, processed: int, stop: str) 
                 sum(p.stages is not None for p in left), stop)
 
 
-def _cannot_be_slower(sw) -> bool:
-    """Switches whose time is a lower bound for their shape: recomputation and offload add
-    work, ZeRO-3 adds per-micro-batch gathers; ZeRO 0-2 and SP can go either way."""
-    return sw.recompute is Recompute.NONE and sw.offload is Offload.NONE and sw.zero < 3
+def fastest_switches(options: list) -> list:
+    """The switches of a layout whose least time bounds all of its options: recomputation
+    and offload only add work and ZeRO-3 only adds per-micro-batch gathers, so those without
+    recomputation or offload below ZeRO-3, or, where every option is ZeRO-3 (pinned), those
+    without recomputation or offload; SP can go either way. All of them otherwise."""
+    lean = [sw for sw in options if sw.recompute is Recompute.NONE and sw.offload is Offload.NONE]
+    below = [sw for sw in lean if sw.zero < 3]
+    if below:
+        return below
+    return lean or options if all(sw.zero == 3 for sw in options) else options

@@ -153,3 +153,18 @@ def test_an_auto_solve_evaluates_no_plan_twice_on_one_problem(monkeypatch):
                             global_batch=16)
     assert result.zero_options, "the case should compare ZeRO-2 with ZeRO-3"
     assert len(evaluated) == len(set(evaluated)) > 0
+
+
+def test_zero_options_are_the_plans_of_searches_with_the_stage_pinned():
+    """The ZeRO-2/ZeRO-3 plans shown side by side are read from each runtime's own search
+    (Table.best_at_zero); a separate search with the stage and the runtime pinned must find
+    the same plan with the same estimate."""
+    model, nodes = tiny_gpt(4, 128, 8), cluster(2, 4, False)
+    result = autoplan.solve(model, nodes, seq_len=256, global_batch=16)
+    assert result.zero_options, "the case should compare ZeRO-2 with ZeRO-3"
+    for option in result.zero_options:
+        pinned = autoplan.solve(model, nodes, seq_len=256, global_batch=16,
+                                runtime=option.runtime, pins={"zero": option.zero_stage},
+                                runners_up=False)
+        assert (option.plan, option.step_time_s, option.peak_memory_gib) == (
+            pinned.plan, pinned.estimate.step_time_s, pinned.estimate.peak_memory_gib)
