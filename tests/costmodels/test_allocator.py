@@ -96,3 +96,19 @@ def test_torch_default_cublas_workspaces():
     assert cublas_workspace_bytes(9.0) == 2 * 32 * MIB
     assert cublas_workspace_bytes(8.0) == 2 * (8 * MIB + 128 * 1024)
     assert cublas_workspace_bytes(10.0) == 2 * (8 * MIB + 128 * 1024)
+
+
+def test_a_full_device_returns_its_free_segments_before_growing():
+    """``release_cached_blocks``: with the device full, the 24 MiB request of the case above
+    first returns the wholly free 12 and 16 MiB segments: 24 MiB reserved. A segment with a
+    live block stays: 12 MiB live beside a free 16 MiB segment leaves 12 + 24 = 36 MiB."""
+    a = CachingAllocator(release_before_growing=True)
+    a.free(a.malloc(12 * MIB))
+    a.free(a.malloc(16 * MIB))
+    a.malloc(24 * MIB)
+    assert (a.reserved, a.peak_reserved) == (24 * MIB, 28 * MIB)
+    b = CachingAllocator(release_before_growing=True)
+    b.malloc(12 * MIB)
+    b.free(b.malloc(16 * MIB))
+    b.malloc(24 * MIB)
+    assert b.reserved == 36 * MIB
