@@ -38,8 +38,8 @@ from autoplan.costmodels.problem import Problem, memo
 from autoplan.costmodels.step_allocations import (
     LayerTensors,
     StageOutput,
-    StepReplay,
-    replay_step,
+    StepSegments,
+    step_segments,
     tensors_of,
 )
 
@@ -363,10 +363,11 @@ def other_bytes(problem: Problem, plan: Plan, activations: float,
     ZeRO optimizer's gradient-reduction bucket (DeepSpeed allocates it whole); with ZeRO-3 the
     unsharded copies of the gathered units (memory.zero3_buffer_bytes) of a GPU holding
     ``params`` parameters; the gradient reduction's and optimizer step's transients beyond
-    the activations they follow; and what the caching allocator reserves beyond that, from
-    the stage's step replayed through its rules (:func:`reserved_total_bytes`) for its layer
-    and output ``tensors`` (:func:`stage_tensors`) with ``held`` micro-batches in flight,
-    beside ``states`` bytes of model states."""
+    the activations they follow; and what the caching allocator reserves beyond that by its
+    rules for the stage's step (step_allocations.step_segments, the replay's closed form;
+    :func:`reserved_total_bytes`) for its layer and output ``tensors``
+    (:func:`stage_tensors`), beside ``states`` bytes of model states. ``held``: the
+    micro-batches in flight (the replay's; the closed form does not depend on it)."""
     runtime = problem.runtime
     allocated = outside_allocator_bytes(problem, plan)
     if plan.zero_stage >= 1:
@@ -377,49 +378,44 @@ def other_bytes(problem: Problem, plan: Plan, activations: float,
             pipeline_resident=runtime.zero3_pp_resident and plan.pp > 1)
     transients = step_transients(problem, plan, largest_gathered, params, trained)
     layers, output = tensors
-    replays = [replay_step(layers, held=held, num_microbatches=plan.num_microbatches,
-                           step_transients=transients, output=output,
-                           release_before_growing=released) for released in (False, True)]
-    cached, least = (states + allocated + dynamic_reserved_bytes(problem, replay, activations,
+    segments = step_segments(layers, num_microbatches=plan.num_microbatches,
+                             step_transients=transients, output=output)
+    cached, least = (states + allocated + dynamic_reserved_bytes(problem, segments, activations,
                                                                  released=released)
-                     for replay, released in zip(replays, (False, True)))
+                     for released in (False, True))
     total = reserved_total_bytes(cached, least, problem.cluster.gpu.memory_bytes)
-    allocated_peak = states + allocated + max(activations, replays[0].step_allocated)
+    allocated_peak = states + allocated + max(activations, segments.least)
     return total - states - activations, total - allocated_peak
 
 
 def reserved_total_bytes(cached: float, least: float, device: float) -> float:
     """A GPU's memory at the step's high-water mark: ``cached``, the allocator keeping every
     freed block, where that fits the ``device``; else the device full, the allocator having
-    returned its free segments to grow, unless even ``least`` (the step replayed on a full
-    device) exceeds it: out of memory, by that much."""
+    returned its free segments to grow, unless even ``least`` (the step on a full device)
+    exceeds it: out of memory, by that much."""
     if cached <= device:
         return cached
     return max(device, least)
 
 
-def dynamic_reserved_bytes(problem: Problem, replay: StepReplay, activations: float, *,
+def dynamic_reserved_bytes(problem: Problem, segments: StepSegments, activations: float, *,
                            released: bool) -> float:
     """What the caching allocator reserves for the step's activations and transients at its
     high-water mark: the cuBLAS workspaces, and the larger of two moments. The backward: the
     ``activations`` with the stated ``fragmentation`` share (the many tensor sizes of a real
-    backward, measured on recorded steps; the replay sees a few) and the replayed backward's
-    excess. The gradient reduction and optimizer step: on top of every block the backward
-    cached, the segments their transients take because no cached block serves them; or,
-    ``released`` (a full device, whose free segments the allocator returns before it grows),
-    the replay's own peak, shifted by what the priced activations exceed its allocated peak
-    (step_allocations.replay_step)."""
-    backward = activations * (1 + problem.runtime.fragmentation) + replay.backward_excess
-    if released:
-        step = activations - replay.backward_allocated + replay.reserved
-    else:
-        step = backward + replay.step_new_segments
+    backward, measured on recorded steps). The gradient reduction and optimizer step: on top
+    of every block the backward cached, the segments their transients take because no cached
+    block serves them, and at least the segments of the pipe buffers and of the largest
+    transient; or, ``released`` (a full device, whose free segments the allocator returns
+    before it grows), those alone (step_allocations.step_segments)."""
+    backward = activations * (1 + problem.runtime.fragmentation)
+    step = segments.least if released else max(backward + segments.new, segments.least)
     return workspace_bytes(problem) + max(backward, step)
 
 
 def stage_tensors(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], ...],
                   split: Split) -> tuple[tuple[LayerTensors, ...], StageOutput | None]:
-    """What a rank allocates per micro-batch for the replay: layer by layer, each layer's kept
+    """What a rank allocates per micro-batch (step_allocations): layer by layer, each layer's kept
     and working bytes (layers.layer_memory_bytes) as its attention scores and GEMM outputs
     (memory.layer_tensor_shapes; a fully recomputed block keeps its input alone) and the rest
     in tensors of the layer's output on one GPU (the loss's in fp32 logits); and the stage

@@ -35,7 +35,7 @@ from autoplan.costmodels.ranks import (
     stage_tensors,
     step_transients,
 )
-from autoplan.costmodels.step_allocations import replay_step
+from autoplan.costmodels.step_allocations import step_segments
 from autoplan.costmodels.summary import summarize
 from autoplan.costmodels.sync import dp_time, least_dp_time, offload_param_time, optimizer_time
 
@@ -245,7 +245,7 @@ def peak_moments(problem: Problem, plan: Plan) -> list[str]:
     the cross-entropy of the logits or the backward of its heaviest layer (a full-recompute
     block rebuilding its activations), with ZeRO-3's gathered copies held meanwhile; or the
     gradient reduction and optimizer step, when their transients outweigh those or take new
-    segments of the caching allocator (step_allocations.replay_step)."""
+    segments of the caching allocator (step_allocations.step_segments)."""
     moments = [""] * plan.pp
     links = plan_links(problem, plan)
     for ranks in rank_groups(problem, plan):
@@ -264,13 +264,13 @@ def peak_moments(problem: Problem, plan: Plan) -> list[str]:
                 continue
             stages = rank_stages(plan, rank)
             layers, output = stage_tensors(problem, plan, stages, split)
-            replay = replay_step(layers, held=held, output=output,
-                                 num_microbatches=plan.num_microbatches,
-                                 step_transients=step_transients(problem, plan, sums.largest,
-                                                                 holds.count, holds.trained))
-            if replay.step_new_segments or replay.step_allocated > activations:
-                moments[rank] = ("the gradient reduction and optimizer step (their flat "
-                                 "copies, larger than any block the backward left cached, "
+            segments = step_segments(layers, output=output,
+                                     num_microbatches=plan.num_microbatches,
+                                     step_transients=step_transients(problem, plan, sums.largest,
+                                                                     holds.count, holds.trained))
+            if segments.new or segments.least > activations:
+                moments[rank] = ("the gradient reduction and optimizer step (copies of the "
+                                 "gradients that no block the backward left cached can hold "
                                  "take new segments), after every micro-batch's activations "
                                  "are freed")
                 continue

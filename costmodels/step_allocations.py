@@ -31,7 +31,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from autoplan.costmodels.allocator import CachingAllocator
+from autoplan.costmodels.allocator import (
+    SMALL_SIZE,
+    CachingAllocator,
+    allocation_size,
+    round_size,
+)
 
 STEADY_MICROBATCHES = 2
 """Micro-batches replayed beyond the warm-up: the first steady forward/backward pair requests
@@ -63,12 +68,14 @@ class StageOutput:
 class StepReplay:
     """What the replayed step's dynamic allocations reach, in bytes: the allocated and reserved
     peaks over the forwards and backwards, and the reserved peak over the whole step (the
-    gradient reduction and the optimizer step included); the step's transient allocated."""
+    gradient reduction and the optimizer step included); the step's transient allocated, and
+    the reserved peak while the transients run."""
 
     backward_allocated: int
     backward_reserved: int
     reserved: int
     step_allocated: int
+    step_reserved: int = 0
 
     @property
     def backward_excess(self) -> int:
@@ -100,6 +107,46 @@ def tensors_of(total: float, unit: float, shapes: tuple[int, ...] = ()) -> tuple
     return tuple(taken) + (int(unit),) * int(whole) + ((int(rest),) if rest >= 1 else ())
 
 
+@dataclass(frozen=True, slots=True)
+class StepSegments:
+    """The step's allocator high-water by the closed-form rule (:func:`step_segments`), in
+    bytes beyond the backward's reserved peak (``new``) and on a full device (``least``: the
+    pipe buffers and the largest transient, every other cached segment returned)."""
+
+    new: int
+    least: int
+
+
+def step_segments(layers: tuple[LayerTensors, ...], *, num_microbatches: int,
+                  step_transients: tuple[int, ...] = (),
+                  output: StageOutput | None = None) -> StepSegments:
+    """What :func:`replay_step` finds at the step, without replaying: after the last backward
+    every activation block is free and merged back into its segment, so the cached blocks are
+    the segments themselves, the largest of them the segment of the largest request the
+    forwards and backwards made (``allocation_size``: segments never grow). A transient no
+    larger than the largest cached block of the large pool is served from the cache (best fit
+    never needs more than one block); a larger one cudaMallocs its own segment, which then
+    serves the transients after it; a small-pool transient (1 MiB or less) finds its block
+    among the backward's small ones. On a full device the allocator returns the free segments
+    before it grows, leaving the outputs the pipe buffers keep (counted as allocated: smaller
+    ones share segments) and the largest transient's segment."""
+    requests = [size for layer in layers for size in layer.kept + layer.working]
+    if output is not None:
+        requests.append(output.bytes)
+    largest = max((allocation_size(round_size(size)) for size in requests
+                   if round_size(size) > SMALL_SIZE), default=0)
+    new = 0
+    large = [round_size(size) for size in step_transients if round_size(size) > SMALL_SIZE]
+    for size in large:
+        if size > largest:
+            largest = allocation_size(size)
+            new += largest
+    buffered = (min(output.slots, num_microbatches) * round_size(output.bytes)
+                if output is not None and output.slots else 0)
+    least = buffered + max((allocation_size(size) for size in large), default=0)
+    return StepSegments(new, least)
+
+
 @lru_cache(maxsize=4096)
 def replay_step(layers: tuple[LayerTensors, ...], *, held: int, num_microbatches: int,
                 step_transients: tuple[int, ...] = (), output: StageOutput | None = None,
@@ -125,13 +172,14 @@ def replay_step(layers: tuple[LayerTensors, ...], *, held: int, num_microbatches
     allocator = stage.allocator
     backward_allocated, backward_reserved = allocator.peak_allocated, allocator.peak_reserved
     base = allocator.allocated  # the pipe buffers that outlive the backward
-    step_allocated = 0
+    step_allocated = step_reserved = 0
     for size in step_transients:
         block = allocator.malloc(size)
         step_allocated = max(step_allocated, allocator.allocated - base)
+        step_reserved = max(step_reserved, allocator.reserved)
         allocator.free(block)
     return StepReplay(backward_allocated, backward_reserved, allocator.peak_reserved,
-                      step_allocated)
+                      step_allocated, step_reserved)
 
 
 @dataclass

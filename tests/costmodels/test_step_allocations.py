@@ -9,6 +9,7 @@ from autoplan.costmodels.step_allocations import (
     LayerTensors,
     StageOutput,
     replay_step,
+    step_segments,
     tensors_of,
 )
 
@@ -77,3 +78,36 @@ def test_pipe_buffers_keep_the_last_outputs_past_their_backward():
                          output=StageOutput(50 * MIB, slots=2))
     assert (replay.backward_reserved, replay.backward_allocated) == (200 * MIB, 170 * MIB)
     assert (replay.step_allocated, replay.step_new_segments) == (10 * MIB, 0)
+
+
+CASES = (  # (layers, held, num_microbatches, step transients, pipe-buffer output)
+    ((LayerTensors((20 * MIB,), (30 * MIB,), 2),), 1, 4, (100 * MIB,), None),
+    ((LayerTensors((20 * MIB,), (30 * MIB,), 2),), 1, 4, (30 * MIB,), None),
+    ((LayerTensors((20 * MIB,), (30 * MIB,)),), 1, 4, (10 * MIB,), StageOutput(50 * MIB, 2)),
+    ((LayerTensors((20 * MIB,), (30 * MIB,)),), 1, 4, (120 * MIB,), StageOutput(50 * MIB, 2)),
+    ((LayerTensors((3 * MIB, 40 * MIB), (70 * MIB, 5 * MIB, 5 * MIB), 3),
+      LayerTensors((), (90 * MIB, 45 * MIB))), 3, 8, (80 * MIB, 200 * MIB, 150 * MIB),
+     StageOutput(40 * MIB)),
+)
+
+
+def test_the_closed_form_finds_what_the_replay_finds_at_the_step():
+    """step_segments against replay_step: the segments the step's transients add over the
+    backward's reserved peak, and on a full device (free segments returned before growing)
+    the step's high-water (the larger of the backward's and the transients'). Worked by hand for the first case: after the
+    backward, free segments of 20, 20 and 30 MiB; the 100 MiB copy takes its own (100 new);
+    on a full device the three are returned first (100)."""
+    first = step_segments(CASES[0][0], num_microbatches=4, step_transients=(100 * MIB,))
+    assert (first.new, first.least) == (100 * MIB, 100 * MIB)
+    for layers, held, m, transients, output in CASES:
+        segments = step_segments(layers, num_microbatches=m, step_transients=transients,
+                                 output=output)
+        cached = replay_step(layers, held=held, num_microbatches=m,
+                             step_transients=transients, output=output)
+        full = replay_step(layers, held=held, num_microbatches=m, step_transients=transients,
+                           output=output, release_before_growing=True)
+        assert segments.new == cached.step_new_segments
+        # a transient a cached block serves needs no release: the step then stays within
+        # the backward's peak, the larger of the two moments being what the stage needs
+        assert (max(full.backward_reserved, segments.least)
+                == max(full.backward_reserved, full.step_reserved))
