@@ -59,6 +59,12 @@ SENSITIVITY_FLOOR = 1e-3
 COLLINEARITY_TOL = 0.05
 """Pivoted-QR diagonal below this fraction of the first: not separable from those chosen."""
 
+PIVOT_TIE = 1e-9
+"""Columns this close in length are tied, and the one named first in costmodels/parameters.py
+goes first: runs whose rings all span one node count move the NIC efficiency and the loss per
+doubling of nodes identically, and the efficiency, which does not extrapolate to other node
+counts, is the one to fit."""
+
 MAD_SPREAD = 1.4826
 """Standard deviations per median absolute deviation of a normal distribution."""
 
@@ -200,7 +206,8 @@ def loosest(block: np.ndarray, columns: list[int], names: list[str]
 
 
 def pivot_order(block: np.ndarray) -> list[tuple[int, bool]]:
-    """The columns in the order of column-pivoted QR (largest remaining effect first), each
+    """The columns in the order of column-pivoted QR (largest remaining effect first, ties to
+    the first of them: PIVOT_TIE), each
     with whether it is separable from those before it: the part of it no combination of the
     earlier separable columns explains is at least COLLINEARITY_TOL of its own length.
 
@@ -213,7 +220,9 @@ def pivot_order(block: np.ndarray) -> list[tuple[int, bool]]:
     while remaining:
         residuals = {c: block[:, c] - sum((b @ block[:, c]) * b for b in basis)
                      for c in remaining}
-        column = max(remaining, key=lambda c: (np.linalg.norm(residuals[c]), -c))
+        largest = max(np.linalg.norm(residuals[c]) for c in remaining)
+        column = min(c for c in remaining
+                     if np.linalg.norm(residuals[c]) >= largest * (1 - PIVOT_TIE))
         remaining.remove(column)
         left = np.linalg.norm(residuals[column])
         separable = left >= COLLINEARITY_TOL * np.linalg.norm(block[:, column]) and left > 0

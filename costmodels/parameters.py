@@ -41,7 +41,9 @@ class Parameter:
     kernel benchmarks pin down (GEMM and element-wise efficiency), 2x for NVLink (the catalog's
     figure is nccl-tests on an idle link; in training the collectives share SMs and HBM with
     compute), 3x for what a deployment changes (a shared or congested network, the launch
-    path, the allocator's behaviour)."""
+    path, the allocator's behaviour), 1.2x for the network's loss per doubling of nodes (what
+    nccl-tests measured on EFA spans 0.84 per doubling on 2019 p3dn, NVIDIA/nccl issue 235, to
+    0.965 on p5: 1.15x apart)."""
 
 
 PARAMETERS: tuple[Parameter, ...] = (
@@ -60,6 +62,10 @@ PARAMETERS: tuple[Parameter, ...] = (
               "per-hop latency of the intra-node link (s)", 3.0),
     Parameter("inter_node_efficiency", "inter", "allreduce_efficiency", "time", 0.02, 1.0,
               "achieved fraction of the NIC bandwidth (collectives across nodes)", 3.0),
+    Parameter("inter_node_kept_per_doubling", "inter", "kept_per_doubling", "time", 0.5, 1.0,
+              "share of the network's busbw a ring keeps each time the nodes it spans double "
+              "beyond two (1.0: flat in nodes; p5 EFA 0.965); identified by runs whose groups "
+              "span different node counts", 1.2),
     Parameter("inter_node_latency_s", "inter", "latency_s", "time", 0.0, 1e-3,
               "per-hop latency of the network (s): point-to-point and all-to-all", 3.0),
     Parameter("inter_node_net_latency_s", "inter", "nccl_net_latency_s", "time", 0.0, 2e-3,

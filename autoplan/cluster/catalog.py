@@ -38,9 +38,9 @@ class GpuSpec:
 class LinkSpec:
     """A link type. ``bandwidth_Bps`` is per GPU (intra-node) or per NIC (inter-node), per
     direction; ``allreduce_efficiency`` is the fraction of it that nccl-tests reaches [Empirical]
-    (for a network link: over two nodes). ``kept_by_nodes`` ((nodes, share), ...): for a network
-    whose measured busbw falls as a ring spans more nodes, the share of the two-node figure it
-    keeps [Empirical]; empty where no loss is measured."""
+    (for a network link: over two nodes). ``kept_per_doubling``: for a network link, the share
+    of its busbw a ring keeps each time the nodes it spans double beyond two [Empirical]; 1.0
+    where no loss is measured."""
 
     name: str
     kind: str
@@ -49,19 +49,27 @@ class LinkSpec:
     allreduce_efficiency: float
     source: str = ""
     nccl_net_latency_s: float = 0.0  # what the network plugin reports to NCCL's tuner
-    kept_by_nodes: tuple[tuple[int, float], ...] = ()
+    kept_per_doubling: float = 1.0
 
     def efficiency_at(self, nodes: int) -> float:
-        """``allreduce_efficiency`` of a ring over ``nodes`` nodes: times the share
-        ``kept_by_nodes`` gives, linear in log(nodes) between its points and held beyond them."""
-        points = self.kept_by_nodes
-        if not points or nodes <= points[0][0]:
-            return self.allreduce_efficiency * (points[0][1] if points else 1.0)
-        for (n0, k0), (n1, k1) in zip(points, points[1:]):
-            if nodes <= n1:
-                w = math.log(nodes / n0) / math.log(n1 / n0)
-                return self.allreduce_efficiency * (k0 + (k1 - k0) * w)
-        return self.allreduce_efficiency * points[-1][1]
+        """``allreduce_efficiency`` of a ring over ``nodes`` nodes: times ``kept_per_doubling``
+        for every doubling of the span beyond two nodes (:func:`kept_share`)."""
+        return self.allreduce_efficiency * kept_share(self.kept_per_doubling, nodes)
+
+
+def kept_share(kept_per_doubling: float, nodes: int) -> float:
+    """The share of its two-node busbw a ring over ``nodes`` nodes keeps: ``kept_per_doubling
+    ** log2(nodes / 2)``, 1 on one or two nodes.
+
+    Why a loss per doubling: each doubling of a ring's span puts its traffic through more of
+    the fabric (more leaves, so more of its hops through the spine, and more flows hashed or
+    sprayed onto each spine link) and makes the ring wait on the slowest of twice the links;
+    what one doubling costs is the fabric's, read from nccl-tests at several node counts
+    (catalog ``efa-v2``: 0.965, from the p5 all_reduce_perf plateau over 4 to 32 nodes;
+    ``efa``: 0.837, from p3dn's on 2 and 8 nodes)."""
+    if nodes <= 2:
+        return 1.0
+    return kept_per_doubling ** math.log2(nodes / 2)
 
 
 @cache
@@ -136,8 +144,7 @@ def get_link(name: str) -> LinkSpec:
         source=entry.get("source", ""),
         nccl_net_latency_s=parse_quantity(entry.get("nccl_net_latency", "0us"), "time",
                                           field=f"links.{name}.nccl_net_latency"),
-        kept_by_nodes=tuple(sorted((int(n), float(k))
-                                   for n, k in entry.get("kept_by_nodes", {}).items())),
+        kept_per_doubling=float(entry.get("kept_per_doubling", 1.0)),
     )
 
 

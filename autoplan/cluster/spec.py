@@ -105,6 +105,9 @@ class InterNode(_Strict):
     latency: str | None = None
     interface: str | None = None
     nccl_net_latency: str | None = None
+    kept_per_doubling: float | None = Field(default=None, gt=0, le=1)
+    """The share of its busbw a ring keeps per doubling of the nodes it spans (catalog link's
+    ``kept_per_doubling`` otherwise)."""
 
     _bandwidth = field_validator("bandwidth", mode="before")(
         _quantity("bandwidth", MAX_NIC_BANDWIDTH, _NIC_WHY))
@@ -405,6 +408,14 @@ def _resolve_intra(intra: IntraNode, gpu: GpuSpec) -> LinkSpec:
     return _with_overrides(base, intra.bandwidth, intra.latency)
 
 
+EFA_V2_INTERFACES = 8
+"""EFA interfaces per node from which a node is of the second EFA generation or later (trn1:
+8 x 100 Gb/s, p5: 32 x 100 Gb/s, p5en: 16 x 200 Gb/s), whose nccl-tests busbw falls far less
+with the node count than the first's (p3dn: 1 x 100 Gb/s, p4d: 4 x 100 Gb/s; catalog
+``efa`` and ``efa-v2``). The count, not the bandwidth: a cluster.yaml that states the
+bandwidth its interfaces reach, lower than their rate, stays of its generation."""
+
+
 def _resolve_inter(inter: InterNode) -> LinkSpec:
     rate = parse_quantity(inter.bandwidth, "bandwidth")
     name = {
@@ -413,9 +424,12 @@ def _resolve_inter(inter: InterNode) -> LinkSpec:
         "roce": "roce-400g" if rate >= 50e9 else "roce",
         "ethernet": ("ethernet-100g" if rate >= 12.5e9 else
                      "ethernet-25g" if rate >= 3.125e9 else "ethernet-10g"),
-        "efa": "efa",
+        "efa": "efa-v2" if inter.nics_per_node >= EFA_V2_INTERFACES else "efa",
     }[inter.link]
-    return _with_overrides(get_link(name), inter.bandwidth, inter.latency, inter.nccl_net_latency)
+    link = _with_overrides(get_link(name), inter.bandwidth, inter.latency, inter.nccl_net_latency)
+    if inter.kept_per_doubling is None:
+        return link
+    return replace(link, kept_per_doubling=inter.kept_per_doubling)
 
 
 def _resolve_fabric(fabric: FabricSpec | None, num_nodes: int) -> Fabric:

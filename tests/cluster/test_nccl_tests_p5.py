@@ -56,3 +56,24 @@ def test_latency_grows_with_the_ranks_as_measured(collective):
     measured = _measured_s(rows[32]) / _measured_s(rows[2])
     predicted = _predicted_s(rows[32]) / _predicted_s(rows[2])
     assert predicted == pytest.approx(measured, rel=0.25)
+
+
+def _large_rows() -> list[dict]:
+    with TABLE.open() as f:
+        return [r for r in csv.DictReader(f)
+                if int(r["size_bytes"]) >= 512 * 2**20 and int(r["nodes"]) >= 4]
+
+
+@pytest.mark.parametrize("nodes", [4, 8, 16, 32])
+def test_bandwidth_bound_collectives_follow_nccl_tests_at_every_node_count(nodes):
+    # From 512 MiB the bytes set the time: all_gather_perf to 2 GiB and all_reduce_perf to
+    # 8 GiB, 7 to 8 sizes per node count. With the second-generation EFA's loss per doubling of
+    # the nodes (catalog efa-v2, 0.965) every one is predicted within 0.75-1.5x (the flat 0.70
+    # from 8 nodes on of 2019 p3dn figures put them up to 1.76x slow). What is left, 1.1-1.4x
+    # slow on all-reduce, is there on 2 nodes as well (1.3-1.5x from 128 MiB): not the loss
+    # with nodes.
+    rows = [r for r in _large_rows() if int(r["nodes"]) == nodes]
+    assert len(rows) >= 7
+    for row in rows:
+        ratio = _predicted_s(row) / _measured_s(row)
+        assert 0.75 <= ratio <= 1.5, (row["collective"], row["size_bytes"], ratio)
