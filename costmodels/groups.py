@@ -107,7 +107,7 @@ def stage_cost(problem: Problem, plan: Plan, rank: int, groups: tuple[str, ...],
     sub = problem.on_group(groups[rank])
     split = Split.of(plan, problem.flash_attention, problem.runtime.attention_kernel)
     other, excess = other_bytes(sub, plan, activations, sums.largest, params, base.trained,
-                                tensors=stage_tensors(sub, plan, (stage,), split), held=held,
+                                tensors=stage_tensors(sub, plan, (stage,), split),
                                 states=states.total)
     cost = RankCost(rank, sums.compute_s + sums.tp_comm_s + sums.cp_comm_s + base.pp_s,
                      sums.compute_s, sums.backward_s, sums.tp_comm_s, sums.cp_comm_s,

@@ -234,7 +234,7 @@ def rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLin
     activations = activation_peak_bytes(problem, plan, sums, acts_per_chunk, held)
     activations += _kept_last_outputs(problem, plan, stages, split, held)
     other, excess = other_bytes(problem, plan, activations, sums.largest, params, holds.trained,
-                                tensors=stage_tensors(problem, plan, stages, split), held=held,
+                                tensors=stage_tensors(problem, plan, stages, split),
                                 states=states.total)
     compute_s = sums.compute_s + routing_s + grad_accumulation_time(problem, plan, holds.trained)
     return RankCost(rank, compute_s + sums.tp_comm_s + sums.cp_comm_s + pp_comm_s + ep_comm_s,
@@ -356,7 +356,7 @@ def _kept_last_outputs(problem: Problem, plan: Plan, stages: tuple[tuple[int, in
 
 def other_bytes(problem: Problem, plan: Plan, activations: float,
                 largest_gathered: float, params: float, trained: float, *,
-                tensors: tuple[tuple[LayerTensors, ...], StageOutput | None], held: int,
+                tensors: tuple[tuple[LayerTensors, ...], StageOutput | None],
                 states: float) -> tuple[float, float]:
     """(memory besides model states and activations, the part of it the allocator reserves
     beyond its allocated peak). Outside the allocator the CUDA context and NCCL buffers; a
@@ -366,8 +366,8 @@ def other_bytes(problem: Problem, plan: Plan, activations: float,
     the activations they follow; and what the caching allocator reserves beyond that by its
     rules for the stage's step (step_allocations.step_segments, the replay's closed form;
     :func:`reserved_total_bytes`) for its layer and output ``tensors``
-    (:func:`stage_tensors`), beside ``states`` bytes of model states. ``held``: the
-    micro-batches in flight (the replay's; the closed form does not depend on it)."""
+    (:func:`stage_tensors`), beside ``states`` bytes of model states (the micro-batches in
+    flight do not change it: ``activations`` has them)."""
     runtime = problem.runtime
     allocated = outside_allocator_bytes(problem, plan)
     if plan.zero_stage >= 1:

@@ -233,7 +233,7 @@ def _rank_memories(problem: Problem, plan: Plan, evaluation: _Evaluation) -> lis
             activations = cost.activations + (held - first) * cost.acts_per_chunk
             tensors = stage_tensors(problem, plan, rank_stages(plan, rank), split)
             other, _ = other_bytes(problem, plan, activations, cost.largest, cost.params,
-                                   cost.trained, tensors=tensors, held=held,
+                                   cost.trained, tensors=tensors,
                                    states=cost.states.total)
             memories[rank] = cost.states.total + activations + other
     return memories
