@@ -47,7 +47,7 @@ the softmax and the gradient: 4 bytes, plus the 16-bit cast of the gradient: 6).
 
 BF16_OPTIMIZER = {**MEGATRON_DEEPSPEED, "grad_bytes": 2 + 4, "fp32_grad_bytes": 0,
                   "zero_bucket_bytes": 0, "grad_norm_bytes": 0, "grad_upcast_bytes": 4,
-                  "step_flattens_grads": False}
+                  "step_flattens_grads": False, "reduction_copy_bytes": 2}
 """DeepSpeed's BF16Optimizer (``runtime/bf16_optimizer.py``, ZeRO stage 0 as BigScience ran it:
 "bf16 must use z0! it implements its own zero stage 1 equivalent"): the bf16 ``param.grad`` of
 every parameter (2 bytes, kept across micro-batches: ``update_hp_grads(clear_lp_grads=False)``)
@@ -59,7 +59,10 @@ the norm of the fp32 gradients as they are (``get_global_norm_of_tensors``: ``.f
 fp32 tensor copies nothing). After each micro-batch's backward ``update_hp_grads`` adds every
 bf16 gradient into its fp32 one through ``lp.grad.data.to(hp_grad.dtype)``, a 4-byte copy of one
 parameter's gradient at a time (``grad_upcast_bytes``); its step works on those flat fp32
-buffers, with no flattening copy (``step_flattens_grads``)."""
+buffers, with no flattening copy (``step_flattens_grads``). The engine's all-reduce of those
+fp32 buffers casts each to the bf16 communication dtype (``allreduce_bucket``:
+``tensor.to(communication_data_type)``), a 2-byte copy per parameter of the stage
+(``reduction_copy_bytes``, memory.reduction_copy_bytes)."""
 
 MEGATRON_DROPOUT = 0.1
 """Megatron-DeepSpeed's ``--hidden-dropout`` and ``--attention-dropout`` defaults

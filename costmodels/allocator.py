@@ -15,6 +15,11 @@ segments, ``max_split_size`` unlimited, one stream).
   ``allocated`` counts the whole block.
 - A freed block merges with free neighbours of its segment (``try_merge_blocks``); segments stay
   reserved (the cache) and count in ``reserved`` until ``empty_cache``.
+- When cudaMalloc fails for want of device memory, the allocator frees every cached segment
+  that holds no live block (``release_cached_blocks``) and tries again; only then does it
+  raise the out-of-memory error. ``release_before_growing`` replays a device that is always
+  that full: the reserved peak is then the least the sequence needs (live segments with their
+  free fragments, and the new request).
 """
 
 from __future__ import annotations
@@ -86,6 +91,7 @@ class CachingAllocator:
         default_factory=lambda: {True: [], False: []})
     _by_key: dict[tuple[int, int, int], _Block] = field(default_factory=dict)
     _small: list[bool] = field(default_factory=list)
+    release_before_growing: bool = False
 
     def malloc(self, nbytes: int) -> _Block:
         size = round_size(nbytes)
@@ -128,6 +134,8 @@ class CachingAllocator:
         return self._uncache(self._by_key[keys[i]]) if i < len(keys) else None
 
     def _new_segment(self, size: int) -> _Block:
+        if self.release_before_growing:
+            self._release_free_segments()
         grant = allocation_size(size)
         block = _Block(len(self._segments), 0, grant)
         self._segments.append([block])
@@ -135,6 +143,14 @@ class CachingAllocator:
         self.reserved += grant
         self.peak_reserved = max(self.peak_reserved, self.reserved)
         return block
+
+
+    def _release_free_segments(self) -> None:
+        """``release_cached_blocks``: every segment whose one block is free goes back to the
+        device."""
+        for blocks in self._segments:
+            if len(blocks) == 1 and not blocks[0].live:
+                self.reserved -= self._uncache(blocks.pop()).size
 
 
 def replay(records: list[tuple[int, int, int]]) -> CachingAllocator:

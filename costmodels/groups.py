@@ -23,7 +23,7 @@ from autoplan.costmodels.pipeline import pipeline_time
 from autoplan.costmodels.placement import axis_stride, plan_links
 from autoplan.costmodels.problem import MIB, Problem, memo, memory_mib
 from autoplan.costmodels.ranks import (
-    RankCost, chunk_compositions, chunk_sums, held_params, other_bytes, pp_comm,
+    RankCost, chunk_compositions, chunk_sums, held_params, other_bytes, pp_comm, stage_tensors,
 )
 from autoplan.costmodels.summary import summarize
 from autoplan.costmodels.sync import dp_time, offload_param_time, optimizer_time
@@ -105,11 +105,15 @@ def stage_cost(problem: Problem, plan: Plan, rank: int, groups: tuple[str, ...],
     held = in_flight_chunks(rank, pp=plan.pp, vpp=1, num_microbatches=plan.num_microbatches)
     activations = held * sums.acts_per_chunk + sums.working
     sub = problem.on_group(groups[rank])
-    other = other_bytes(sub, plan, activations, sums.largest, params, base.trained)
+    split = Split.of(plan, problem.flash_attention, problem.runtime.attention_kernel)
+    other, excess = other_bytes(sub, plan, activations, sums.largest, params, base.trained,
+                                tensors=stage_tensors(sub, plan, (stage,), split),
+                                states=states.total)
     cost = RankCost(rank, sums.compute_s + sums.tp_comm_s + sums.cp_comm_s + base.pp_s,
                      sums.compute_s, sums.backward_s, sums.tp_comm_s, sums.cp_comm_s,
                      sums.wgrad_s, base.pp_s, states, activations, other, params,
-                     sums.acts_per_chunk, sums.largest, sums.gathers, trained=base.trained)
+                     sums.acts_per_chunk, sums.largest, sums.gathers, trained=base.trained,
+                     reserved_excess=excess)
     return StageCost(cost, base.sync_s, base.optimizer_s, sub.mem_limit_bytes)
 
 

@@ -117,6 +117,13 @@ def _tp_forward_collective(layer: Layer, split: Split, message: float,
     return scatter
 
 
+def layer_memory_bytes(problem: Problem, layer: Layer, split: Split,
+                       recompute: Recompute) -> tuple[float, float]:
+    """(kept, working) bytes of a layer per micro-batch on one GPU, as ``layer_cost`` prices
+    them, without its time terms (the step replay's per-layer tensors)."""
+    return _kept_bytes(problem, layer, split, recompute), _working_bytes(problem, layer, split)
+
+
 def _kept_bytes(problem: Problem, layer: Layer, split: Split, recompute: Recompute) -> float:
     """What a layer keeps for backward per micro-batch. The cross-entropy of the logits keeps
     nothing across micro-batches: each one's backward starts right after its loss."""

@@ -17,10 +17,13 @@ DistributedOptimizer and DeepSpeed's ZeRO filter on it; FSDP's optimizer gets
 optimizer's state per trained parameter: Adam(W) two fp32 moments (8 bytes); bitsandbytes'
 8-bit Adam two uint8 states with one fp32 absmax each per block of 256 (2 + 8/256 bytes,
 ``Optimizer8bit.init_state``); SGD with momentum one fp32 buffer (4 bytes).
-The peak is the largest of three moments: the backward (states, activations in flight, the
-largest transient), the end of a micro-batch's backward (one micro-batch fewer in flight, the
-largest gradient's copy as it is accumulated: ``upcast_grad_moment_bytes``) and the optimizer
-step (states and its transient, the activations freed; ``step_moment_excess_bytes``).
+The allocated peak is the largest of three moments: the backward (states, activations in
+flight, the largest transient), the end of a micro-batch's backward (one micro-batch fewer in
+flight, the largest gradient's copy as it is accumulated: ``upcast_grad_moment_bytes``) and the
+gradient reduction and optimizer step (states and their transients, the activations freed).
+What the caching allocator reserves on top comes from replaying the step's allocations
+(costmodels/step_allocations.py): the step's transients that no cached activation block
+serves take new segments above the backward's.
 Activations per layer come from the trace (bytes saved for backward), split by TP where the
 tensor lies between a column- and a row-parallel Linear and by SP elsewhere (Korthikanti et al.
 2022, Table 2); full recompute keeps only each layer's input.
@@ -175,6 +178,28 @@ def layer_activation_bytes(layer: Layer, split: Split, recompute: Recompute, *,
     if not split.flash:
         return kept + _score_bytes(layer, split)
     return kept + layer.attention_internal_bytes * split.mbs / (split.tp * split.cp)
+
+
+def layer_tensor_shapes(layer: Layer, split: Split) -> tuple[int, ...]:
+    """Sizes in bytes of the distinct tensors a layer's forward produces per micro-batch on one
+    GPU, besides its hidden states: each GEMM's output (``rows x out_features``, split by TP
+    for a column-parallel Linear, by SP for a row-parallel one, which TP leaves a whole
+    partial sum otherwise) and, for explicit attention, the score tensors (``heads x s x s``:
+    the scores and the softmax in 16 bits, the dropout mask in 1 byte and its output, as
+    :func:`_score_bytes` counts them). For the step replay (costmodels/step_allocations.py)."""
+    shapes = []
+    for gemm in layer.gemms:
+        divisor = (split.tp if gemm.split is TpSplit.COLUMN
+                   or (gemm.split is TpSplit.ROW and split.sp) else 1)
+        shapes += [WEIGHT_BYTES * gemm.rows * gemm.out_features * split.mbs
+                   / (divisor * split.cp)] * gemm.count
+    if not split.flash:
+        for att in layer.attention:
+            elements = att.num_heads * att.seq_len * att.seq_len * split.mbs / (
+                split.tp * split.cp * split.cp)
+            per_element = (2, 2, 1, 2) if att.dropout > 0 else (2, 2)
+            shapes += [b * elements for b in per_element]
+    return tuple(int(size) for size in shapes)
 
 
 def op_sac_block_bytes(layer: Layer, split: Split) -> float:
@@ -332,14 +357,6 @@ def cublas_workspace_bytes(compute_capability: float | None) -> float:
     return CUBLAS_HANDLES * per_handle
 
 
-def allocator_slack_bytes(activations: float, fragmentation: float, workspace: float) -> float:
-    """What PyTorch's caching allocator reserves beyond the allocated bytes at the peak: the
-    cuBLAS ``workspace``, and the freed blocks of other sizes (activations, gradients and
-    communication buffers of a step come and go in many sizes, and a cached block serves a
-    request only if it is at least as large) as the stated fraction of activation memory."""
-    return workspace + fragmentation * activations
-
-
 NVLS_CHANNELS_SM90 = 16
 NVLS_CHANNELS_SM100 = 32
 """NVLink SHARP channels of a communicator (NCCL 2.27 src/transport/nvls.cc:
@@ -398,11 +415,16 @@ def flat_grad_copy_excess_bytes(trained_params: float, *, grad_bytes: float, dp:
     return grad_bytes * trained_params * max(0, 2 - dp) / dp
 
 
-def step_moment_excess_bytes(transient: float, activations: float, fragmentation: float) -> float:
-    """What the optimizer-step moment adds over the backward moment. By the step every
-    micro-batch's activations (and the blocks the allocator held for them) are freed, the
-    model states and buffers stay: the peak is the larger of the two transients."""
-    return max(0.0, transient - activations * (1 + fragmentation))
+def reduction_copy_bytes(trained_params: float, *, bytes_per_param: float) -> float:
+    """The flat copy DeepSpeed's engine makes as it all-reduces the gradients outside a ZeRO
+    optimizer (``buffered_allreduce_fallback`` -> ``allreduce_no_retain`` ->
+    ``allreduce_bucket``): ``flatten(bucket)``, then ``tensor.to(communication_data_type)``
+    where the gradients' dtype differs. Under BF16_Optimizer the gradients are its fp32 flat
+    buffer of the whole group (``get_grads_for_reduction``), one tensor larger than the
+    500M-element bucket, so the flatten is a view and the cast to the bf16 communication dtype
+    (``communication_data_type`` defaults to bf16 when bf16 is on) copies every trained
+    parameter's gradient: ``bytes_per_param`` 2."""
+    return bytes_per_param * trained_params
 
 
 def in_flight_chunks(rank: int, *, pp: int, vpp: int, num_microbatches: int) -> int:

@@ -102,6 +102,10 @@ class RuntimeProfile:
     step_flattens_grads: bool = False
     """The ZeRO-1/2 optimizer flattens its partition's 16-bit gradients into a new buffer at the
     step (memory.flat_grad_copy_excess_bytes; DeepSpeed's, unless pre-flattened by ZeRO-2)."""
+    reduction_copy_bytes: float = 0.0
+    """Bytes per trained parameter of the copy the runtime's gradient all-reduce makes at ZeRO 0
+    (memory.reduction_copy_bytes: DeepSpeed's BF16_Optimizer, 2, its fp32 gradients cast to
+    the bf16 communication dtype); 0: none."""
     pp_holds_stage_outputs: bool = False
     """The pipeline engine keeps each in-flight micro-batch's stage output until that
     micro-batch's backward (DeepSpeed's PipelineEngine: ``pipe_buffers['outputs']``)."""

@@ -8,15 +8,15 @@ from dataclasses import dataclass
 from autoplan.costmodels import comm
 from autoplan.costmodels.compute import Split
 from autoplan.costmodels.experts import ep_comm_time, expert_params, routing_time
-from autoplan.costmodels.layers import layer_cost, logits_layer
+from autoplan.costmodels.layers import layer_cost, layer_memory_bytes, logits_layer
 from autoplan.costmodels.memory import (
     WEIGHT_BYTES,
     ModelStates,
-    allocator_slack_bytes,
     cublas_workspace_bytes,
     ddp_bucket_copy_bytes,
     grad_norm_copy_bytes,
     held_fp32_logits_bytes,
+    layer_tensor_shapes,
     flat_grad_copy_excess_bytes,
     grad_copy_bytes_per_element,
     in_backward_grads_held,
@@ -24,7 +24,7 @@ from autoplan.costmodels.memory import (
     last_stage_output_slots,
     model_state_bytes,
     nvls_buffer_bytes,
-    step_moment_excess_bytes,
+    reduction_copy_bytes,
     upcast_grad_moment_bytes,
     zero3_buffer_bytes,
 )
@@ -35,6 +35,13 @@ from autoplan.costmodels.pipeline import (
 )
 from autoplan.costmodels.placement import plan_links
 from autoplan.costmodels.problem import Problem, memo
+from autoplan.costmodels.step_allocations import (
+    LayerTensors,
+    StageOutput,
+    StepSegments,
+    step_segments,
+    tensors_of,
+)
 
 from autoplan.cluster.topology import GroupLinks
 from autoplan.graph.layer_graph import LayerKind
@@ -63,6 +70,9 @@ class RankCost:
     """The part of ``params`` that are experts split by EP (0 when ep = 1: experts are then
     sharded and reduced like every other parameter)."""
     trained: float = 0.0  # of params, those that require grad: reduced and stepped
+    reserved_excess: float = 0.0
+    """Of ``other``, what the caching allocator reserves beyond its allocated peak
+    (allocator_excess_bytes)."""
 
     @property
     def memory(self) -> float:
@@ -234,13 +244,15 @@ def rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLin
     acts_per_chunk = sums.acts_per_chunk + _held_output_bytes(problem, plan, stages, split)
     activations = activation_peak_bytes(problem, plan, sums, acts_per_chunk, held)
     activations += _kept_last_outputs(problem, plan, stages, split, held)
-    other = other_bytes(problem, plan, activations, sums.largest, params, holds.trained)
+    other, excess = other_bytes(problem, plan, activations, sums.largest, params, holds.trained,
+                                tensors=stage_tensors(problem, plan, stages, split),
+                                states=states.total)
     compute_s = sums.compute_s + routing_s + grad_accumulation_time(problem, plan, holds.trained)
     return RankCost(rank, compute_s + sums.tp_comm_s + sums.cp_comm_s + pp_comm_s + ep_comm_s,
                      compute_s, sums.backward_s, sums.tp_comm_s, sums.cp_comm_s, sums.wgrad_s,
                      pp_comm_s, states, activations, other, params,
                      acts_per_chunk, sums.largest, sums.gathers, ep_comm_s, experts,
-                     holds.trained)
+                     holds.trained, excess)
 
 
 def grad_accumulation_time(problem: Problem, plan: Plan, trained: float) -> float:
@@ -354,25 +366,112 @@ def _kept_last_outputs(problem: Problem, plan: Plan, stages: tuple[tuple[int, in
 
 
 def other_bytes(problem: Problem, plan: Plan, activations: float,
-                 largest_gathered: float, params: float, trained: float) -> float:
-    """Memory besides model states and activations: outside the allocator the CUDA context and
-    NCCL buffers, the allocator's slack (memory.allocator_slack_bytes), a ZeRO optimizer's
-    gradient-reduction bucket (DeepSpeed allocates it whole), and with ZeRO-3 the
+                largest_gathered: float, params: float, trained: float, *,
+                tensors: tuple[tuple[LayerTensors, ...], StageOutput | None],
+                states: float) -> tuple[float, float]:
+    """(memory besides model states and activations, the part of it the allocator reserves
+    beyond its allocated peak). Outside the allocator the CUDA context and NCCL buffers; a
+    ZeRO optimizer's gradient-reduction bucket (DeepSpeed allocates it whole); with ZeRO-3 the
     unsharded copies of the gathered units (memory.zero3_buffer_bytes) of a GPU holding
-    ``params`` parameters."""
+    ``params`` parameters; the gradient reduction's and optimizer step's transients beyond
+    the activations they follow; and what the caching allocator reserves beyond that by its
+    rules for the stage's step (step_allocations.step_segments, the replay's closed form;
+    :func:`reserved_total_bytes`) for its layer and output ``tensors``
+    (:func:`stage_tensors`), beside ``states`` bytes of model states (the micro-batches in
+    flight do not change it: ``activations`` has them)."""
     runtime = problem.runtime
-    other = outside_allocator_bytes(problem, plan) + allocator_slack_bytes(
-        activations, runtime.fragmentation, workspace_bytes(problem))
+    allocated = outside_allocator_bytes(problem, plan)
     if plan.zero_stage >= 1:
-        other += runtime.zero_bucket_bytes
-    other += step_moment_excess_bytes(step_transient_bytes(problem, plan, largest_gathered, params,
-                                                           trained),
-                                      activations, runtime.fragmentation)
+        allocated += runtime.zero_bucket_bytes
     if plan.zero_stage >= 3:
-        other += zero3_buffer_bytes(
+        allocated += zero3_buffer_bytes(
             largest_gathered, params, bytes_per_param=runtime.zero3_gather_bytes,
             pipeline_resident=runtime.zero3_pp_resident and plan.pp > 1)
-    return other
+    transients = step_transients(problem, plan, largest_gathered, params, trained)
+    layers, output = tensors
+    segments = step_segments(layers, num_microbatches=plan.num_microbatches,
+                             step_transients=transients, output=output)
+    cached, least = (states + allocated + dynamic_reserved_bytes(problem, segments, activations,
+                                                                 released=released)
+                     for released in (False, True))
+    total = reserved_total_bytes(cached, least, problem.cluster.gpu.memory_bytes)
+    allocated_peak = states + allocated + max(activations, segments.least)
+    return total - states - activations, total - allocated_peak
+
+
+def reserved_total_bytes(cached: float, least: float, device: float) -> float:
+    """A GPU's memory at the step's high-water mark: ``cached``, the allocator keeping every
+    freed block, where that fits the ``device``; else the device full, the allocator having
+    returned its free segments to grow, unless even ``least`` (the step on a full device)
+    exceeds it: out of memory, by that much."""
+    if cached <= device:
+        return cached
+    return max(device, least)
+
+
+def dynamic_reserved_bytes(problem: Problem, segments: StepSegments, activations: float, *,
+                           released: bool) -> float:
+    """What the caching allocator reserves for the step's activations and transients at its
+    high-water mark: the cuBLAS workspaces, and the larger of two moments. The backward: the
+    ``activations`` with the stated ``fragmentation`` share (the many tensor sizes of a real
+    backward, measured on recorded steps). The gradient reduction and optimizer step: on top
+    of every block the backward cached, the segments their transients take because no cached
+    block serves them, and at least the segments of the pipe buffers and of the largest
+    transient; or, ``released`` (a full device, whose free segments the allocator returns
+    before it grows), those alone (step_allocations.step_segments)."""
+    backward = activations * (1 + problem.runtime.fragmentation)
+    step = segments.least if released else max(backward + segments.new, segments.least)
+    return workspace_bytes(problem) + max(backward, step)
+
+
+def stage_tensors(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], ...],
+                  split: Split) -> tuple[tuple[LayerTensors, ...], StageOutput | None]:
+    """What a rank allocates per micro-batch (step_allocations): layer by layer, each layer's kept
+    and working bytes (layers.layer_memory_bytes) as its attention scores and GEMM outputs
+    (memory.layer_tensor_shapes; a fully recomputed block keeps its input alone) and the rest
+    in tensors of the layer's output on one GPU (the loss's in fp32 logits); and the stage
+    output a pipeline engine holds (:func:`_stage_output`). An interleaved rank is replayed as
+    its first chunk."""
+    key = ("tensors", stages[:1], split, plan.recompute, plan.recompute_num_layers,
+           plan.num_microbatches)
+    found = memo(problem).get(key)
+    if found is not None:
+        return found
+    tensors = []
+    for class_id, count, recompute in chunk_compositions(problem, plan, stages[:1])[0]:
+        layer = problem.layer_class(class_id)
+        kept, working = layer_memory_bytes(problem, layer, split, recompute)
+        unit = _output_tensor_bytes(problem, layer, split)
+        shapes = layer_tensor_shapes(layer, split)
+        full = recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK
+        tensors.append(LayerTensors(tensors_of(kept, unit, () if full else shapes),
+                                    tensors_of(working, unit, shapes), count))
+    found = memo(problem)[key] = (tuple(tensors), _stage_output(problem, plan, stages[0], split))
+    return found
+
+
+def _stage_output(problem: Problem, plan: Plan, stage: tuple[int, int],
+                  split: Split) -> StageOutput | None:
+    """The output a pipeline engine keeps per micro-batch of ``stage`` (_held_output_bytes),
+    for the chunk that ends in the loss in the pipe buffers that outlive its backward."""
+    if not problem.runtime.pp_holds_stage_outputs:
+        return None
+    first, num = stage
+    ends_in_loss = logits_layer(problem, problem.graph.layers[first + num - 1]) is not None
+    slots = last_stage_output_slots(plan.num_microbatches) if ends_in_loss else 0
+    return StageOutput(int(_held_output_bytes(problem, plan, (stage,), split)), slots)
+
+
+def _output_tensor_bytes(problem: Problem, layer, split: Split) -> float:
+    """A layer's output per micro-batch on one GPU (split by SP, by CP), or for the loss the
+    fp32 logits it works on (memory.held_fp32_logits_bytes)."""
+    head = logits_layer(problem, layer)
+    if head is not None:
+        return held_fp32_logits_bytes(head.boundary_bytes, split,
+                                      logit_element_bytes=4 if problem.precision == "fp32"
+                                      else WEIGHT_BYTES)
+    sequence_div = split.tp if split.sp else 1
+    return layer.boundary_bytes * split.mbs / (split.cp * sequence_div)
 
 
 def workspace_bytes(problem: Problem) -> float:
@@ -467,22 +566,27 @@ def rank_groups(problem: Problem, plan: Plan) -> list[list[int]]:
     return groups
 
 
-def step_transient_bytes(problem: Problem, plan: Plan, largest_module: float,
-                          params: float, trained: float) -> float:
-    """The optimizer step's transient on a GPU holding ``params`` parameters, ``trained`` of
-    them trained: ZeRO-1/2's fp64 copy of the largest gradient (``largest_module``: DeepSpeed's
-    largest parameter-owning module) of its 1/dp partition, or ZeRO-1's flat copy of its
-    partition's gradients where that is larger (memory.flat_grad_copy_excess_bytes)."""
+def step_transients(problem: Problem, plan: Plan, largest_module: float,
+                    params: float, trained: float) -> tuple[int, ...]:
+    """The allocations, one after the other, of the gradient reduction and the optimizer step
+    on a GPU holding ``params`` parameters, ``trained`` of them trained: the copy the
+    runtime's own all-reduce makes of the gradients where it has one (DeepSpeed's engine
+    under BF16_Optimizer, memory.reduction_copy_bytes), then ZeRO-1/2's fp64 copy of the largest gradient
+    (``largest_module``: DeepSpeed's largest parameter-owning module) of its 1/dp partition
+    for the norm, and ZeRO-1's flat copy of its partition's gradients beyond the gradients it
+    frees (memory.flat_grad_copy_excess_bytes)."""
     runtime = problem.runtime
-    if plan.zero_stage not in (1, 2):
-        return 0.0
     shards = plan.dp * plan.cp
-    norm = grad_norm_copy_bytes(largest_module, params / shards,
-                                bytes_per_element=runtime.grad_norm_bytes)
-    if not (runtime.step_flattens_grads and plan.zero_stage == 1):
-        return norm
-    return max(norm, flat_grad_copy_excess_bytes(trained, grad_bytes=runtime.grad_bytes,
-                                                 dp=shards))
+    sizes = []
+    if shards > 1:
+        sizes.append(reduction_copy_bytes(trained, bytes_per_param=runtime.reduction_copy_bytes))
+    if plan.zero_stage in (1, 2):
+        sizes.append(grad_norm_copy_bytes(largest_module, params / shards,
+                                          bytes_per_element=runtime.grad_norm_bytes))
+        if runtime.step_flattens_grads and plan.zero_stage == 1:
+            sizes.append(flat_grad_copy_excess_bytes(trained, grad_bytes=runtime.grad_bytes,
+                                                     dp=shards))
+    return tuple(int(size) for size in sizes if size > 0)
 
 
 def _held_output_bytes(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], ...],

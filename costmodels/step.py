@@ -20,10 +20,7 @@ from dataclasses import dataclass
 
 from autoplan.costmodels.compute import Split
 from autoplan.costmodels.groups import estimate_on_groups, step_and_peak_on_groups
-from autoplan.costmodels.memory import (
-    in_flight_chunks,
-    step_moment_excess_bytes,
-)
+from autoplan.costmodels.memory import in_flight_chunks
 from autoplan.costmodels.pipeline import pipeline_time
 from autoplan.costmodels.placement import plan_links
 from autoplan.costmodels.problem import Problem, memo
@@ -34,8 +31,11 @@ from autoplan.costmodels.ranks import (
     rank_base,
     rank_cost,
     rank_groups,
-    step_transient_bytes,
+    rank_stages,
+    stage_tensors,
+    step_transients,
 )
+from autoplan.costmodels.step_allocations import step_segments
 from autoplan.costmodels.summary import summarize
 from autoplan.costmodels.sync import dp_time, least_dp_time, offload_param_time, optimizer_time
 
@@ -223,6 +223,7 @@ def worst_gpu_bytes(problem: Problem, plan: Plan) -> float:
 def _rank_memories(problem: Problem, plan: Plan, evaluation: _Evaluation) -> list[float]:
     """Memory of every rank: within a group only the micro-batches held in flight differ."""
     memories = [0.0] * plan.pp
+    split = Split.of(plan, problem.flash_attention, problem.runtime.attention_kernel)
     for ranks, cost in zip(evaluation.groups, evaluation.costs):
         first = in_flight_chunks(cost.rank, pp=plan.pp, vpp=plan.vpp,
                                  num_microbatches=plan.num_microbatches)
@@ -230,9 +231,11 @@ def _rank_memories(problem: Problem, plan: Plan, evaluation: _Evaluation) -> lis
             held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp,
                                     num_microbatches=plan.num_microbatches)
             activations = cost.activations + (held - first) * cost.acts_per_chunk
-            memories[rank] = (cost.states.total + activations
-                              + other_bytes(problem, plan, activations, cost.largest,
-                                             cost.params, cost.trained))
+            tensors = stage_tensors(problem, plan, rank_stages(plan, rank), split)
+            other, _ = other_bytes(problem, plan, activations, cost.largest, cost.params,
+                                   cost.trained, tensors=tensors,
+                                   states=cost.states.total)
+            memories[rank] = cost.states.total + activations + other
     return memories
 
 
@@ -241,7 +244,8 @@ def peak_moments(problem: Problem, plan: Plan) -> list[str]:
     micro-batches it holds in flight (its schedule's warm-up) when its largest transient runs,
     the cross-entropy of the logits or the backward of its heaviest layer (a full-recompute
     block rebuilding its activations), with ZeRO-3's gathered copies held meanwhile; or the
-    optimizer step, when its transient outweighs those (memory.step_moment_excess_bytes)."""
+    gradient reduction and optimizer step, when their transients outweigh those or take new
+    segments of the caching allocator (step_allocations.step_segments)."""
     moments = [""] * plan.pp
     links = plan_links(problem, plan)
     for ranks in rank_groups(problem, plan):
@@ -258,11 +262,17 @@ def peak_moments(problem: Problem, plan: Plan) -> list[str]:
                 moments[rank] = (f"{copied} after a micro-batch's backward, with {held - 1} "
                                  "other micro-batch chunk(s) in flight")
                 continue
-            if step_moment_excess_bytes(step_transient_bytes(problem, plan, sums.largest,
-                                                              holds.count, holds.trained),
-                                        activations, problem.runtime.fragmentation):
-                moments[rank] = ("the optimizer step (the fp64 copy of the largest gradient "
-                                 "for the norm), after every micro-batch's activations are freed")
+            stages = rank_stages(plan, rank)
+            layers, output = stage_tensors(problem, plan, stages, split)
+            segments = step_segments(layers, output=output,
+                                     num_microbatches=plan.num_microbatches,
+                                     step_transients=step_transients(problem, plan, sums.largest,
+                                                                     holds.count, holds.trained))
+            if segments.new or segments.least > activations:
+                moments[rank] = ("the gradient reduction and optimizer step (copies of the "
+                                 "gradients that no block the backward left cached can hold "
+                                 "take new segments), after every micro-batch's activations "
+                                 "are freed")
                 continue
             what = ("the loss (cross-entropy over the logits) of the newest micro-batch"
                     if sums.working_kind == "loss" else f"the backward of a {sums.working_kind}"

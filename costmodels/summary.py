@@ -4,11 +4,8 @@ memory breakdown)."""
 from __future__ import annotations
 
 from autoplan.costmodels.flops import hardware_flops_per_sample, model_flops_per_sample, recomputed_layers
-from autoplan.costmodels.memory import (
-    allocator_slack_bytes,
-)
 from autoplan.costmodels.problem import Problem, memo
-from autoplan.costmodels.ranks import RankCost, outside_allocator_bytes, workspace_bytes
+from autoplan.costmodels.ranks import RankCost, outside_allocator_bytes
 
 from autoplan.plan import Estimate, Plan
 from autoplan.units import GIB
@@ -35,10 +32,7 @@ def summarize(problem: Problem, plan: Plan, *, step: float, worst: RankCost,
         hardware_tflops_per_gpu=hw / (plan.world_size * step) / 1e12,
         mfu=model_tflops * 1e12 / peak,
         peak_memory_gib=worst.memory / GIB,
-        peak_allocated_gib=(worst.memory - outside
-                            - allocator_slack_bytes(worst.activations,
-                                                    problem.runtime.fragmentation,
-                                                    workspace_bytes(problem))) / GIB,
+        peak_allocated_gib=(worst.memory - outside - worst.reserved_excess) / GIB,
         peak_reserved_gib=(worst.memory - outside) / GIB,
         memory_limit_gib=problem.mem_limit_bytes / GIB,
         memory_breakdown_gib={

@@ -96,3 +96,20 @@ def test_torch_default_cublas_workspaces():
     assert cublas_workspace_bytes(9.0) == 2 * 32 * MIB
     assert cublas_workspace_bytes(8.0) == 2 * (8 * MIB + 128 * 1024)
     assert cublas_workspace_bytes(10.0) == 2 * (8 * MIB + 128 * 1024)
+
+
+def test_a_full_device_returns_its_free_segments_before_growing():
+    """``release_cached_blocks``: with the device full, every request that needs a segment
+    first returns the wholly free ones. The case above: the 16 MiB request returns the free
+    12 MiB segment, the 24 MiB one the free 16: never more than 24 MiB reserved. A segment
+    with a live block stays: 12 MiB live, a free 16 MiB segment returned, 12 + 24 = 36."""
+    a = CachingAllocator(release_before_growing=True)
+    a.free(a.malloc(12 * MIB))
+    a.free(a.malloc(16 * MIB))
+    a.malloc(24 * MIB)
+    assert (a.reserved, a.peak_reserved) == (24 * MIB, 24 * MIB)
+    b = CachingAllocator(release_before_growing=True)
+    b.malloc(12 * MIB)
+    b.free(b.malloc(16 * MIB))
+    b.malloc(24 * MIB)
+    assert b.reserved == 36 * MIB
