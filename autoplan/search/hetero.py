@@ -177,6 +177,7 @@ class _Search:
         self.user_bounds, self.max_gpus, self.deadline = bounds, max_gpus, deadline
         self.best: tuple | None = None  # (order, plan, problem)
         self.open_bound_s = math.inf
+        self.unproven_bound_s = math.inf  # least step of splits CP-SAT's limit left unproven
         self.pools: dict = {}  # stage tables solved -> their near-optimal splits
         self.per_token = len({p.training.global_batch for p in problems}) > 1
         """Step times of different global batches compare only per token (as in solver)."""
@@ -189,6 +190,10 @@ class _Search:
     def beaten(self, bound_s: float, shape: Shape, problem: Problem) -> bool:
         """The best plan so far is strictly better than anything with this bound."""
         return self.best is not None and self.key(bound_s, shape, problem) > self.best[0][0]
+
+    def split_unproven(self, floor_s: float) -> None:
+        """A split CP-SAT did not prove optimal: the best is proven only down to ``floor_s``."""
+        self.unproven_bound_s = min(self.unproven_bound_s, floor_s)
 
     def late(self, bound_s: float) -> bool:
         if time.perf_counter() <= self.deadline:
@@ -285,7 +290,8 @@ class _Search:
             if self.late(assignment_bound):
                 return
             best = _best_split(problem, plan, groups, self.pools,
-                               lambda step_s: self.beaten(step_s, shape, problem))
+                               lambda step_s: self.beaten(step_s, shape, problem),
+                               self.split_unproven)
             if best is None:
                 continue
             tokens = problem.training.tokens_per_step
@@ -306,7 +312,7 @@ def _by_sp(options: list[Switches]) -> list[Switches]:
 
 
 def _best_split(problem: Problem, plan: Plan, groups: tuple[str, ...], pools: dict,
-                beaten) -> _Split | None:
+                beaten, unproven=None) -> _Split | None:
     """The blocks per stage with the least step, every stage within its own group's limit, the
     first lexicographically of equal steps; None when no split fits (or, for alike blocks,
     when ``beaten`` holds for a bound on every split). Alike blocks: the partition model's
@@ -314,7 +320,7 @@ def _best_split(problem: Problem, plan: Plan, groups: tuple[str, ...], pools: di
     ``pools`` keeps the answers of equal stage tables); other models: the best of the menu
     (``space.stage_variants``), as on one kind of GPU."""
     if uniform_blocks(problem.graph):
-        found = best_split_on_groups(problem, plan, groups, pools, beaten)
+        found = best_split_on_groups(problem, plan, groups, pools, beaten, unproven)
         return None if found is None else _Split(*found)
     best = None
     for stages in stage_variants(problem.graph, plan.pp, 1):
@@ -377,11 +383,12 @@ def _info(search: _Search, plan: Plan, problem: Problem, est: Estimate,
     tokens = problem.training.tokens_per_step
     value, unit = objective_value(objective, est.step_time_s, plan.world_size, tokens,
                                   per_token=search.per_token)
-    if search.open_bound_s == math.inf:
+    open_bound_s = min(search.open_bound_s, search.unproven_bound_s)
+    if open_bound_s == math.inf:
         status, bound = "OPTIMAL", value
     else:  # the open bound is a step time: a bound in the reported unit only for one batch
         status = "FEASIBLE"
-        bound = (min(value, search.open_bound_s)
+        bound = (min(value, open_bound_s)
                  if objective.primary is ObjectiveTerm.TIME and not search.per_token else 0.0)
     return SolverInfo(status=status, objective=value, bound=bound,
                       gap=max(0.0, (value - bound) / value) if value else 0.0, wall_time_s=wall,

@@ -51,7 +51,8 @@ Solve and re-evaluate
     Skipped where the hint is provably alone in the window (``hint_is_alone``: any other
     split gives some stage one block more, which already costs more than the window). One
     worker, a fixed seed and a deterministic time limit (same input, same partition; past
-    it the best split found, at worst the hint). The integer objective differs from
+    it the best split found, at worst the hint, with the objective bound CP-SAT had proven:
+    ``Solved.floor``, which the search's status reports as FEASIBLE). The integer objective differs from
     ``estimate()``'s float step by the rounding of each term (under (m + p) / 2 ns) and, on
     one kind of GPU, by the post-drain term (which ``estimate()`` takes from the rank with
     most parameters rather than stage by stage), so every solution within the window of the
@@ -363,7 +364,7 @@ class GroupStageCosts(StageCosts):
 
 
 def best_split_on_groups(problem: Problem, plan: Plan, groups: tuple[str, ...],
-                         cache: dict | None = None, beaten=None
+                         cache: dict | None = None, beaten=None, unproven=None
                          ) -> tuple[float, tuple[int, ...]] | None:
     """(step s, blocks per stage) of the fastest split for ``plan``'s degrees and switches with
     stage s on node group ``groups[s]``, every stage within its group's limit, the
@@ -371,11 +372,12 @@ def best_split_on_groups(problem: Problem, plan: Plan, groups: tuple[str, ...],
     fits, or when ``beaten(step_s)`` holds for a bound under every split's step (from the
     greedy hint: ``GroupStageCosts.first_hint``). Blocks must be alike
     (``space.uniform_blocks``). The model's window is re-evaluated in floats, so the answer is
-    ``estimate()``'s best split wherever the window holds at most POOL splits."""
+    ``estimate()``'s best split wherever the window holds at most POOL splits; ``unproven``
+    as in ``near_optimal_splits``."""
     costs = GroupStageCosts(problem, plan, groups, beaten)
     if costs.hint is None:
         return None
-    pool = _near_optimal_counts(costs, cache, beaten)
+    pool = _near_optimal_counts(costs, cache, beaten, unproven)
     return min(((costs.step_s(counts), counts) for counts in pool), default=None)
 
 
@@ -504,29 +506,30 @@ class PartitionModel:
         return tuple(next(c for c, var in row.items() if solver.boolean_value(var))
                      for row in self.x)
 
-    def solve(self, hint: tuple[int, ...] | None = None, beaten=None
-              ) -> tuple[int, list[tuple[int, ...]] | None]:
+    def solve(self, hint: tuple[int, ...] | None = None, beaten=None) -> "Solved":
         """The optimum and every solution within the window of it (at most POOL); none without
         solving where the counts that fit cannot add up to the blocks; the admissible
         ``hint`` alone where the time limit passes before any solution; None for the pool,
         without enumerating it, where ``beaten(step_s)`` holds for the optimum's bound (less
-        the rounding, in seconds)."""
+        the rounding, in seconds). Where the deterministic limit stopped CP-SAT before it
+        proved the optimum, ``floor`` is the objective bound it had proven."""
         costs, total = self.table.costs, self.table.num_blocks
         if not all(costs) or sum(max(row) for row in costs) < total:
-            return 0, []
+            return Solved(0, [])
         if all(len(row) == 1 for row in costs):  # one split left: nothing to choose
             only = tuple(next(iter(row)) for row in costs)
-            return (0, [only]) if sum(only) == total else (0, [])
+            return Solved(0, [only] if sum(only) == total else [])
         solver = _solver()
         status = solver.solve(self.model)
         if status == cp_model.INFEASIBLE:
-            return 0, []
+            return Solved(0, [])
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):  # time limit: the hint
-            return 0, [hint] if hint else []
+            return Solved(0, [hint] if hint else [], floor=0)
         best = round(solver.objective_value)
+        floor = None if status == cp_model.OPTIMAL else math.floor(solver.best_objective_bound)
         if beaten is not None and beaten(
                 (round(solver.best_objective_bound) - self.table.rounding) / NS):
-            return best, None
+            return Solved(best, None, floor)
         self.model.clear_objective()
         self.model.clear_hints()
         self.model.add(self.objective <= self.table.window_top(best)).with_name("near_optimum")
@@ -535,8 +538,25 @@ class PartitionModel:
         enumerate_.parameters.enumerate_all_solutions = True
         enumerate_.solve(self.model, pool)
         found = pool.found | {self.counts(solver)}
-        return best, sorted({c for counts in found
-                             for c in permutations_of_equal_rows(self.table.costs, counts)})
+        return Solved(best, sorted({c for counts in found
+                                    for c in permutations_of_equal_rows(self.table.costs, counts)}),
+                      floor)
+
+
+@dataclass(frozen=True)
+class Solved:
+    """A partition model's answer: the optimum's integer objective, the splits of its window
+    (None: beaten, not enumerated) and, where CP-SAT's deterministic limit passed before it
+    proved the optimum, the objective bound it had proven (``floor``, ns; None when proven)."""
+
+    best: int
+    pool: list[tuple[int, ...]] | None
+    floor: int | None = None
+
+    def floor_s(self, rounding: int) -> float | None:
+        """The proven bound on any split's step in seconds (less the rounding); None when
+        the optimum was proven."""
+        return None if self.floor is None else max(0.0, (self.floor - rounding) / NS)
 
 
 def equal_row_classes(rows: tuple[dict, ...]) -> list[list[int]]:
@@ -624,44 +644,47 @@ def applies(problem: Problem, pp: int, vpp: int) -> bool:
 
 
 def near_optimal_splits(problem: Problem, plan: Plan, *, memory: bool = True,
-                        cache: dict | None = None) -> list[tuple[Stage, ...]]:
+                        cache: dict | None = None, unproven=None) -> list[tuple[Stage, ...]]:
     """The stages of every split within WINDOW of the model's optimum for ``plan``'s degrees
     and switches (``applies`` must hold), lexicographically by block counts, for the caller to
     re-evaluate; empty when no split fits. ``memory=False`` ignores the limit (for bounds).
     Where the hint is provably the only split in the window (``hint_is_alone``) no model is
-    built; ``cache`` maps stage tables already solved to their pools (equal tables, e.g. of
-    ZeRO stages that change no stage's time, post-drain term or fit, have equal answers)."""
+    built; ``cache`` maps stage tables already solved to their answers (equal tables, e.g. of
+    ZeRO stages that change no stage's time, post-drain term or fit, have equal answers).
+    ``unproven(floor_s)`` is called where CP-SAT's deterministic limit left the optimum
+    unproven, with the step no split is below."""
     return [stages_of_counts(problem.graph, counts)
-            for counts in _near_optimal_counts(StageCosts(problem, plan, memory), cache)]
+            for counts in _near_optimal_counts(StageCosts(problem, plan, memory), cache,
+                                               unproven=unproven)]
 
 
-def _near_optimal_counts(costs: StageCosts, cache: dict | None, beaten=None
+def _near_optimal_counts(costs: StageCosts, cache: dict | None, beaten=None, unproven=None
                          ) -> list[tuple[int, ...]]:
     """The block counts of every split in the window of the model's optimum over ``costs``;
     none where ``beaten`` holds for the optimum (that answer is not kept in ``cache``: it
-    depends on the caller's incumbent)."""
+    depends on the caller's incumbent); ``unproven`` as in ``near_optimal_splits``."""
     if costs.hint is None:  # no split fits
         return []
     if hint_is_alone(costs, costs.plan.num_microbatches):
         return [costs.hint]
     table = read_problem(costs)
-    pool = None if cache is None else cache.get(table.key)
-    if pool is None:
-        pool = _solve_pool(table, costs.hint, beaten)
-        if pool is None:
-            return []
-        if cache is not None:
-            cache[table.key] = pool
-    return pool
+    solved = None if cache is None else cache.get(table.key)
+    if solved is None:
+        solved = _solve_pool(table, costs.hint, beaten)
+        if solved.pool is not None and cache is not None:
+            cache[table.key] = solved
+    floor_s = solved.floor_s(table.rounding)
+    if solved.pool is not None and floor_s is not None and unproven is not None:
+        unproven(floor_s)
+    return solved.pool or []
 
 
-def _solve_pool(table: StageTable, hint: tuple[int, ...], beaten=None
-                ) -> list[tuple[int, ...]] | None:
+def _solve_pool(table: StageTable, hint: tuple[int, ...], beaten=None) -> Solved:
     model = PartitionModel(table)
     admissible = all(c in row for c, row in zip(hint, table.costs))
     if admissible:
         model.add_hint(hint)
-    return model.solve(hint if admissible else None, beaten)[1]
+    return model.solve(hint if admissible else None, beaten)
 
 
 def hint_is_alone(costs: StageCosts, m: int) -> bool:

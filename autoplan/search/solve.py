@@ -104,9 +104,10 @@ def _info(table: Table, row: int, name: str, bound_key: float, wall: float) -> S
     value, unit = objective_value(objective, table.step_time(row), table.plans[row].world_size,
                                   table.tokens(row), per_token=per_token)
     bound = objective_from_key(objective, bound_key, per_token=per_token)
-    if table.open_bound_s < math.inf:  # optimal among what was evaluated, not proven
+    open_bound_s = min(table.open_bound_s, table.unproven_bound_s)
+    if open_bound_s < math.inf:  # optimal among what was evaluated (and split), not proven
         name = "FEASIBLE"
-        bound = (min(bound, table.open_bound_s)
+        bound = (min(bound, open_bound_s)
                  if objective.primary is ObjectiveTerm.TIME and not per_token else 0.0)
     # Keys are whole µs (or units of the objective): a proven optimum is exact at that
     # resolution, so its bound is the value itself rather than the value rounded down.

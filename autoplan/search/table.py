@@ -112,6 +112,7 @@ class Table:
     _keys: list[tuple | None] = field(default_factory=list)  # objective key of each row
     eligible_rows: list[bool] = field(default_factory=list)  # fits and fast enough
     open_bound_s: float = math.inf  # lower bound of candidates left unevaluated at the deadline
+    unproven_bound_s: float = math.inf  # least step of splits CP-SAT's limit left unproven
     unexpanded: list[_Pending] = field(default_factory=list)  # never evaluated (runners-up)
     every_dp: bool = False  # lift the DP dominance even for time (relaxed tables)
     pins: Pins = field(default_factory=Pins)
@@ -329,7 +330,8 @@ class Table:
         if balanced and self._cannot_beat(bound, shape, source):
             self._defer(bound, source, shape, [sw])
             return fits or screen and split_fits(problem, template)
-        splits = near_optimal_splits(problem, template, cache=self._pools)
+        splits = near_optimal_splits(problem, template, cache=self._pools,
+                                     unproven=self._split_unproven)
         if splits:
             training = problem.training
             plans = [make_plan(shape, sw, stages, training) for stages in splits]
@@ -337,6 +339,11 @@ class Table:
             if (source, best) not in self._rows:
                 self.add(best, source)
         return fits or bool(splits)
+
+    def _split_unproven(self, floor_s: float) -> None:
+        """A split CP-SAT did not prove optimal: the table's best is then proven only down to
+        the step no split of that shape is below."""
+        self.unproven_bound_s = min(self.unproven_bound_s, floor_s)
 
     def _defer(self, bound_s: float, source: int, shape: Shape, options: list,
                how: str = "chain") -> None:

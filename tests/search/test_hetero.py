@@ -216,3 +216,21 @@ def test_pins_outside_the_group_space_are_refused_not_ignored(pins, flag):
         training_spec(256, 8, "bf16", "megatron", "flash"))
     with pytest.raises(ConstraintError, match=flag):
         solve_on_groups([problem], Pins(**pins), time_limit_s=10)
+
+
+def test_a_split_the_deterministic_limit_cut_short_is_reported_unproven(monkeypatch):
+    """The case above at micro-batch 2 (32 micro-batches: the greedy hint is not provably
+    alone in the window, so the model is solved) with CP-SAT's deterministic limit at zero:
+    no split is proven optimal, so the answer is FEASIBLE with a bound at most its objective
+    (it is OPTIMAL at the normal limit)."""
+    from autoplan.search import partition
+    fast = custom_gpu("fast-gpu", 400, "80GiB", "4000GB/s")
+    slow = custom_gpu("slow-gpu", 200, "80GiB", "2000GB/s")
+    problem = make_problem(gpt(12, 1024, 16, vocab=256), load_cluster(one_gpu_groups(fast, slow)),
+                           training_spec(256, 64, "bf16", "megatron", "flash"))
+    pins = Pins(pp=2, tp=1, dp=1, mbs=2, zero=0, recompute="none")
+    assert solve_on_groups([problem], pins, time_limit_s=60).info.status == "OPTIMAL"
+    monkeypatch.setattr(partition, "DETERMINISTIC_LIMIT", 0.0)
+    found = solve_on_groups([problem], pins, time_limit_s=60)
+    assert found.info.status == "FEASIBLE"
+    assert found.info.bound <= found.info.objective

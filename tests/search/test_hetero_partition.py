@@ -28,7 +28,7 @@ def linear_row(per_block: int, counts, after=lambda c: 0) -> dict:
 
 def pool(rows, blocks: int, m: int) -> list[tuple[int, ...]]:
     """The model's window with no share and no rounding: the optimal splits alone."""
-    return PartitionModel(StageTable(tuple(rows), blocks, m, 0.0, 0)).solve()[1]
+    return PartitionModel(StageTable(tuple(rows), blocks, m, 0.0, 0)).solve().pool
 
 
 def test_a_faster_stage_gets_more_blocks():
@@ -58,7 +58,7 @@ def test_stages_with_equal_rows_are_searched_once_and_every_order_is_returned():
     model = PartitionModel(StageTable((end, middle, middle, end), 6, 2, 0.0, 0))
     names = {c.name for c in model.model.proto.constraints}
     assert "symmetry_1_2" in names and "symmetry_0_3" in names
-    assert model.solve()[1] == [(1, 1, 3, 1), (1, 2, 2, 1), (1, 3, 1, 1)]
+    assert model.solve().pool == [(1, 1, 3, 1), (1, 2, 2, 1), (1, 3, 1, 1)]
 
 
 # --- the model on node groups against every composition ---------------------------------------

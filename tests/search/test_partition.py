@@ -11,6 +11,7 @@ from autoplan.problems import make_problem, training_spec
 from autoplan.costmodels.problem import limit_mib, memory_mib
 from autoplan.costmodels.step import step_and_peak
 from autoplan.search.brute import brute_force
+from autoplan.search import partition
 from autoplan.search.partition import applies, near_optimal_splits
 from autoplan.search.solve import solve_search, solve_table
 from autoplan.search.space import (Shape, Switches, balanced_stages, block_counts, compositions,
@@ -118,3 +119,31 @@ def test_solve_equals_brute_force_over_every_split(gpus, every_dp):
     solution = solve_search(problem, Pins(), time_limit_s=60, objective=objective)
     assert solution.info.status == "OPTIMAL"
     assert solution.plan == reference[0]
+
+
+def test_a_split_cut_short_by_the_deterministic_limit_is_reported_unproven(monkeypatch):
+    """With CP-SAT's deterministic limit at zero no split is proven optimal: the search still
+    answers (the greedy hint or the best split found) but says FEASIBLE, with a bound at most
+    its objective; at the normal limit the same search proves its answer OPTIMAL."""
+    problem = _problem(8, 65536, 2, 16, "megatron", 30000, hidden=1024)
+    pins = Pins(pp=2, tp=1, dp=1)
+    assert solve_table(problem, pins, time_limit_s=30)[2].status == "OPTIMAL"
+    monkeypatch.setattr(partition, "DETERMINISTIC_LIMIT", 0.0)
+    _, estimate, info = solve_table(problem, pins, time_limit_s=30)
+    assert info.status == "FEASIBLE"
+    assert info.bound <= info.objective == estimate.step_time_s
+    assert info.gap == pytest.approx((info.objective - info.bound) / info.objective)
+
+
+def test_the_partition_model_states_its_floor_only_when_the_optimum_is_unproven(monkeypatch):
+    """Hand-worked table: 2 stages, 4 blocks, m = 3, blocks cost 10 and 20 (optimum (3, 1),
+    objective 110, see test_hetero_partition): proven, no floor; at a zero deterministic
+    limit the answer carries a floor no greater than the optimum."""
+    rows = tuple({c: (per * c, 0) for c in range(1, 4)} for per in (10, 20))
+    proven = partition.PartitionModel(partition.StageTable(rows, 4, 3, 0.0, 0)).solve()
+    assert (proven.best, proven.pool, proven.floor) == (110, [(3, 1)], None)
+    monkeypatch.setattr(partition, "DETERMINISTIC_LIMIT", 0.0)
+    model = partition.PartitionModel(partition.StageTable(rows, 4, 3, 0.0, 0))
+    model.add_hint((2, 2))
+    cut = model.solve((2, 2))
+    assert cut.floor is not None and cut.floor <= 110
