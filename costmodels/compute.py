@@ -29,13 +29,14 @@ fuses them, and its kernels move the measured share of that traffic
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from autoplan.cluster.catalog import GpuSpec
 from autoplan.costmodels.profiles import ComputeProfile
 from autoplan.costmodels.quantization import HALF_BYTES, quantized_gemms, stored_bytes_per_param
 from autoplan.graph.layer_graph import Attention, Gemm, Layer, LayerKind, TpSplit
 from autoplan.plan import Plan, Recompute
+from autoplan.records import kept_hash
 from autoplan.training import FrozenDtype
 
 BACKWARD_TRAFFIC_FACTOR = 2.0
@@ -164,11 +165,7 @@ class Split:
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __hash__(self) -> int:
-        """The fields' hash, kept: the layer and rank memos are keyed by splits."""
-        if not self._hash:
-            object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name)
-                                                         for f in fields(self) if f.compare)))
-        return self._hash
+        return kept_hash(self)
 
     @classmethod
     def of(cls, plan: Plan, flash: bool, kernel: str = REFERENCE_KERNEL) -> "Split":

@@ -15,12 +15,13 @@ Collective costs (costmodels.comm) read a placed group's bottleneck from :func:`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from autoplan.cluster.profile import NcclProfile
 from autoplan.cluster.spec import Cluster
+from autoplan.records import kept_hash
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -145,11 +146,7 @@ class GroupLinks:
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __hash__(self) -> int:
-        """The fields' hash, kept: the cost models key their memos by links thousands of times."""
-        if not self._hash:
-            object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name)
-                                                         for f in fields(self) if f.compare)))
-        return self._hash
+        return kept_hash(self)
 
     @property
     def crosses_nodes(self) -> bool:
