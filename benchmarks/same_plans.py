@@ -58,7 +58,7 @@ def commands(scratch: Path) -> dict[str, list[str]]:
     """Each case's ``solve`` arguments (the jobs' clusters written into ``scratch``)."""
     found = {name: ["solve", str(MODELS / f"{model}.py"), str(CLUSTERS / f"{cluster}.yaml"),
                     *extra.split()] for name, model, cluster, extra in CASES}
-    for label, model, nodes, seq_len, batch, _ in JOBS:
+    for _label, model, nodes, seq_len, batch, _ in JOBS:
         cluster = scratch / f"dgx-a100-x{nodes}.yaml"
         cluster.write_text(yaml.safe_dump(dgx_a100(nodes)))
         found[Path(model).stem] = ["solve", str(MODELS / model), str(cluster), "--seq-len",
