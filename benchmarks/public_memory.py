@@ -5,6 +5,16 @@ pre-training recipes with virtual pipeline stages (GPT-3 175B, Llama 2 13B/70B, 
 predicted peak is printed beside the device's memory. Rows and sources:
 benchmarks/data/public_memory_runs.csv and .md. Nothing in autoplan is fitted to them.
 
+What it shows (December 2026): the Llama rows are refused, mostly because of what one
+block saves. The traced model is the zoo's eager PyTorch Llama: RMSNorm upcast to fp32, rotary
+embedding, unfused SwiGLU. Llama 3 405B at TP 8 with SP, seq 8192, saves 1.0 GB per block and
+micro-batch. megatron-core with Transformer Engine's fused kernels saves per block, in bytes
+times s b h / tp: both norms' inputs and outputs 2 + 2 + 2 + 2, QKV 2.25 (8 KV heads), the
+flash output 2, fc1's output 13 and fc2's input 6.5 (ffn 3.25 h), 31.75 in all: 0.53 GB. On
+top of that, Meta's framework shards the gradients (sec. 3.3.2), which Megatron-LM's
+distributed optimizer does not. The GPT-3 and Llama 2 rows ran in FP8 (inputs saved in 8 bits)
+and come within 1-2% of the 80 GB.
+
     .venv/bin/python benchmarks/public_memory.py
 """
 
