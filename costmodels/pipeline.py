@@ -4,9 +4,15 @@
 ``(m - 1) * max t + sum t`` (equal stages: (m + p - 1) t, bubble fraction (p - 1)/m).
 Interleaved with v chunks per rank: the fill and drain shrink v-fold,
 ``m * max t + (sum t - max t) / v`` (bubble (p - 1)/(v m), Narayanan et al. 2021 sec. 2.2.2).
+
+The order a rank runs its chunks' forwards and backwards in (``schedule_order``) and the
+chunk-micro-batches it holds as each backward starts (``in_flight_moments``), which set its
+activation memory (costmodels/ranks.py).
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 
 def pipeline_time(*, slowest_s: float, total_s: float, num_microbatches: int, vpp: int,
@@ -112,6 +118,7 @@ def _forwards_of_chunk(chunk: int, done: int, *, vpp: int, group: int) -> int:
     return rounds * group + min(max(into - chunk * group, 0), group)
 
 
+@lru_cache(maxsize=4096)
 def in_flight_moments(rank: int, *, pp: int, vpp: int,
                       num_microbatches: int) -> tuple[tuple[tuple[int, ...], int], ...]:
     """The distinct moments a rank's backward starts, as (chunk-micro-batches in flight per
@@ -120,7 +127,7 @@ def in_flight_moments(rank: int, *, pp: int, vpp: int,
     backwards have run, chunk c has had ``F_c`` of those forwards and of the backwards those
     of chunk ``vpp - 1 - c``'s turn (``F`` counts a chunk's turns, :func:`_forwards_of_chunk`).
     The steady state repeats every ``vpp g`` steps, so one turn of it and the cool-down give
-    every moment."""
+    every moment. Memoized: the search asks for each rank of each shape."""
     total = num_microbatches * vpp
     warmup = warmup_forwards(rank, pp=pp, vpp=vpp, num_microbatches=num_microbatches)
     group = microbatches_per_round(pp, num_microbatches)
