@@ -111,11 +111,11 @@ def schedule_order(rank: int, *, pp: int, vpp: int,
     return tuple(order)
 
 
-def _forwards_of_chunk(chunk: int, done: int, *, vpp: int, group: int) -> int:
-    """Of a rank's first ``done`` forwards, those of ``chunk`` (``group`` per round of ``vpp
+def _forwards_per_chunk(done: int, *, vpp: int, group: int) -> list[int]:
+    """Of a rank's first ``done`` forwards, those of each chunk (``group`` per round of ``vpp
     group`` forwards)."""
     rounds, into = divmod(done, vpp * group)
-    return rounds * group + min(max(into - chunk * group, 0), group)
+    return [rounds * group + min(max(into - chunk * group, 0), group) for chunk in range(vpp)]
 
 
 @lru_cache(maxsize=4096)
@@ -125,7 +125,7 @@ def in_flight_moments(rank: int, *, pp: int, vpp: int,
     chunk, the micro-batch's own included; the chunk whose backward it is). Closed form of
     :func:`schedule_order`: before backward k, ``min(w + k + 1, m vpp)`` forwards and k
     backwards have run, chunk c has had ``F_c`` of those forwards and of the backwards those
-    of chunk ``vpp - 1 - c``'s turn (``F`` counts a chunk's turns, :func:`_forwards_of_chunk`).
+    of chunk ``vpp - 1 - c``'s turn (``F`` counts a chunk's turns, :func:`_forwards_per_chunk`).
     The steady state repeats every ``vpp g`` steps, so one turn of it and the cool-down give
     every moment. Memoized: the search asks for each rank of each shape."""
     total = num_microbatches * vpp
@@ -135,8 +135,8 @@ def in_flight_moments(rank: int, *, pp: int, vpp: int,
     moments = {}
     for k in (*steady, *range(total - warmup, total)):
         done = min(warmup + k + 1, total)
-        counts = tuple(_forwards_of_chunk(c, done, vpp=vpp, group=group)
-                       - _forwards_of_chunk(vpp - 1 - c, k, vpp=vpp, group=group)
-                       for c in range(vpp))
+        backwards = _forwards_per_chunk(k, vpp=vpp, group=group)[::-1]
+        counts = tuple(f - b for f, b in zip(_forwards_per_chunk(done, vpp=vpp, group=group),
+                                             backwards))
         moments[(counts, chunk_of(k, vpp=vpp, group=group, forward=False))] = None
     return tuple(moments)

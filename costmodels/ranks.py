@@ -4,6 +4,7 @@ and model states it holds, the memory besides them, and which ranks cost the sam
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from autoplan.costmodels import comm
 from autoplan.costmodels.compute import Split
@@ -371,16 +372,30 @@ def activation_peak(problem: Problem, plan: Plan, rank: int,
     backward starts): those in flight with the backward chunk's largest transient, or the
     gradients' copies after that backward, its micro-batch freed
     (:func:`grad_accumulation_moment_bytes`)."""
-    best = InFlightPeak(0.0, 0)
-    for counts, chunk in in_flight_moments(rank, pp=plan.pp, vpp=plan.vpp,
-                                           num_microbatches=plan.num_microbatches):
-        in_flight = sum(n * c.kept for n, c in zip(counts, chunks))
-        backward = InFlightPeak(in_flight + chunks[chunk].working, sum(counts),
-                                chunks[chunk].working_kind)
-        after = InFlightPeak(grad_accumulation_moment_bytes(problem, plan, sums,
-                                                            in_flight - chunks[chunk].kept),
-                             sum(counts) - 1, accumulating=True)
-        best = max(best, backward, after, key=lambda peak: peak.bytes)
+    moments = in_flight_moments(rank, pp=plan.pp, vpp=plan.vpp,
+                                num_microbatches=plan.num_microbatches)
+    copies = grad_accumulation_moment_bytes(problem, plan, sums, 0.0)
+    peak, held, chunk, accumulating = _peak_over_moments(
+        moments, tuple(c.kept for c in chunks), tuple(c.working for c in chunks), copies)
+    return InFlightPeak(peak, held, "" if accumulating else chunks[chunk].working_kind,
+                        accumulating)
+
+
+@lru_cache(maxsize=65536)
+def _peak_over_moments(moments: tuple, kept: tuple[float, ...], working: tuple[float, ...],
+                       copies: float) -> tuple[float, int, int, bool]:
+    """(bytes, chunk-micro-batches in flight, backward chunk, after it) at the largest of the
+    ``moments``: the chunks' ``kept`` bytes times their micro-batches in flight, plus the
+    backward chunk's ``working`` transient, or after it, that micro-batch freed, the
+    gradients' ``copies`` (none where 0). Memoized: equal ranks share it."""
+    best = (0.0, 0, 0, False)
+    for counts, chunk in moments:
+        in_flight = sum(n * k for n, k in zip(counts, kept))
+        backward = in_flight + working[chunk]
+        if backward > best[0]:
+            best = (backward, sum(counts), chunk, False)
+        if copies and in_flight - kept[chunk] + copies > best[0]:
+            best = (in_flight - kept[chunk] + copies, sum(counts) - 1, chunk, True)
     return best
 
 

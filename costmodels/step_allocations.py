@@ -131,11 +131,7 @@ def step_segments(layers: tuple[LayerTensors, ...], *, num_microbatches: int,
     among the backward's small ones. On a full device the allocator returns the free segments
     before it grows, leaving the outputs the pipe buffers keep (counted as allocated: smaller
     ones share segments) and the largest transient's segment."""
-    requests = [size for layer in layers for size in layer.kept + layer.working]
-    if output is not None:
-        requests.append(output.bytes)
-    largest = max((allocation_size(round_size(size)) for size in requests
-                   if round_size(size) > SMALL_SIZE), default=0)
+    largest = _largest_segment(layers, output)
     new = 0
     large = [round_size(size) for size in step_transients if round_size(size) > SMALL_SIZE]
     for size in large:
@@ -146,6 +142,17 @@ def step_segments(layers: tuple[LayerTensors, ...], *, num_microbatches: int,
                 if output is not None and output.slots else 0)
     least = buffered + max((allocation_size(size) for size in large), default=0)
     return StepSegments(new, least)
+
+
+@lru_cache(maxsize=4096)
+def _largest_segment(layers: tuple[LayerTensors, ...], output: StageOutput | None) -> int:
+    """The largest large-pool segment the forwards and backwards of ``layers`` (and the kept
+    ``output``) cudaMalloc. Memoized: the search asks for it with every step's transients."""
+    requests = [size for layer in layers for size in layer.kept + layer.working]
+    if output is not None:
+        requests.append(output.bytes)
+    return max((allocation_size(round_size(size)) for size in requests
+                if round_size(size) > SMALL_SIZE), default=0)
 
 
 @lru_cache(maxsize=4096)
