@@ -39,7 +39,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from autoplan.zoo import GPT, GPTConfig, Llama, LlamaConfig, next_token_loss  # noqa: E402
-from fit import pose, predict_all  # noqa: E402
+from autoplan.costmodels.step import estimate  # noqa: E402
+from fit import pose  # noqa: E402
 from published_runs import PublishedRun  # noqa: E402
 
 CSV = Path(__file__).resolve().parent / "data" / "h100_public_runs.csv"
@@ -117,15 +118,18 @@ def public_runs() -> list[PublishedRun]:
 
 def main() -> None:
     questions, refused = pose(public_runs())
-    errors = predict_all(questions, {})
     print(f"{'row':18} {'gpus':>5} {'tp':>2} {'pp':>2} {'cp':>2} {'dp':>4} {'vpp':>3} {'mbs':>3} "
-          f"{'rc':9} {'measured s':>10} {'predicted s':>11} {'error':>7}")
+          f"{'rc':9} {'measured s':>10} {'predicted s':>11} {'error':>7}  predicted s: "
+          f"compute / tp / dp exposed")
     groups = defaultdict(list)
-    for q, e in zip(questions, errors):
-        p = q.plan
+    for q in questions:
+        p, est = q.plan, estimate(q.problem, q.plan)
+        e = est.step_time_s / q.run.step_time_s - 1
+        parts = " / ".join(f"{est.time_breakdown_s.get(k, 0.0):.3f}"
+                           for k in ("compute", "tp_comm", "dp_comm"))
         print(f"{q.run.row_id:18} {p.world_size:>5} {p.tp:>2} {p.pp:>2} {p.cp:>2} {p.dp:>4} "
               f"{p.vpp:>3} {p.micro_batch_size:>3} {p.recompute.value:9} {q.run.step_time_s:>10.3f} "
-              f"{q.run.step_time_s * (1 + e):>11.3f} {e:>+7.1%}")
+              f"{est.step_time_s:>11.3f} {e:>+7.1%}  {parts}")
         groups[q.run.source].append(e)
         groups["all"].append(e)
     print("\n(error = predicted / measured step time - 1; negative = optimistic)")
