@@ -61,7 +61,7 @@ def zero3_calls(runtime, params: float, trained: float, units: int) -> int:
     window = min(params, runtime.zero3_max_live_params)
     past_window = round(units * (params - window) / params) if params else 0
     gathers = min(units, math.ceil(window / runtime.zero3_prefetch_bucket_params) + past_window)
-    reduces = min(units, math.ceil(trained / runtime.zero3_reduce_bucket_params))
+    reduces = min(units, math.ceil(trained / runtime.reduce_bucket_params))
     return 2 * gathers + reduces
 
 
@@ -308,6 +308,17 @@ def _in_order(times: list[float], costs: list[float]) -> tuple[list[float], list
     return [times[i] for i in order], [costs[i] for i in order]
 
 
+def bucketed_reduction(runtime, reduce, trained: float, grad_bytes: float,
+                       links: GroupLinks) -> float:
+    """Seconds of ``reduce`` over ``grad_bytes`` of ``trained`` parameters' gradients, cut
+    into the runtime's reduce buckets (``reduce_bucket_params`` elements each, DeepSpeed's
+    reduce_bucket_size): one collective, and its latency, per bucket; one in all without."""
+    if not runtime.reduce_bucket_params or trained <= 0:
+        return reduce(grad_bytes, links)
+    buckets = math.ceil(trained / runtime.reduce_bucket_params)
+    return buckets * reduce(grad_bytes / buckets, links)
+
+
 def _dp_collectives(problem: Problem, plan: Plan, params: float, trained: float,
                     links: GroupLinks, gathers: int) -> float:
     """Seconds of the data-parallel collectives over ``links`` for ``params`` parameters,
@@ -315,11 +326,12 @@ def _dp_collectives(problem: Problem, plan: Plan, params: float, trained: float,
     runtime = problem.runtime
     grads = (runtime.reduce_bytes or runtime.grad_bytes) * trained
     if plan.zero_stage == 0:
-        return comm.all_reduce_time(grads, links)
+        return bucketed_reduction(runtime, comm.all_reduce_time, trained, grads, links)
     if plan.zero_stage < 3:
         reduce = (comm.all_reduce_time if runtime.zero_grads_all_reduced
                   else comm.reduce_scatter_time)
-        return reduce(grads, links) + comm.all_gather_time(WEIGHT_BYTES * trained, links)
+        return (bucketed_reduction(runtime, reduce, trained, grads, links)
+                + comm.all_gather_time(WEIGHT_BYTES * trained, links))
     weights = WEIGHT_BYTES * params
     volume = 2 * comm.all_gather_time(weights, links) + comm.reduce_scatter_time(grads, links)
     latency = zero3_calls(runtime, params, trained, gathers) * comm.ring_latency(links)

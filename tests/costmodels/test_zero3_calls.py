@@ -11,7 +11,7 @@ import math
 import pytest
 
 from autoplan.costmodels.profiles import runtime_profile
-from autoplan.costmodels.sync import zero3_calls
+from autoplan.costmodels.sync import bucketed_reduction, zero3_calls
 
 zero_config = pytest.importorskip("deepspeed.runtime.zero.config")
 
@@ -21,7 +21,7 @@ def test_the_profile_states_deepspeeds_zero3_defaults():
     profile = runtime_profile("deepspeed")
     assert profile.zero3_prefetch_bucket_params == config.prefetch_bucket_size == 5e7
     assert profile.zero3_max_live_params == config.max_live_parameters == 1e9
-    assert profile.zero3_reduce_bucket_params == config.reduce_bucket_size == 5e8
+    assert profile.reduce_bucket_params == config.reduce_bucket_size == 5e8
 
 
 def _replayed_forward_gathers(sizes: list[float], prefetch: float, max_live: float) -> int:
@@ -82,3 +82,22 @@ def test_fsdp_gathers_and_reduces_once_per_wrapped_block():
     """FSDP's FlatParameter per block: one all-gather in forward, one in backward, one
     reduce-scatter per block, whatever the block's size: 3 x 32 = 96."""
     assert zero3_calls(runtime_profile("fsdp"), 8e9, 8e9, 32) == 96
+
+
+def test_zero_1_2_reduce_one_reduce_bucket_per_collective():
+    """stage_1_and_2.py all-reduces the gradients one reduce_bucket_size (5e8 elements) bucket
+    at a time: a GPU holding 1.2e9 trained parameters issues ceil(1.2e9 / 5e8) = 3 calls of
+    2.4 GB / 3 = 0.8 GB of bf16 gradients each (Megatron's profile states no such bucket
+    here: one call)."""
+    calls = []
+
+    def reduce(nbytes, links):
+        calls.append(nbytes)
+        return 1.0
+
+    # each call priced at 1 s: three of them, priced once at their common size
+    assert bucketed_reduction(runtime_profile("deepspeed"), reduce, 1.2e9, 2.4e9, None) == 3.0
+    assert calls == [pytest.approx(0.8e9)]
+    calls.clear()
+    assert bucketed_reduction(runtime_profile("megatron"), reduce, 1.2e9, 2.4e9, None) == 1.0
+    assert calls == [2.4e9]
