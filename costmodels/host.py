@@ -7,8 +7,9 @@ so a block costs the longer of its GPU time and its host time. A step turns host
 the kernels are shorter than the time to issue them (large TP, small micro-batches, small
 hidden sizes). With ``CUDA_LAUNCH_BLOCKING=1`` every launch returns only once its kernel has
 finished, so nothing overlaps: the host time adds to the GPU time, and so does each kernel's
-completion round trip. torch.compile and CUDA graphs shrink the count of kernels issued (the
-runtime's ``block_forward_kernels`` / ``block_backward_kernels``).
+completion round trip. torch.compile shrinks the count of kernels issued (the runtime's
+``compiled_block_forward_kernels`` against ``block_forward_kernels``); CUDA graphs, which would
+replace the per-kernel host time by one launch per graph, are not priced.
 """
 
 from __future__ import annotations
@@ -77,6 +78,14 @@ def host_delay_s(gpu_s: float, kernels: int, *, launch_blocking: bool) -> float:
     return max(0.0, host - gpu_s)
 
 
+def runtime_block_kernels(runtime: RuntimeProfile) -> tuple[int, int]:
+    """(forward, backward) compute kernels of one block as the runtime issues them: compiled
+    where ``compile`` is on and the runtime states the compiled counts, else eager."""
+    if runtime.compile and runtime.compiled_block_forward_kernels:
+        return runtime.compiled_block_forward_kernels, runtime.compiled_block_backward_kernels
+    return runtime.block_forward_kernels, runtime.block_backward_kernels
+
+
 def layer_host_delay_s(runtime: RuntimeProfile, layer: Layer, split: Split, recompute: Recompute,
                        gpu_s: float) -> float:
     """Seconds the host side adds to ``layer``'s ``gpu_s`` seconds of GPU work (compute and
@@ -84,10 +93,10 @@ def layer_host_delay_s(runtime: RuntimeProfile, layer: Layer, split: Split, reco
     forward rerun under full recompute, priced by :func:`host_delay_s`. Other layers (the
     embedding, the head and loss) issue a handful of kernels beside long vocabulary GEMMs and
     are not priced."""
-    if layer.kind is not LayerKind.BLOCK or not runtime.block_forward_kernels:
+    forward, backward = runtime_block_kernels(runtime)
+    if layer.kind is not LayerKind.BLOCK or not forward:
         return 0.0
-    kernels = block_kernels(runtime.block_forward_kernels, runtime.block_backward_kernels,
-                            tp_collectives=layer.tp_allreduces, tp=split.tp,
+    kernels = block_kernels(forward, backward, tp_collectives=layer.tp_allreduces, tp=split.tp,
                             sequence_parallel=split.sp)
     issued = kernels.per_micro_batch(recomputed=recompute is Recompute.FULL)
     return host_delay_s(gpu_s, issued, launch_blocking=runtime.launch_blocking)

@@ -152,6 +152,10 @@ class RuntimeProfile:
     """Compute kernels the runtime issues for one transformer block and micro-batch, forward and
     backward (TP collectives apart: costmodels.host.block_kernels); 0: the host side is not
     priced."""
+    compiled_block_forward_kernels: int = 0
+    compiled_block_backward_kernels: int = 0
+    """The same where ``compile`` is on (Inductor's fused kernels, the library ones and
+    AccumulateGrad's outside the graph); 0: as eager."""
     launch_blocking: bool = False
     """The run sets ``CUDA_LAUNCH_BLOCKING=1``: every launch waits for its kernel, so the
     host's time adds to the GPU's (costmodels.host.host_delay_s); on through

@@ -4,6 +4,8 @@ hand."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import autoplan
@@ -12,6 +14,7 @@ from autoplan.costmodels.host import (
     HOST_SECONDS_PER_KERNEL,
     block_kernels,
     host_delay_s,
+    runtime_block_kernels,
 )
 from autoplan.costmodels.profiles import runtime_profile
 from autoplan.zoo import Llama, LlamaConfig, next_token_loss
@@ -75,6 +78,17 @@ def test_fsdp_block_kernels_are_torchtitans_block_run_on_cpu():
     assert (runtime.block_forward_kernels, runtime.block_backward_kernels) == (
         sum(forward.values()), sum(backward.values()))
     assert forward["mm"] == 7 and backward["mm"] == 14  # 7 Linears: dgrad and wgrad each
+
+
+def test_compile_issues_the_compiled_blocks_kernels():
+    """Inductor's graphs of torchtitan's block (benchmarks/host_overhead.py, torch 2.13): 29
+    forward and 38 backward kernels, and AccumulateGrad's add into each of the block's 9
+    parameters (7 Linear weights, 2 RMSNorm weights) outside the graph: 38 + 9."""
+    fsdp = runtime_profile("fsdp")
+    assert runtime_block_kernels(fsdp) == (36, 75)
+    assert runtime_block_kernels(dataclasses.replace(fsdp, compile=True)) == (29, 38 + 9)
+    megatron = dataclasses.replace(runtime_profile("megatron"), compile=True)
+    assert runtime_block_kernels(megatron) == (17, 45)  # no compiled counts: as eager
 
 
 def test_tp_adds_its_collectives_and_full_recompute_the_forward_again():
