@@ -166,8 +166,15 @@ def _moves_bytes(node) -> bool:
 
 
 def compiled_bytes() -> list[int]:
-    """Bytes of Inductor's generated kernels, per compiled graph (forward, then backward); the
-    compile caches are off so that every graph is generated here."""
+    """Bytes of Inductor's generated kernels, per compiled graph (forward, then backward)."""
+    return compiled_graph_sums(lambda node: node.get_read_write_buffers_sizes()
+                               if _moves_bytes(node) else 0)
+
+
+def compiled_graph_sums(measure) -> list[int]:
+    """``measure`` summed over the scheduler nodes (the kernels) of each graph Inductor
+    compiles for the block's forward and backward, in order; the compile caches are off so
+    that every graph is generated here."""
     from torch._functorch import config as functorch_config
     from torch._inductor import config as inductor_config
     from torch._inductor import graph as inductor_graph
@@ -179,8 +186,7 @@ def compiled_bytes() -> list[int]:
 
     def codegen(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
-        counted.append(sum(node.get_read_write_buffers_sizes() for node in self.scheduler.nodes
-                           if _moves_bytes(node)))
+        counted.append(sum(measure(node) for node in self.scheduler.nodes))
         return result
 
     inductor_graph.GraphLowering.codegen = codegen

@@ -64,7 +64,41 @@ def bloom_run() -> PublishedRun:
         pins={"tp": 4, "pp": 12, "dp": 8, "mbs": 2, "vpp": 1, "recompute": "full", "sp": False,
               "zero": 1},  # BF16_Optimizer shards the optimizer states like ZeRO-1
         runtime="deepspeed", precision="bf16", step_time_s=BLOOM_SECONDS,
-        runtime_settings={"grad_accumulation_bytes": bf16_optimizer}, source="BLOOM")
+        runtime_settings={"grad_accumulation_bytes": bf16_optimizer, "launch_blocking": True},
+        source="BLOOM")  # the launch script exports CUDA_LAUNCH_BLOCKING=1
+
+
+BLOCKING_TFLOPS = (("BSPRQ-005", 512, 97.20, 91.04), ("BSPRQ-006", 512, 84.44, 84.59),
+                   ("BSPRQ-006", 2048, 90.25, 90.29))
+"""BigScience's own measurement of CUDA_LAUNCH_BLOCKING (chronicles-prequel.md, "dealing with
+JZ hanging on the large model": the 200B model, TP 8 x PP 10, second iteration): (the row of
+more_runs.csv with its shape and GPUs, global batch, TFLOP/s async, TFLOP/s blocking); BSPRQ-005
+is 80 GPUs at DP 1, BSPRQ-006 160 GPUs at DP 2."""
+
+
+def launch_blocking_check() -> None:
+    """Each configuration of BLOCKING_TFLOPS predicted with and without launch_blocking: the
+    step-time ratio against the measured one (TFLOP/s async over blocking)."""
+    from dataclasses import replace
+
+    from more_runs import more_runs
+
+    posed = {run.row_id: run for run in more_runs()[0]}
+    print("\nCUDA_LAUNCH_BLOCKING=1 against async launches (BigScience 200B, TP 8, PP 10), "
+          "blocking step / async step:")
+    for row_id, batch, async_tflops, blocking_tflops in BLOCKING_TFLOPS:
+        runs = [replace(posed[row_id], global_batch=batch, row_id=f"{row_id}-{batch}-{on}",
+                        runtime_settings={**posed[row_id].runtime_settings,
+                                          "launch_blocking": on})
+                for on in (False, True)]
+        questions, _ = pose(runs)
+        if len(questions) < 2:
+            print(f"  {row_id} GBS {batch}: not posed")
+            continue
+        asynchronous, blocking = (estimate(q.problem, q.plan).step_time_s for q in questions)
+        print(f"  {row_id} GBS {batch:>4}: measured {async_tflops / blocking_tflops:.3f}, "
+              f"predicted {blocking / asynchronous:.3f} ({blocking - asynchronous:+.1f} s of "
+              f"{asynchronous:.1f} s)")
 
 
 def main() -> None:
@@ -90,6 +124,7 @@ def main() -> None:
           "(TrainSchedule's last step: ReduceTiedGrads, ReduceGrads, OptimizerStep), seconds:")
     for q in questions:
         print(f"  {q.run.row_id:12} " + "  ".join(f"{k} {v:.3f}" for k, v in _once_per_step(q)))
+    launch_blocking_check()
 
 
 def _once_per_step(q) -> list[tuple[str, float]]:

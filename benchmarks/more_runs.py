@@ -141,7 +141,8 @@ def _run(row: dict) -> PublishedRun:
         cluster=_cluster(f"{source.lower()}-{n}", gpu, n, per_node, node), seq_len=seq,
         global_batch=batch, pins=pins, runtime=runtime,
         precision="fp16" if row["precision"].startswith("fp16") else "bf16",
-        step_time_s=step, runtime_settings=_runtime_settings(source, row["zero_or_fsdp"]),
+        step_time_s=step, runtime_settings={**_runtime_settings(source, row["zero_or_fsdp"]),
+                                            **_launch_settings(row)},
         source=source, gpu=gpu,
         attention="flash" if flash else "explicit")
 
@@ -175,6 +176,28 @@ def _runtime_settings(source: str, zero_text: str = "") -> dict:
     if source in ("BSPRQ", "BS1B3"):
         return {"zero_grads_all_reduced": False}
     return {}
+
+
+LAUNCH_BLOCKING_FROM = (2, 20)
+"""BigScience's 176B search (train/tr11-176B-ml/chronicles-prequel.md) ran with
+``CUDA_LAUNCH_BLOCKING=1`` from its tables dated 02-20 on: the section "dealing with JZ hanging
+on the large model", written between the 02-17 tables and the 02-20 ones, sets it to overcome
+the hangs and measures async runs on 320 GPUs to "always hang" (every later table is 40-48
+nodes or a rerun of those settings); its "Hanging Issue" section keeps it ("we will use that
+for a time being") and the 176B launch script exports it (train/tr11-176B-ml/
+tr11-176B-ml.slurm). The 02-17 tables match the async column of its own comparison (80 GPUs:
+97.2 TFLOP/s async, 91.0 with the blocking launches)."""
+
+
+def _launch_settings(row: dict) -> dict:
+    """``launch_blocking`` for a BigScience 176B-search row dated from LAUNCH_BLOCKING_FROM on
+    (the date in its table's title); other rows launch asynchronously (the default)."""
+    found = re.search(r"\(date (\d\d)-(\d\d)\)", row["table_or_fig"])
+    if not row["row_id"].startswith("BSPRQ") or found is None:
+        return {}
+    if (int(found.group(1)), int(found.group(2))) < LAUNCH_BLOCKING_FROM:
+        return {}
+    return {"launch_blocking": True}
 
 
 def out_of_memory_runs() -> list[PublishedRun]:

@@ -155,6 +155,19 @@ class RuntimeProfile:
     compiled_elementwise_fraction: float = 1.0
     """Share of a block's eager element-wise HBM traffic (forward and backward) that Inductor's
     fused kernels still move where ``compile`` is on (benchmarks/compiled_traffic.py)."""
+    block_forward_kernels: int = 0
+    block_backward_kernels: int = 0
+    """Compute kernels the runtime issues for one transformer block and micro-batch, forward and
+    backward (TP collectives apart: costmodels.host.block_kernels); 0: the host side is not
+    priced."""
+    compiled_block_forward_kernels: int = 0
+    compiled_block_backward_kernels: int = 0
+    """The same where ``compile`` is on (Inductor's fused kernels, the library ones and
+    AccumulateGrad's outside the graph); 0: as eager."""
+    launch_blocking: bool = False
+    """The run sets ``CUDA_LAUNCH_BLOCKING=1``: every launch waits for its kernel, so the
+    host's time adds to the GPU's (costmodels.host.host_delay_s); on through
+    ``runtime_settings={"launch_blocking": True}``."""
     cublas_workspace_bytes: float | None = None
     """cuBLAS workspaces per GPU, allocated through PyTorch's caching allocator; None: torch's
     default for the GPU (memory.cublas_workspace_bytes); 0 on CPU."""

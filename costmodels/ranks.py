@@ -9,6 +9,7 @@ from functools import lru_cache
 from autoplan.costmodels import comm
 from autoplan.costmodels.compute import Split
 from autoplan.costmodels.experts import ep_comm_time, expert_params, routing_time
+from autoplan.costmodels.host import layer_host_delay_s
 from autoplan.costmodels.layers import layer_cost, layer_memory_bytes, logits_layer
 from autoplan.costmodels.memory import (
     WEIGHT_BYTES,
@@ -156,7 +157,9 @@ def chunk_sums(problem: Problem, compositions: tuple, split: Split,
         for class_id, count, recompute in composition:
             layer = problem.layer_class(class_id)
             cost = layer_cost(problem, layer, class_id, split, recompute, tp_links, cp_links)
-            compute_s += count * cost.compute_s
+            compute_s += count * (cost.compute_s + layer_host_delay_s(
+                problem.runtime, layer, split, recompute,
+                cost.compute_s + cost.tp_comm_s + cost.cp_comm_s))
             backward_s += count * cost.backward_s
             tp_comm_s += count * cost.tp_comm_s
             cp_comm_s += count * cost.cp_comm_s

@@ -48,3 +48,13 @@ def test_rows_that_cannot_be_posed_say_why(posed):
     assert "BSPRQ-043" not in skipped and "BSPRQ-047" not in skipped
     # Every row of the file is either posed or skipped: 390 rows (data/README.md).
     assert len(runs) + len(skipped) == 390
+
+
+def test_bigscience_search_rows_launch_blocking_from_the_02_20_tables(posed):
+    # chronicles-prequel.md: the 02-17 "Best TFLOPs" tables ran before the section that sets
+    # CUDA_LAUNCH_BLOCKING=1 against the hangs; the 02-20 tables and later ran with it.
+    runs = posed[0]
+    assert "launch_blocking" not in runs["BSPRQ-002"].runtime_settings  # 02-17
+    assert runs["BSPRQ-032"].runtime_settings["launch_blocking"] is True  # 02-21
+    assert runs["BSPRQ-134"].runtime_settings["launch_blocking"] is True  # 02-28
+    assert "launch_blocking" not in runs["BS1B3-01"].runtime_settings  # the 2021 V100 runs

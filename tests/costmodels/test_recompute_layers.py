@@ -34,12 +34,22 @@ def problem(examples):
     return make_problem(model, cluster, training_spec(SEQ, BATCH, "bf16", "megatron", "flash"))
 
 
+@pytest.fixture(scope="module")
+def gpu_side(examples):
+    """The problem without the host side: the tiny blocks are host-bound (costmodels/host.py)."""
+    model = load_model(examples / "models/tiny_gpt.py")
+    cluster = load_cluster(examples / "clusters/dgx-a100-x1.yaml")
+    return make_problem(model, cluster, training_spec(SEQ, BATCH, "bf16", "megatron", "flash"),
+                        runtime_settings={"block_forward_kernels": 0})
+
+
 def _estimate(problem, recompute, n=None):
     plan = plan_from_pins(problem, Pins(**SHAPE, recompute=recompute, recompute_num_layers=n))
     return estimate(problem, plan)
 
 
-def test_each_recomputed_block_trades_its_activations_for_one_forward(problem):
+def test_each_recomputed_block_trades_its_activations_for_one_forward(gpu_side):
+    problem = gpu_side
     block = next(l for l in problem.graph.layers if l.kind is LayerKind.BLOCK)
     split = Split(tp=1, cp=1, sp=False, mbs=MBS)
     # By hand: a recomputed block keeps only its input instead of everything it saves, and runs
