@@ -98,11 +98,14 @@ def _bias_dropout_add(name: str, dims: ModelDims, b: float, dropout: float) -> K
 def _activation(dims: ModelDims, b: float) -> Kernel:
     """Jit-fused bias-SwiGLU (reads 2F, writes F; swiglu_back reads dy and 2F, writes 2F) or
     bias-GeLU (reads F, writes F; bias_gelu_back reads dy and F, writes F), per TP rank's
-    share of F = ffn_hidden_size."""
+    share of F = ffn_hidden_size; with a bias, its gradient reads the input gradient once more
+    (a reduction over tokens)."""
     f = dims.ffn_hidden_size
+    width = 2 * f if dims.gated_mlp else f
+    bias_grad = width * b if dims.linear_bias else 0.0
     if dims.gated_mlp:
-        return Kernel("bias-SwiGLU (jit fused)", True, 3 * f * b, 5 * f * b)
-    return Kernel("bias-GeLU (jit fused)", True, 2 * f * b, 3 * f * b)
+        return Kernel("bias-SwiGLU (jit fused)", True, 3 * f * b, 5 * f * b + bias_grad)
+    return Kernel("bias-GeLU (jit fused)", True, 2 * f * b, 3 * f * b + bias_grad)
 
 
 def _rope(impl: str, dims: ModelDims, head_dim: int, b: float) -> tuple[Kernel, ...]:

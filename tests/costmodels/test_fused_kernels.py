@@ -53,10 +53,11 @@ def test_megatron_2021_gpt_block_bytes_per_token_by_hand():
     # sharded: context permute copy (read + write 96 * 128) 2 * h * 2; bias-GeLU 2 * f * 2
     # replicated: 2 LayerNorms (2 h * 2 + mu, rsigma fp32 8); 2 bias-dropout-adds
     #   (read x, residual, write out: 3 h * 2, and a 1-byte mask per element h)
-    # backward: permute 0, bias_gelu_back 3 f * 2; LayerNorm 3 h * 2 + 8; bias-dropout-add
-    #   reads dy and mask, writes dx (2 h * 2 + h) and the bias gradient reads dy (h * 2)
+    # backward: permute 0, bias_gelu_back 3 f * 2 and fc1's bias gradient reads it f * 2;
+    #   LayerNorm 3 h * 2 + 8; bias-dropout-add reads dy and mask, writes dx (2 h * 2 + h)
+    #   and the bias gradient reads dy (h * 2)
     assert _sums(kernels) == (4 * h + 4 * f, 2 * (4 * h + 8) + 2 * (7 * h),
-                              6 * f, 2 * (6 * h + 8) + 2 * (7 * h))
+                              8 * f, 2 * (6 * h + 8) + 2 * (7 * h))
     assert not any("RoPE" in k.name for k in kernels)  # learned positions, in the embedding
 
 
