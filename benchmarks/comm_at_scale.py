@@ -5,6 +5,8 @@ slower than predicted (HF Ultra-Scale Playbook; the rows themselves are not used
 - a Llama-3.2-1B-like model (16 layers, hidden 2048, GQA 32/8, SwiGLU 8192, vocabulary 128256,
   untied: ~1.5B parameters) with DP 256 x TP 2 on 512 H100 (64 nodes), seq 4096, mbs 1,
   global batch 256 sequences (~1M tokens);
+- a 1.34B GPT with DP 256 on 512 H100 under ZeRO 0-3 (Megatron and DeepSpeed), and with
+  TP 16/32 on 2-4 nodes;
 - TP 8, 16 and 32 for Llama 2 7B-like and 70B-like models (TP 16/32 cross nodes);
 - predicted throughput (tokens/s/GPU) of TP 8/16/32 and of DP 8..256 for a ~1.3B and a ~8B
   Llama on p5-like nodes (8 H100, 32x 100 Gb/s EFA);
@@ -53,6 +55,10 @@ LLAMA_8B = _model("llama_8b", LlamaConfig(num_layers=32, hidden_size=4096, num_h
                                           num_kv_heads=32, ffn_hidden_size=14336,
                                           vocab_size=128256))
 """Llama 3 8B's shapes with 32 KV heads (TP 32 must divide them)."""
+GPT_1B3 = _model("gpt_1b3", GPTConfig(num_layers=24, hidden_size=2048, num_heads=32,
+                                      vocab_size=51200, max_seq_len=2048))
+"""A 1.34B GPT (GPT-3 XL's 24 x 2048 with 32 heads so that TP 32 divides them): 12 l h^2 +
+V h = 1.21e9 + 0.10e9, with biases, norms and 2048 positions 1.32e9."""
 GPT_162B = _model("gpt_162b", GPTConfig(num_layers=32, hidden_size=20480, num_heads=128,
                                         vocab_size=51200, max_seq_len=2048))
 """Narayanan et al.'s 162.2B GPT: 12*l*h^2 + V*h = 12*32*20480^2 + 51200*20480 = 162.1e9
@@ -93,6 +99,26 @@ def dp_at_scale() -> None:
             result = autoplan.estimate(LLAMA_1B, h100_nodes(64, network), pins, seq_len=4096,
                                        global_batch=256, runtime=runtime)
             _show(f"{network:3} {runtime} zero {zero}", result)
+
+
+def gpt_1b3_at_scale() -> None:
+    """The issue's 1.34B model with DP 256 on 512 GPUs (TP 2) under each ZeRO stage of
+    Megatron and DeepSpeed, and with TP 16/32 on 2-4 nodes (seq 2048, mbs 1)."""
+    print("\n1.34B GPT, seq 2048, mbs 1: DP 256 x TP 2 on 64 nodes (256 sequences); "
+          "TP 16/32 (8 sequences per DP rank)")
+    for network in NETWORKS:
+        for runtime, zero in (("megatron", 0), ("megatron", 1), ("deepspeed", 0),
+                              ("deepspeed", 1), ("deepspeed", 2), ("deepspeed", 3)):
+            pins = {"tp": 2, "pp": 1, "dp": 256, "mbs": 1, "recompute": "none", "zero": zero}
+            result = autoplan.estimate(GPT_1B3, h100_nodes(64, network), pins, seq_len=2048,
+                                       global_batch=256, runtime=runtime)
+            _show(f"{network:3} DP 256 {runtime} zero {zero}", result)
+        for tp, nodes in ((16, 2), (16, 4), (32, 4)):
+            dp = nodes * 8 // tp
+            pins = {"tp": tp, "pp": 1, "dp": dp, "mbs": 1, "recompute": "none", "zero": 1}
+            result = autoplan.estimate(GPT_1B3, h100_nodes(nodes, network), pins, seq_len=2048,
+                                       global_batch=8 * dp, runtime="megatron")
+            _show(f"{network:3} TP {tp} DP {dp} ({nodes} nodes) megatron", result)
 
 
 def tp_across_nodes() -> None:
@@ -252,6 +278,7 @@ if __name__ == "__main__":
     p5_nccl_tests()
     busbw_by_ring_size()
     dp_at_scale()
+    gpt_1b3_at_scale()
     tp_across_nodes()
     tp16_all_gather_check()
     bucket_reduction_by_ranks()

@@ -193,7 +193,8 @@ def _collective(kind: str, links: GroupLinks) -> nccl_tuning.Collective:
     return nccl_tuning.Collective(
         kind=kind, ranks=links.size, nodes=links.num_nodes,
         intra="pci" if links.intra_kind == "pcie" else "nvlink",
-        busbw=bus_bandwidth(links), net_latency_us=links.net_latency * 1e6)
+        busbw=bus_bandwidth(links), net_latency_us=links.net_latency * 1e6,
+        intra_busbw=_intra_plateau(links) if links.members_per_node > 1 else math.inf)
 
 
 def reduce_scatter_time(message_bytes: float, links: GroupLinks, *, algorithm: str = "auto") -> float:

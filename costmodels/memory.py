@@ -35,6 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from autoplan.costmodels.compute import Split
+from autoplan.costmodels.pipeline import warmup_forwards
 from autoplan.costmodels.profiles import RuntimeProfile
 from autoplan.costmodels.quantization import quantized_gemms, stored_bytes_per_param
 from autoplan.graph.layer_graph import Layer, LayerKind, TpSplit
@@ -281,10 +282,10 @@ def grad_copy_bytes_per_element(*, upcast_bytes: float, accumulates_into_grad: b
 
 
 def upcast_grad_moment_bytes(copied_params: float, *, bytes_per_element: float,
-                             acts_per_chunk: float, held: int) -> float:
+                             others: float) -> float:
     """Activation-side bytes when a runtime adds 16-bit gradients into its fp32 accumulator
-    after a micro-batch's backward, once that micro-batch's activations are freed and the other
-    ``held - 1`` are still in flight, with ``copied_params`` gradients' copies alive
+    after a micro-batch's backward, once that micro-batch's activations are freed and
+    ``others`` bytes of other chunk-micro-batches are still in flight, with ``copied_params`` gradients' copies alive
     (``bytes_per_element`` each). DeepSpeed's BF16_Optimizer (``update_hp_grads``:
     ``hp_grad.data.add_(lp.grad.data.to(hp_grad.dtype))``) copies one parameter's gradient at
     a time to fp32: the largest parameter's, 4 bytes each. nanotron's
@@ -292,7 +293,7 @@ def upcast_grad_moment_bytes(copied_params: float, *, bytes_per_element: float,
     by parameter, ``fp32_grad.add_(half_param.grad)`` and ``half_param.grad = None``: the 16-bit
     gradient of every trained parameter the GPU holds, 2 bytes each (the runtime's
     ``grads_before_accumulation_bytes``)."""
-    return max(0, held - 1) * acts_per_chunk + bytes_per_element * copied_params
+    return others + bytes_per_element * copied_params
 
 
 def ddp_bucket_copy_bytes(trained_params: float, *, bytes_per_param: float, data_parallel: int,
@@ -428,12 +429,9 @@ def reduction_copy_bytes(trained_params: float, *, bytes_per_param: float) -> fl
 
 
 def in_flight_chunks(rank: int, *, pp: int, vpp: int, num_microbatches: int) -> int:
-    """Model-chunk activations a pipeline rank holds at its peak.
-
-    1F1B: rank r keeps ``pp - r`` micro-batches (Narayanan et al. 2021). Interleaved (Megatron's
-    schedule): ``2 (pp - r - 1) + (vpp - 1) pp`` warm-up chunk-micro-batches plus one.
-    """
-    if vpp == 1:
-        return min(pp - rank, num_microbatches)
-    warmup = 2 * (pp - rank - 1) + (vpp - 1) * pp + 1
-    return min(warmup, num_microbatches * vpp)
+    """Chunk-micro-batches a pipeline rank holds as its first backward starts, the most it
+    holds: its warm-up forwards plus one (pipeline.warmup_forwards; 1F1B: ``pp - rank``,
+    Narayanan et al. 2021), at most all ``m vpp`` (pipeline.in_flight_moments has which
+    chunks they are)."""
+    return min(warmup_forwards(rank, pp=pp, vpp=vpp, num_microbatches=num_microbatches) + 1,
+               num_microbatches * vpp)

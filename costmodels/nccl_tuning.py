@@ -12,7 +12,12 @@ alpha-beta model misses:
   capped at a few tens of GB/s across nodes, LL128 keeps 92% of it, Simple all of it at the
   highest latency (ring Simple across nodes pays another 1.4x once the message is large);
 - a tree keeps 92% of the ring's bandwidth and loses more at medium sizes (its correction
-  table: 0.5-0.7 between 32 KB and 8 MB);
+  table: 0.5-0.7 between 32 KB and 8 MB); on one or two nodes tuning.cc takes the tree's
+  bandwidth from its intra-node chains (``graphs[a]->bwIntra`` where ``nNodes <= 2``), which
+  the topology search raises to up to twice the network's (search.cc "increase bwIntra for
+  trees (2 nodes or collnet)"): between two nodes each byte of a tree all-reduce crosses the
+  network once each way where a ring sends nearly two, so a tree of NVLink nodes all-reduces
+  large messages up to twice as fast as the ring;
 - the latency a network plugin reports (``props->latency``, NCCL's ``latencyInter``) is added
   to every network step (twice for Simple, its flush): 0 for NCCL's InfiniBand and socket
   transports, 75 us for EFA on p4d/p5/p5e as aws-ofi-nccl sets it (src/platform-aws.cpp).
@@ -76,7 +81,8 @@ class Collective:
     ``kind``: ``all_reduce``, ``reduce_scatter`` or ``all_gather``; ``ranks`` over ``nodes``
     nodes (the same number on each); ``intra``: ``nvlink`` or ``pci`` (the links inside a
     node); ``busbw``: the ring's Simple bus bandwidth (bytes/s); ``net_latency_us``: what the
-    network plugin reports to NCCL."""
+    network plugin reports to NCCL; ``intra_busbw``: the bus bandwidth of the group's links
+    inside a node (None: no faster than ``busbw``), which bounds a tree on two nodes."""
 
     kind: str
     ranks: int
@@ -84,6 +90,7 @@ class Collective:
     intra: str
     busbw: float
     net_latency_us: float = 0.0
+    intra_busbw: float | None = None
 
     @property
     def per_node(self) -> int:
@@ -132,6 +139,15 @@ def latency_us(c: Collective, algorithm: str, protocol: str) -> float:
     return base + log2i(c.nodes) * inter / 3.5 + c.ranks * 2.8  # PAT
 
 
+def tree_busbw(c: Collective) -> float:
+    """The tree's bus bandwidth before tuning.cc's protocol factors: on more than two nodes
+    the network's (``bwInter``, the ring's); on two, its intra-node chains' (``bwIntra``), at
+    most twice the network's (the search raises it no further)."""
+    if c.nodes > 2 or c.intra_busbw is None:
+        return c.busbw
+    return max(c.busbw, min(c.intra_busbw, 2 * c.busbw))
+
+
 def bus_bandwidth(c: Collective, algorithm: str, protocol: str, message_bytes: float) -> float:
     """tuning.cc's bus bandwidth of one call (bytes/s), with the tree's size correction."""
     bw = c.busbw
@@ -140,7 +156,7 @@ def bus_bandwidth(c: Collective, algorithm: str, protocol: str, message_bytes: f
         return {"LL": min(ll_max, bw * 0.5), "LL128": bw * 0.92, "Simple": bw}[protocol]
     if algorithm == "pat":
         return bw * 0.75
-    bw *= 0.92
+    bw = 0.92 * tree_busbw(c)
     bw = {"LL": min(bw / 3.8, ll_max), "LL128": bw * 120 / 128, "Simple": bw}[protocol]
     log_size = log2i(int(message_bytes) >> 6)
     if message_bytes >= 64 and log_size < 23:

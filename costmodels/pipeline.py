@@ -4,9 +4,15 @@
 ``(m - 1) * max t + sum t`` (equal stages: (m + p - 1) t, bubble fraction (p - 1)/m).
 Interleaved with v chunks per rank: the fill and drain shrink v-fold,
 ``m * max t + (sum t - max t) / v`` (bubble (p - 1)/(v m), Narayanan et al. 2021 sec. 2.2.2).
+
+The order a rank runs its chunks' forwards and backwards in (``schedule_order``) and the
+chunk-micro-batches it holds as each backward starts (``in_flight_moments``), which set its
+activation memory (costmodels/ranks.py).
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 
 def pipeline_time(*, slowest_s: float, total_s: float, num_microbatches: int, vpp: int,
@@ -55,3 +61,82 @@ def partition_meta_bytes(tp: int) -> int:
     pipeline tensor (deepspeed/runtime/utils.py): its number of dimensions, the three sizes of
     a [s, b, h] activation and the tp + 1 partition offsets, 8 bytes each."""
     return 8 * (1 + 3 + tp + 1)
+
+
+def microbatches_per_round(pp: int, num_microbatches: int) -> int:
+    """Micro-batches each chunk runs in a row before the rank turns to its next chunk in an
+    interleaved schedule: megatron-core's ``microbatch_group_size_per_vp_stage`` (``pp`` by
+    default, which Megatron-LM needs to divide the micro-batches) and torch's
+    ``ScheduleInterleaved1F1B.microbatches_per_round`` (``m // max(1, m // pp)``, the same
+    wherever ``pp`` divides ``m``); ``m`` itself where rounds do not divide it."""
+    rounds = max(1, num_microbatches // pp)
+    return num_microbatches // rounds if num_microbatches % rounds == 0 else num_microbatches
+
+
+def warmup_forwards(rank: int, *, pp: int, vpp: int, num_microbatches: int) -> int:
+    """Forwards a pipeline rank runs before its first backward: ``pp - rank - 1`` in 1F1B;
+    interleaved, ``2 (pp - rank - 1) + (vpp - 1) g`` chunk-micro-batches (g the micro-batches
+    per round), capped at all ``m vpp`` of them (megatron-core ``get_pp_rank_microbatches``,
+    torch ``_get_warmup_ops``)."""
+    total = num_microbatches * vpp
+    if vpp == 1:
+        return min(pp - rank - 1, total)
+    group = microbatches_per_round(pp, num_microbatches)
+    return min(2 * (pp - rank - 1) + (vpp - 1) * group, total)
+
+
+def chunk_of(op: int, *, vpp: int, group: int, forward: bool) -> int:
+    """The model chunk of a rank's ``op``-th forward (or backward): chunks take turns every
+    ``group`` micro-batches, forwards from the first chunk, backwards from the last
+    (megatron-core ``get_model_chunk_id`` over ``get_schedule_table``)."""
+    chunk = (op // group) % vpp
+    return chunk if forward else vpp - 1 - chunk
+
+
+def schedule_order(rank: int, *, pp: int, vpp: int,
+                   num_microbatches: int) -> tuple[tuple[bool, int], ...]:
+    """``(is_forward, chunk)`` of each compute step of one pipeline rank, in the order it runs
+    them (each chunk's micro-batches in order, its backwards oldest first): the warm-up
+    forwards, then the steady state's forward followed by a backward, then the cool-down
+    backwards (megatron-core ``forward_backward_pipelining_with_interleaving`` and
+    ``..._without_interleaving``; torch's ``_get_1f1b_rank_ops``)."""
+    total = num_microbatches * vpp
+    warmup = warmup_forwards(rank, pp=pp, vpp=vpp, num_microbatches=num_microbatches)
+    group = microbatches_per_round(pp, num_microbatches)
+    order = [(True, chunk_of(k, vpp=vpp, group=group, forward=True)) for k in range(warmup)]
+    for k in range(total):
+        if warmup + k < total:
+            order.append((True, chunk_of(warmup + k, vpp=vpp, group=group, forward=True)))
+        order.append((False, chunk_of(k, vpp=vpp, group=group, forward=False)))
+    return tuple(order)
+
+
+def _forwards_per_chunk(done: int, *, vpp: int, group: int) -> list[int]:
+    """Of a rank's first ``done`` forwards, those of each chunk (``group`` per round of ``vpp
+    group`` forwards)."""
+    rounds, into = divmod(done, vpp * group)
+    return [rounds * group + min(max(into - chunk * group, 0), group) for chunk in range(vpp)]
+
+
+@lru_cache(maxsize=4096)
+def in_flight_moments(rank: int, *, pp: int, vpp: int,
+                      num_microbatches: int) -> tuple[tuple[tuple[int, ...], int], ...]:
+    """The distinct moments a rank's backward starts, as (chunk-micro-batches in flight per
+    chunk, the micro-batch's own included; the chunk whose backward it is). Closed form of
+    :func:`schedule_order`: before backward k, ``min(w + k + 1, m vpp)`` forwards and k
+    backwards have run, chunk c has had ``F_c`` of those forwards and of the backwards those
+    of chunk ``vpp - 1 - c``'s turn (``F`` counts a chunk's turns, :func:`_forwards_per_chunk`).
+    The steady state repeats every ``vpp g`` steps, so one turn of it and the cool-down give
+    every moment. Memoized: the search asks for each rank of each shape."""
+    total = num_microbatches * vpp
+    warmup = warmup_forwards(rank, pp=pp, vpp=vpp, num_microbatches=num_microbatches)
+    group = microbatches_per_round(pp, num_microbatches)
+    steady = range(min(total - warmup, vpp * group))
+    moments = {}
+    for k in (*steady, *range(total - warmup, total)):
+        done = min(warmup + k + 1, total)
+        backwards = _forwards_per_chunk(k, vpp=vpp, group=group)[::-1]
+        counts = tuple(f - b for f, b in zip(_forwards_per_chunk(done, vpp=vpp, group=group),
+                                             backwards))
+        moments[(counts, chunk_of(k, vpp=vpp, group=group, forward=False))] = None
+    return tuple(moments)

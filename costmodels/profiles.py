@@ -53,6 +53,14 @@ class RuntimeProfile:
     """The fused attention kernel the runtime runs (a key of the GPU's ``attention_kernels``):
     flash-attn 2's kernels for every runtime costed, see profiles.yaml."""
     zero3_gather_unit: str = "layer"
+    zero3_prefetch_bucket_params: float = 0.0
+    zero3_max_live_params: float = 0.0
+    reduce_bucket_params: float = 0.0
+    """DeepSpeed ZeRO-3's stage3_prefetch_bucket_size, stage3_max_live_parameters and
+    reduce_bucket_size (elements): what sets how many all-gathers and reduce-scatters a pass
+    issues (costmodels.sync.zero3_calls); 0: one collective per gather unit and pass. The
+    reduce bucket also cuts ZeRO 0-2's gradient reduction into collectives of that many
+    elements (costmodels.sync.bucketed_reduction); 0: one collective."""
     selective_recompute: str = "attention"
     loss_bytes_per_logit: int = 12
     loss_parallel_bytes_per_logit: int = 0

@@ -4,6 +4,7 @@ and model states it holds, the memory besides them, and which ranks cost the sam
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from autoplan.costmodels import comm
 from autoplan.costmodels.compute import Split
@@ -30,6 +31,7 @@ from autoplan.costmodels.memory import (
 )
 from autoplan.costmodels.pipeline import (
     blocking_transfers,
+    in_flight_moments,
     partition_gathers,
     partition_meta_bytes,
 )
@@ -240,10 +242,8 @@ def rank_cost(problem: Problem, plan: Plan, rank: int, links: dict[str, GroupLin
     holds = holds.without(experts * (plan.ep - 1), experts * (plan.ep - 1))  # 1/ep of experts
     params = holds.count
     states = _model_states(problem, plan, holds.without(experts, experts), experts)
-    held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp, num_microbatches=plan.num_microbatches)
     acts_per_chunk = sums.acts_per_chunk + _held_output_bytes(problem, plan, stages, split)
-    activations = activation_peak_bytes(problem, plan, sums, acts_per_chunk, held)
-    activations += _kept_last_outputs(problem, plan, stages, split, held)
+    activations = rank_activations(problem, plan, rank, stages, split, links, sums)
     other, excess = other_bytes(problem, plan, activations, sums.largest, params, holds.trained,
                                 tensors=stage_tensors(problem, plan, stages, split),
                                 states=states.total)
@@ -323,22 +323,100 @@ def _rank_experts(problem: Problem, plan: Plan, split: Split, links: dict[str, G
     return cached
 
 
-def activation_peak_bytes(problem: Problem, plan: Plan, sums: ChunkSums, acts_per_chunk: float,
-                          held: int) -> float:
-    """Activation-side bytes at a rank's peak moment: the ``held`` in-flight micro-batch chunks
-    with its largest backward (or loss) transient, or the gradients' copies after a
-    micro-batch's backward with one chunk fewer in flight (grad_accumulation_moment_bytes)."""
-    backward = held * acts_per_chunk + sums.working
-    return max(backward, grad_accumulation_moment_bytes(problem, plan, sums, acts_per_chunk, held))
+@dataclass(frozen=True, slots=True)
+class ChunkMemory:
+    """One of a rank's chunks per micro-batch: the bytes it keeps until its backward (with the
+    stage output a pipeline engine holds), the largest transient of its backward (or loss) and
+    the kind of layer that has it."""
+
+    kept: float
+    working: float
+    working_kind: str = ""
+
+
+def chunk_memories(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], ...],
+                   split: Split, links: dict[str, GroupLinks]) -> tuple[ChunkMemory, ...]:
+    """:class:`ChunkMemory` of each chunk of a rank running ``stages``: an interleaved rank's
+    chunks differ where one holds the embedding or the head and loss, or the split is
+    uneven."""
+    key = ("chunk memories", stages, split, plan.recompute, plan.recompute_num_layers,
+           links["tp"], links["cp"])
+    found = memo(problem).get(key)
+    if found is None:
+        chunks = []
+        for composition, stage in zip(chunk_compositions(problem, plan, stages), stages):
+            sums = chunk_sums(problem, (composition,), split, links["tp"], links["cp"])
+            chunks.append(ChunkMemory(
+                sums.acts_per_chunk + _held_output_bytes(problem, plan, (stage,), split),
+                sums.working, sums.working_kind))
+        found = memo(problem)[key] = tuple(chunks)
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class InFlightPeak:
+    """The activation side of a rank's peak: its ``bytes``, the chunk-micro-batches ``held``
+    in flight then, the kind of layer whose backward (or loss) runs (``working_kind``), or,
+    ``accumulating``, the gradients' copies after a micro-batch's backward."""
+
+    bytes: float
+    held: int
+    working_kind: str = ""
+    accumulating: bool = False
+
+
+def activation_peak(problem: Problem, plan: Plan, rank: int,
+                    chunks: tuple[ChunkMemory, ...], sums: ChunkSums) -> InFlightPeak:
+    """The activation side of rank ``rank``'s peak over its schedule
+    (pipeline.in_flight_moments: the chunk-micro-batches of each chunk in flight as each
+    backward starts): those in flight with the backward chunk's largest transient, or the
+    gradients' copies after that backward, its micro-batch freed
+    (:func:`grad_accumulation_moment_bytes`)."""
+    moments = in_flight_moments(rank, pp=plan.pp, vpp=plan.vpp,
+                                num_microbatches=plan.num_microbatches)
+    copies = grad_accumulation_moment_bytes(problem, plan, sums, 0.0)
+    peak, held, chunk, accumulating = _peak_over_moments(
+        moments, tuple(c.kept for c in chunks), tuple(c.working for c in chunks), copies)
+    return InFlightPeak(peak, held, "" if accumulating else chunks[chunk].working_kind,
+                        accumulating)
+
+
+@lru_cache(maxsize=65536)
+def _peak_over_moments(moments: tuple, kept: tuple[float, ...], working: tuple[float, ...],
+                       copies: float) -> tuple[float, int, int, bool]:
+    """(bytes, chunk-micro-batches in flight, backward chunk, after it) at the largest of the
+    ``moments``: the chunks' ``kept`` bytes times their micro-batches in flight, plus the
+    backward chunk's ``working`` transient, or after it, that micro-batch freed, the
+    gradients' ``copies`` (none where 0). Memoized: equal ranks share it."""
+    best = (0.0, 0, 0, False)
+    for counts, chunk in moments:
+        in_flight = sum(n * k for n, k in zip(counts, kept))
+        backward = in_flight + working[chunk]
+        if backward > best[0]:
+            best = (backward, sum(counts), chunk, False)
+        if copies and in_flight - kept[chunk] + copies > best[0]:
+            best = (in_flight - kept[chunk] + copies, sum(counts) - 1, chunk, True)
+    return best
+
+
+def rank_activations(problem: Problem, plan: Plan, rank: int, stages: tuple[tuple[int, int], ...],
+                     split: Split, links: dict[str, GroupLinks], sums: ChunkSums) -> float:
+    """Activation-side bytes at rank ``rank``'s peak (:func:`activation_peak`), with the
+    outputs DeepSpeed's pipe buffers keep (:func:`_kept_last_outputs`)."""
+    chunks = chunk_memories(problem, plan, stages, split, links)
+    held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp, num_microbatches=plan.num_microbatches)
+    return (activation_peak(problem, plan, rank, chunks, sums).bytes
+            + _kept_last_outputs(problem, plan, stages, split, held))
 
 
 def grad_accumulation_moment_bytes(problem: Problem, plan: Plan, sums: ChunkSums,
-                                   acts_per_chunk: float, held: int) -> float:
+                                   others: float) -> float:
     """Activation-side bytes as a micro-batch's gradients are accumulated after its backward
-    (memory.upcast_grad_moment_bytes): the copy of the largest gradient (an fp32 upcast, or
-    the 16-bit gradient being added into ``.grad``: memory.grad_copy_bytes_per_element), or
-    where the runtime accumulates only after the whole backward, every 16-bit gradient of the
-    rank's chunks (``grads_before_accumulation_bytes``); 0 where it copies none."""
+    (memory.upcast_grad_moment_bytes), ``others`` bytes of other chunk-micro-batches in
+    flight: the copy of the largest gradient (an fp32 upcast, or the 16-bit gradient being
+    added into ``.grad``: memory.grad_copy_bytes_per_element), or where the runtime
+    accumulates only after the whole backward, every 16-bit gradient of the rank's chunks
+    (``grads_before_accumulation_bytes``); 0 where it copies none."""
     runtime = problem.runtime
     per_element = grad_copy_bytes_per_element(
         upcast_bytes=runtime.grad_upcast_bytes,
@@ -346,7 +424,7 @@ def grad_accumulation_moment_bytes(problem: Problem, plan: Plan, sums: ChunkSums
         num_microbatches=plan.num_microbatches)
     copies = [(sums.largest, per_element), (sums.trained, runtime.grads_before_accumulation_bytes)]
     return max((upcast_grad_moment_bytes(params, bytes_per_element=per_element_bytes,
-                                         acts_per_chunk=acts_per_chunk, held=held)
+                                         others=others)
                 for params, per_element_bytes in copies if per_element_bytes), default=0.0)
 
 
@@ -429,24 +507,25 @@ def stage_tensors(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], .
     """What a rank allocates per micro-batch (step_allocations): layer by layer, each layer's kept
     and working bytes (layers.layer_memory_bytes) as its attention scores and GEMM outputs
     (memory.layer_tensor_shapes; a fully recomputed block keeps its input alone) and the rest
-    in tensors of the layer's output on one GPU (the loss's in fp32 logits); and the stage
-    output a pipeline engine holds (:func:`_stage_output`). An interleaved rank is replayed as
-    its first chunk."""
-    key = ("tensors", stages[:1], split, plan.recompute, plan.recompute_num_layers,
+    in tensors of the layer's output on one GPU (the loss's in fp32 logits), the chunks of an
+    interleaved rank one after the other; and the stage output a pipeline engine holds
+    (:func:`_stage_output`, one chunk per rank where it does)."""
+    key = ("tensors", stages, split, plan.recompute, plan.recompute_num_layers,
            plan.num_microbatches)
     found = memo(problem).get(key)
     if found is not None:
         return found
     tensors = []
-    for class_id, count, recompute in chunk_compositions(problem, plan, stages[:1])[0]:
-        layer = problem.layer_class(class_id)
-        kept, working = layer_memory_bytes(problem, layer, split, recompute)
-        unit = _output_tensor_bytes(problem, layer, split)
-        shapes = layer_tensor_shapes(layer, split)
-        full = recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK
-        tensors.append(LayerTensors(tensors_of(kept, unit, () if full else shapes),
-                                    tensors_of(working, unit, shapes), count))
-    found = memo(problem)[key] = (tuple(tensors), _stage_output(problem, plan, stages[0], split))
+    for composition in chunk_compositions(problem, plan, stages):
+        for class_id, count, recompute in composition:
+            layer = problem.layer_class(class_id)
+            kept, working = layer_memory_bytes(problem, layer, split, recompute)
+            unit = _output_tensor_bytes(problem, layer, split)
+            shapes = layer_tensor_shapes(layer, split)
+            full = recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK
+            tensors.append(LayerTensors(tensors_of(kept, unit, () if full else shapes),
+                                        tensors_of(working, unit, shapes), count))
+    found = memo(problem)[key] = (tuple(tensors), _stage_output(problem, plan, stages[-1], split))
     return found
 
 

@@ -20,14 +20,15 @@ from dataclasses import dataclass
 
 from autoplan.costmodels.compute import Split
 from autoplan.costmodels.groups import estimate_on_groups, step_and_peak_on_groups
-from autoplan.costmodels.memory import in_flight_chunks
 from autoplan.costmodels.pipeline import pipeline_time
 from autoplan.costmodels.placement import plan_links
 from autoplan.costmodels.problem import Problem, memo
 from autoplan.costmodels.ranks import (
     RankCost,
-    activation_peak_bytes,
+    activation_peak,
+    chunk_memories,
     other_bytes,
+    rank_activations,
     rank_base,
     rank_cost,
     rank_groups,
@@ -221,19 +222,18 @@ def worst_gpu_bytes(problem: Problem, plan: Plan) -> float:
 
 
 def _rank_memories(problem: Problem, plan: Plan, evaluation: _Evaluation) -> list[float]:
-    """Memory of every rank: within a group only the micro-batches held in flight differ."""
+    """Memory of every rank: within a group only the chunk-micro-batches in flight differ."""
     memories = [0.0] * plan.pp
     split = Split.of(plan, problem.flash_attention, problem.runtime.attention_kernel)
+    links = plan_links(problem, plan)
     for ranks, cost in zip(evaluation.groups, evaluation.costs):
-        first = in_flight_chunks(cost.rank, pp=plan.pp, vpp=plan.vpp,
-                                 num_microbatches=plan.num_microbatches)
         for rank in ranks:
-            held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp,
-                                    num_microbatches=plan.num_microbatches)
-            activations = cost.activations + (held - first) * cost.acts_per_chunk
-            tensors = stage_tensors(problem, plan, rank_stages(plan, rank), split)
+            stages = rank_stages(plan, rank)
+            sums, _, _ = rank_base(problem, plan, rank, split, links)
+            activations = (cost.activations if rank == cost.rank else
+                           rank_activations(problem, plan, rank, stages, split, links, sums))
             other, _ = other_bytes(problem, plan, activations, cost.largest, cost.params,
-                                   cost.trained, tensors=tensors,
+                                   cost.trained, tensors=stage_tensors(problem, plan, stages, split),
                                    states=cost.states.total)
             memories[rank] = cost.states.total + activations + other
     return memories
@@ -241,43 +241,43 @@ def _rank_memories(problem: Problem, plan: Plan, evaluation: _Evaluation) -> lis
 
 def peak_moments(problem: Problem, plan: Plan) -> list[str]:
     """For each pipeline rank, the moment of the step that sets its memory peak: the
-    micro-batches it holds in flight (its schedule's warm-up) when its largest transient runs,
-    the cross-entropy of the logits or the backward of its heaviest layer (a full-recompute
-    block rebuilding its activations), with ZeRO-3's gathered copies held meanwhile; or the
-    gradient reduction and optimizer step, when their transients outweigh those or take new
-    segments of the caching allocator (step_allocations.step_segments)."""
+    chunk-micro-batches it holds in flight (its schedule's warm-up, pipeline.in_flight_moments)
+    when its largest transient runs, the cross-entropy of the logits or the backward of its
+    heaviest layer (a full-recompute block rebuilding its activations), with ZeRO-3's gathered
+    copies held meanwhile; or the gradient reduction and optimizer step, when their transients
+    outweigh those or take new segments of the caching allocator
+    (step_allocations.step_segments)."""
     moments = [""] * plan.pp
     links = plan_links(problem, plan)
+    split = Split.of(plan, problem.flash_attention, problem.runtime.attention_kernel)
     for ranks in rank_groups(problem, plan):
         for rank in ranks:
-            split = Split.of(plan, problem.flash_attention, problem.runtime.attention_kernel)
             sums, _, holds = rank_base(problem, plan, rank, split, links)
-            held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp,
-                                    num_microbatches=plan.num_microbatches)
-            activations = held * sums.acts_per_chunk + sums.working
-            if activation_peak_bytes(problem, plan, sums, sums.acts_per_chunk, held) > activations:
+            stages = rank_stages(plan, rank)
+            peak = activation_peak(problem, plan, rank,
+                                   chunk_memories(problem, plan, stages, split, links), sums)
+            if peak.accumulating:
                 copied = ("the 16-bit gradients of the whole stage, before they are added "
                           "into the fp32 buffer," if problem.runtime.grads_before_accumulation_bytes
                           else "the copy of the largest gradient as it is accumulated")
-                moments[rank] = (f"{copied} after a micro-batch's backward, with {held - 1} "
+                moments[rank] = (f"{copied} after a micro-batch's backward, with {peak.held} "
                                  "other micro-batch chunk(s) in flight")
                 continue
-            stages = rank_stages(plan, rank)
             layers, output = stage_tensors(problem, plan, stages, split)
             segments = step_segments(layers, output=output,
                                      num_microbatches=plan.num_microbatches,
                                      step_transients=step_transients(problem, plan, sums.largest,
                                                                      holds.count, holds.trained))
-            if segments.new or segments.least > activations:
+            if segments.new or segments.least > peak.bytes:
                 moments[rank] = ("the gradient reduction and optimizer step (copies of the "
                                  "gradients that no block the backward left cached can hold "
                                  "take new segments), after every micro-batch's activations "
                                  "are freed")
                 continue
+            kind = peak.working_kind
             what = ("the loss (cross-entropy over the logits) of the newest micro-batch"
-                    if sums.working_kind == "loss" else f"the backward of a {sums.working_kind}"
-                    if sums.working_kind else "the backward")
-            moments[rank] = f"{what}, with {held} micro-batch chunk(s) of activations in flight"
+                    if kind == "loss" else f"the backward of a {kind}" if kind else "the backward")
+            moments[rank] = f"{what}, with {peak.held} micro-batch chunk(s) of activations in flight"
     return moments
 
 

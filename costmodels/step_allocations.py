@@ -8,7 +8,8 @@ segments, allocated before the step, so they are left out):
 
 - forward: each layer's saved tensors, kept until that layer's backward (1F1B: ``held - 1``
   warm-up forwards, then one forward and the oldest micro-batch's backward in turn, so a
-  backward runs with ``held`` micro-batches in flight);
+  backward runs with ``held`` micro-batches in flight; interleaved, each chunk's forwards and
+  backwards in the schedule's order, pipeline.schedule_order: ``replay_schedule``);
 - backward, layer by layer from the last: the layer's working set (a recomputed layer's
   activations, the gradients it produces) is allocated, then freed with the layer's saved
   tensors;
@@ -117,6 +118,7 @@ class StepSegments:
     least: int
 
 
+@lru_cache(maxsize=4096)  # a search asks again for about half the stages it prices
 def step_segments(layers: tuple[LayerTensors, ...], *, num_microbatches: int,
                   step_transients: tuple[int, ...] = (),
                   output: StageOutput | None = None) -> StepSegments:
@@ -130,11 +132,7 @@ def step_segments(layers: tuple[LayerTensors, ...], *, num_microbatches: int,
     among the backward's small ones. On a full device the allocator returns the free segments
     before it grows, leaving the outputs the pipe buffers keep (counted as allocated: smaller
     ones share segments) and the largest transient's segment."""
-    requests = [size for layer in layers for size in layer.kept + layer.working]
-    if output is not None:
-        requests.append(output.bytes)
-    largest = max((allocation_size(round_size(size)) for size in requests
-                   if round_size(size) > SMALL_SIZE), default=0)
+    largest = _largest_segment(layers, output)
     new = 0
     large = [round_size(size) for size in step_transients if round_size(size) > SMALL_SIZE]
     for size in large:
@@ -148,27 +146,50 @@ def step_segments(layers: tuple[LayerTensors, ...], *, num_microbatches: int,
 
 
 @lru_cache(maxsize=4096)
+def _largest_segment(layers: tuple[LayerTensors, ...], output: StageOutput | None) -> int:
+    """The largest large-pool segment the forwards and backwards of ``layers`` (and the kept
+    ``output``) cudaMalloc. Memoized: the search asks for it with every step's transients."""
+    requests = [size for layer in layers for size in layer.kept + layer.working]
+    if output is not None:
+        requests.append(output.bytes)
+    return max((allocation_size(round_size(size)) for size in requests
+                if round_size(size) > SMALL_SIZE), default=0)
+
+
+@lru_cache(maxsize=4096)
 def replay_step(layers: tuple[LayerTensors, ...], *, held: int, num_microbatches: int,
                 step_transients: tuple[int, ...] = (), output: StageOutput | None = None,
                 release_before_growing: bool = False) -> StepReplay:
-    """Replays one step of a stage running ``layers`` with ``held`` micro-batches in flight at
-    its peak (the schedule's warm-up plus one) out of ``num_microbatches``, keeping each
-    micro-batch's ``output``; ``release_before_growing``: on a device too full to grow without
-    returning the cache (allocator.CachingAllocator), so the peaks are the least the step
-    needs."""
-    stage = _Stage(CachingAllocator(release_before_growing=release_before_growing), layers,
-                   output)
+    """Replays one step of a 1F1B stage running ``layers`` with ``held`` micro-batches in
+    flight at its peak (the schedule's warm-up plus one) out of ``num_microbatches``, keeping
+    each micro-batch's ``output``; ``release_before_growing``: on a device too full to grow
+    without returning the cache (allocator.CachingAllocator), so the peaks are the least the
+    step needs."""
     replayed = min(num_microbatches, held + STEADY_MICROBATCHES)
-    in_flight: list[list[list]] = []
-    forwards = 0
-    for _ in range(min(held, replayed) - 1):
-        in_flight.append(stage.forward())
-        forwards += 1
-    while in_flight or forwards < replayed:
-        if forwards < replayed:
-            in_flight.append(stage.forward())
-            forwards += 1
-        stage.backward(in_flight.pop(0))
+    warmup = min(held, replayed) - 1
+    order = ((True, 0),) * warmup + ((True, 0), (False, 0)) * (replayed - warmup) + (
+        (False, 0),) * warmup
+    return replay_schedule((layers,), order=order, step_transients=step_transients,
+                           output=output, release_before_growing=release_before_growing)
+
+
+@lru_cache(maxsize=4096)
+def replay_schedule(chunks: tuple[tuple[LayerTensors, ...], ...], *,
+                    order: tuple[tuple[bool, int], ...], step_transients: tuple[int, ...] = (),
+                    output: StageOutput | None = None,
+                    release_before_growing: bool = False) -> StepReplay:
+    """Replays one step of a rank running ``chunks`` (an interleaved rank's model chunks, in
+    order) in the schedule's ``order`` of ``(is_forward, chunk)`` steps (pipeline.schedule_order;
+    a backward frees its chunk's oldest micro-batch in flight), the last chunk keeping each
+    micro-batch's ``output``, then the step's transients."""
+    stage = _Stage(CachingAllocator(release_before_growing=release_before_growing), chunks,
+                   output)
+    in_flight: list[list[list[list]]] = [[] for _ in chunks]
+    for forward, chunk in order:
+        if forward:
+            in_flight[chunk].append(stage.forward(chunk))
+        else:
+            stage.backward(chunk, in_flight[chunk].pop(0))
     allocator = stage.allocator
     backward_allocated, backward_reserved = allocator.peak_allocated, allocator.peak_reserved
     base = allocator.allocated  # the pipe buffers that outlive the backward
@@ -184,37 +205,44 @@ def replay_step(layers: tuple[LayerTensors, ...], *, held: int, num_microbatches
 
 @dataclass
 class _Stage:
-    """The allocations of one stage's forwards and backwards, and the outputs its pipe
-    buffers keep."""
+    """The allocations of one rank's forwards and backwards of its chunks, and the outputs its
+    pipe buffers keep (the last chunk's)."""
 
     allocator: CachingAllocator
-    layers: tuple[LayerTensors, ...]
+    chunks: tuple[tuple[LayerTensors, ...], ...]
     output: StageOutput | None
     buffered: list = field(default_factory=list)
 
-    def forward(self) -> list[list]:
-        """One micro-batch's forward: the saved tensors of each layer in order, then its
-        output (the last entry)."""
+    def _layers(self, chunk: int) -> list[LayerTensors]:
+        return [layer for layer in self.chunks[chunk] for _ in range(layer.count)]
+
+    def _output(self, chunk: int) -> StageOutput | None:
+        return self.output if chunk == len(self.chunks) - 1 else None
+
+    def forward(self, chunk: int) -> list[list]:
+        """One micro-batch's forward of ``chunk``: the saved tensors of each layer in order,
+        then its output (the last entry)."""
         saved = [[self.allocator.malloc(size) for size in layer.kept]
-                 for layer in self.layers for _ in range(layer.count)]
-        if self.output is None:
+                 for layer in self._layers(chunk)]
+        output = self._output(chunk)
+        if output is None:
             return saved
-        block = self.allocator.malloc(self.output.bytes)
-        if not self.output.slots:
+        block = self.allocator.malloc(output.bytes)
+        if not output.slots:
             return saved + [[block]]
         self.buffered.append(block)
-        if len(self.buffered) > self.output.slots:
+        if len(self.buffered) > output.slots:
             self.allocator.free(self.buffered.pop(0))
         return saved + [[]]
 
-    def backward(self, saved: list[list]) -> None:
-        """One micro-batch's backward, last layer first: its working set comes and goes, then
-        its saved tensors are freed; the output, unless a pipe buffer keeps it, goes first."""
-        if self.output is not None:
+    def backward(self, chunk: int, saved: list[list]) -> None:
+        """One micro-batch's backward of ``chunk``, last layer first: its working set comes
+        and goes, then its saved tensors are freed; the output, unless a pipe buffer keeps
+        it, goes first."""
+        if self._output(chunk) is not None:
             for block in saved.pop():
                 self.allocator.free(block)
-        expanded = [layer for layer in self.layers for _ in range(layer.count)]
-        for layer, kept in zip(reversed(expanded), reversed(saved)):
+        for layer, kept in zip(reversed(self._layers(chunk)), reversed(saved)):
             working = [self.allocator.malloc(size) for size in layer.working]
             for block in reversed(working):
                 self.allocator.free(block)

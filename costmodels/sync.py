@@ -3,6 +3,7 @@ gathers), the optimizer step, and parameter offload's host copies."""
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass
 from itertools import accumulate, islice
@@ -38,6 +39,30 @@ ZERO3_PASSES = 3
 """ZeRO-3 collectives per gather unit and micro-batch: the weights are gathered for the forward
 and again for the backward (with its recompute), and the gradients reduce-scattered (3x the
 model bytes, Rajbhandari et al. 2020)."""
+
+
+def zero3_calls(runtime, params: float, trained: float, units: int) -> int:
+    """ZeRO-3 collectives one micro-batch issues over the GPU's ``params`` parameters
+    (``trained`` of them with gradients) in ``units`` gather units.
+
+    Without prefetch settings, one all-gather per unit in the forward and in the backward and
+    one reduce-scatter per unit (FSDP: per wrapped block). DeepSpeed's coordinator
+    (partitioned_param_coordinator.py fetch_sub_module) all-gathers, per module fetch, what
+    is not yet in flight in one all_gather_coalesced and then prefetches the next
+    ``min(stage3_prefetch_bucket_size, stage3_max_live_parameters - available)`` elements of
+    the step's trace in one more, whole parameters until it has at least that many. Until the
+    live limit binds, each call takes at least a bucket: the first ``min(params, max live)``
+    elements in about ``ceil(that / prefetch bucket)`` calls; beyond it, each module released
+    frees room for about one module: the rest one call per module (never more calls than
+    modules). stage3.py reduce-scatters the gradients one reduce_bucket_size bucket at a
+    time (reduce_independent_p_g_buckets_and_remove_grads)."""
+    if not runtime.zero3_prefetch_bucket_params:
+        return ZERO3_PASSES * units
+    window = min(params, runtime.zero3_max_live_params)
+    past_window = round(units * (params - window) / params) if params else 0
+    gathers = min(units, math.ceil(window / runtime.zero3_prefetch_bucket_params) + past_window)
+    reduces = min(units, math.ceil(trained / runtime.reduce_bucket_params))
+    return 2 * gathers + reduces
 
 
 def dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
@@ -283,6 +308,17 @@ def _in_order(times: list[float], costs: list[float]) -> tuple[list[float], list
     return [times[i] for i in order], [costs[i] for i in order]
 
 
+def bucketed_reduction(runtime, reduce, trained: float, grad_bytes: float,
+                       links: GroupLinks) -> float:
+    """Seconds of ``reduce`` over ``grad_bytes`` of ``trained`` parameters' gradients, cut
+    into the runtime's reduce buckets (``reduce_bucket_params`` elements each, DeepSpeed's
+    reduce_bucket_size): one collective, and its latency, per bucket; one in all without."""
+    if not runtime.reduce_bucket_params or trained <= 0:
+        return reduce(grad_bytes, links)
+    buckets = math.ceil(trained / runtime.reduce_bucket_params)
+    return buckets * reduce(grad_bytes / buckets, links)
+
+
 def _dp_collectives(problem: Problem, plan: Plan, params: float, trained: float,
                     links: GroupLinks, gathers: int) -> float:
     """Seconds of the data-parallel collectives over ``links`` for ``params`` parameters,
@@ -290,14 +326,15 @@ def _dp_collectives(problem: Problem, plan: Plan, params: float, trained: float,
     runtime = problem.runtime
     grads = (runtime.reduce_bytes or runtime.grad_bytes) * trained
     if plan.zero_stage == 0:
-        return comm.all_reduce_time(grads, links)
+        return bucketed_reduction(runtime, comm.all_reduce_time, trained, grads, links)
     if plan.zero_stage < 3:
         reduce = (comm.all_reduce_time if runtime.zero_grads_all_reduced
                   else comm.reduce_scatter_time)
-        return reduce(grads, links) + comm.all_gather_time(WEIGHT_BYTES * trained, links)
+        return (bucketed_reduction(runtime, reduce, trained, grads, links)
+                + comm.all_gather_time(WEIGHT_BYTES * trained, links))
     weights = WEIGHT_BYTES * params
     volume = 2 * comm.all_gather_time(weights, links) + comm.reduce_scatter_time(grads, links)
-    latency = ZERO3_PASSES * gathers * comm.ring_latency(links)
+    latency = zero3_calls(runtime, params, trained, gathers) * comm.ring_latency(links)
     return volume / runtime.zero3_collective_efficiency + latency
 
 

@@ -50,18 +50,32 @@ def test_32_mib_collectives_follow_nccl_tests_from_2_to_32_nodes(row):
 
 @pytest.mark.parametrize("collective", sorted(COLLECTIVES))
 def test_latency_grows_with_the_ranks_as_measured(collective):
-    # measured: all-gather 0.240 -> 2.699 ms (11.2x), all-reduce 0.427 -> 1.008 ms (2.4x, a
-    # tree's log2 latency) from 2 to 32 nodes at 32 MiB
+    # measured: all-gather 0.389 -> 2.699 ms (6.9x), all-reduce 0.682 -> 1.008 ms (1.5x, a
+    # tree's log2 latency) from 4 to 32 nodes at 32 MiB. From 4 nodes on, tuning.cc prices
+    # ring and tree with the network's bandwidth (bwInter) alike, so the ratio is the latency's
+    # growth; on 2 nodes the tree takes its intra-node bandwidth instead (next test).
     rows = {int(r["nodes"]): r for r in _rows(32 * 2**20) if r["collective"] == collective}
-    measured = _measured_s(rows[32]) / _measured_s(rows[2])
-    predicted = _predicted_s(rows[32]) / _predicted_s(rows[2])
+    measured = _measured_s(rows[32]) / _measured_s(rows[4])
+    predicted = _predicted_s(rows[32]) / _predicted_s(rows[4])
     assert predicted == pytest.approx(measured, rel=0.25)
 
 
-def _large_rows() -> list[dict]:
+def test_two_node_all_reduce_runs_at_the_trees_intra_node_bandwidth():
+    # nccl-tests on 2 p5 nodes, 512 MiB-8 GiB: busbw 396-478 GB/s, above the 328 GB/s the
+    # all-gather (a ring through the NICs) reaches at 2 GiB. tuning.cc prices a 2-node tree by
+    # its intra-node bandwidth (bwIntra, up to 2x the network's): each byte crosses the network
+    # once each way, a ring's nearly twice. Priced as a ring these rows were 1.43-1.51x slow.
+    rows = [r for r in _large_rows(nodes=2) if r["collective"] == "all_reduce"]
+    assert len(rows) == 5
+    for row in rows:
+        assert _predicted_s(row) / _measured_s(row) == pytest.approx(1.0, abs=0.2)
+
+
+def _large_rows(nodes: int | None = None) -> list[dict]:
+    """Rows from 512 MiB on 4 or more nodes (or on ``nodes``)."""
     with TABLE.open() as f:
-        return [r for r in csv.DictReader(f)
-                if int(r["size_bytes"]) >= 512 * 2**20 and int(r["nodes"]) >= 4]
+        return [r for r in csv.DictReader(f) if int(r["size_bytes"]) >= 512 * 2**20
+                and (int(r["nodes"]) >= 4 if nodes is None else int(r["nodes"]) == nodes)]
 
 
 @pytest.mark.parametrize("nodes", [4, 8, 16, 32])
@@ -70,8 +84,8 @@ def test_bandwidth_bound_collectives_follow_nccl_tests_at_every_node_count(nodes
     # 8 GiB, 7 to 8 sizes per node count. With the second-generation EFA's loss per doubling of
     # the nodes (catalog efa-v2, 0.965) every one is predicted within 0.75-1.5x (the flat 0.70
     # from 8 nodes on of 2019 p3dn figures put them up to 1.76x slow). What is left, 1.1-1.4x
-    # slow on all-reduce, is there on 2 nodes as well (1.3-1.5x from 128 MiB): not the loss
-    # with nodes.
+    # slow on all-reduce, is not the loss with nodes (2 nodes: 1.08-1.17x since the 2-node
+    # tree takes its intra-node bandwidth, 1.3-1.5x before).
     rows = [r for r in _large_rows() if int(r["nodes"]) == nodes]
     assert len(rows) >= 7
     for row in rows:

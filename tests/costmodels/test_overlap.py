@@ -109,11 +109,13 @@ def test_ring_latency_is_one_hop_per_step():
     assert comm.ring_latency(group_links(cluster, 8, 1)) == pytest.approx(7 * 1e-6)
 
 
-def test_deepspeed_zero3_pays_one_ring_per_module_and_pass():
-    # DeepSpeed gathers each parameter-owning module separately: a GPT block has 6 (ln_1,
-    # c_attn, attention c_proj, ln_2, c_fc, MLP c_proj), the embedding 2 (wte, wpe), ln_f 1,
-    # the tied head none. Each is gathered twice (forward, backward) and its gradients
-    # reduce-scattered once: 3 rings of 15 steps (16 GPUs on 2 nodes) per module.
+def test_deepspeed_zero3_without_prefetch_pays_one_ring_per_module_and_pass():
+    # With stage3_prefetch_bucket_size 0 DeepSpeed gathers each parameter-owning module by its
+    # own call (fetch_sub_module): a GPT block has 6 (ln_1, c_attn, attention c_proj, ln_2,
+    # c_fc, MLP c_proj), the embedding 2 (wte, wpe), ln_f 1, the tied head none. Each is
+    # gathered twice (forward, backward) and, priced the same way, its gradients
+    # reduce-scattered once: 3 rings of 15 steps (16 GPUs on 2 nodes) per module. (With the
+    # default prefetch, the calls DeepSpeed issues: tests/costmodels/test_zero3_calls.py.)
     model = load_model(_gpt_module(L, 1024, 16, 1024, 256))
     cluster = load_cluster(selene(16))
     modules = 6 * L + 2 + 1
@@ -122,7 +124,8 @@ def test_deepspeed_zero3_pays_one_ring_per_module_and_pass():
         problem = make_problem(model, cluster, training_spec(256, 16, "bf16", runtime, "flash"),
                                runtime_settings={"zero3_collective_efficiency": 1.0,
                                                  "zero3_overlap": 0.0, "reduce_bytes": 2,
-                                                 "unshard_copy_bytes": 0})
+                                                 "unshard_copy_bytes": 0,
+                                                 "zero3_prefetch_bucket_params": 0})
         plan = plan_from_pins(problem, Pins(tp=1, pp=1, dp=16, mbs=1, zero=3))
         times[runtime] = estimate(problem, plan).time_breakdown_s["dp_comm"]
     # FSDP gathers a layer at once: embedding, 2 blocks, ln_f (the head has no own weights).
