@@ -168,6 +168,10 @@ class RuntimeProfile:
     """The run sets ``CUDA_LAUNCH_BLOCKING=1``: every launch waits for its kernel, so the
     host's time adds to the GPU's (costmodels.host.host_delay_s); on through
     ``runtime_settings={"launch_blocking": True}``."""
+    transformer_impl: str | None = None
+    """The block implementation whose fused element-wise kernels the runtime runs
+    (costmodels.fused_kernels: Megatron-LM's ``--transformer-impl``, ``transformer_engine`` or
+    ``local``); None: the traced eager kernels."""
     cublas_workspace_bytes: float | None = None
     """cuBLAS workspaces per GPU, allocated through PyTorch's caching allocator; None: torch's
     default for the GPU (memory.cublas_workspace_bytes); 0 on CPU."""
