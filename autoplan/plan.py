@@ -365,9 +365,14 @@ class TrainingInfo(OmitsDefaults):
     """The runtime compiles its blocks (``runtime_settings={"compile": True}`` on the fsdp
     runtime), as the plan was priced: torchtitan's export turns on ``--compile.enable`` for the
     model; left out of the JSON when false."""
+    transformer_impl: str | None = None
+    """The block implementation whose fused kernels the plan was priced with (the runtime's
+    ``transformer_impl``: ``transformer_engine`` or ``local``), exported to Megatron-LM as
+    ``--transformer-impl``; left out of the JSON when None (eager kernels)."""
 
     _omitted_defaults: ClassVar[dict[str, object]] = {"optimizer_in_backward": False,
-                                                      "torch_compile": False}
+                                                      "torch_compile": False,
+                                                      "transformer_impl": None}
 
 
 class RuntimeOption(BaseModel):

@@ -14,6 +14,7 @@ from autoplan.calibrate import load_profile
 from autoplan.capabilities import require_in_backward_runtime
 from autoplan.cluster.loaded import LoadedCluster
 from autoplan.cluster.spec import Cluster
+from autoplan.costmodels.fused_kernels import check_impl
 from autoplan.costmodels.problem import Problem
 from autoplan.costmodels.profiles import (ATTENTION_KERNELS, ComputeProfile, RuntimeProfile,
                                           compute_profile, runtime_profile)
@@ -94,6 +95,7 @@ def runtime_with(runtime: RuntimeProfile, settings: Mapping[str, Any] | None) ->
     if unknown:
         raise ConstraintError(f"runtime settings {', '.join(unknown)} are not known; choose from "
                               f"{', '.join(sorted(known))}.")
+    check_impl(settings.get("transformer_impl"))
     kernel = settings.get("attention_kernel", runtime.attention_kernel)
     if kernel not in ATTENTION_KERNELS:
         raise ConstraintError(f"runtime setting attention_kernel {kernel!r} is not a kernel "

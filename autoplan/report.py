@@ -64,7 +64,8 @@ def build_result(problem: Problem, model: Model, cluster: LoadedCluster, plan: P
                             optimizer=problem.training.optimizer.value,
                             frozen_dtype=problem.training.frozen_storage.value,
                             optimizer_in_backward=problem.training.optimizer_in_backward,
-                            torch_compile=problem.runtime.compile)
+                            torch_compile=problem.runtime.compile,
+                            transformer_impl=problem.runtime.transformer_impl)
     return Result(plan=plan, estimate=est, solver=info, model=model_info, cluster=cluster.spec,
                   training=training, calibration=calibration_note(profile, problem, plan))
 

@@ -22,7 +22,9 @@ source URL and the figures quoted from it, are benchmarks/data/h100_public_runs.
 Both run Transformer Engine's attention, which on Hopper picks cuDNN's fused attention over
 flash-attn ("Disabling FlashAttention to give FusedAttention preference on Hopper+",
 transformer_engine/pytorch/attention.py get_attention_backend): runtime_settings
-``{attention_kernel: cudnn}``. Hardware: DGX H100 nodes (8 H100 SXM 80GB at 700 W, NVLink4 450
+``{attention_kernel: cudnn}``; and Transformer Engine's modules for the rest of the block
+(``--transformer-impl transformer_engine``, Megatron-Core r0.8's and NeMo's default, the megatron
+runtime's ``transformer_impl``: its fused element-wise kernels, costmodels/fused_kernels.py). Hardware: DGX H100 nodes (8 H100 SXM 80GB at 700 W, NVLink4 450
 GB/s per GPU, 8x 400 Gb/s NDR InfiniBand). FP8 tables are not posed (autoplan prices 16-bit).
 
     .venv/bin/python benchmarks/h100_public.py

@@ -53,6 +53,13 @@ OVERLAP_GRAD_REDUCE_YEAR = 2023
 the gradients after the backward."""
 
 
+TRANSFORMER_ENGINE_YEAR = 2023
+"""Megatron-LM runs Transformer Engine's modules since ``--transformer-impl`` (2023, its
+default later); the runs before it (Narayanan et al. 2021, Korthikanti et al. 2022) ran its
+own: apex FusedLayerNorm, jit-fused bias-GeLU and bias-dropout-add (costmodels/fused_kernels.py,
+``local``)."""
+
+
 def _runtime_settings(row: dict, zero3: bool) -> dict:
     """What the row says of how its framework ran: the software of its year, and stated
     settings such as a DP gradient all-reduce not overlapped with backward."""
@@ -62,6 +69,8 @@ def _runtime_settings(row: dict, zero3: bool) -> dict:
         settings["tp_bwd_overlap"] = False
     if not zero3 and year < OVERLAP_GRAD_REDUCE_YEAR:
         settings["overlap_grad_reduce"] = False
+    if not zero3 and year < TRANSFORMER_ENGINE_YEAR:
+        settings["transformer_impl"] = "local"
     if "no overlap of DP gradient all-reduce" in row["notes"]:
         settings["dp_overlap"] = 0.0
     return settings

@@ -23,7 +23,9 @@ own as eager PyTorch runs it (the trace counts them as PyTorch dispatches them, 
 included; backward about twice the forward: benchmarks/compiled_traffic.py measures 2.09 for
 torchtitan's Llama block). A runtime that compiles its blocks (torchtitan with torch.compile)
 fuses them, and its kernels move the measured share of that traffic
-(``compiled_elementwise_fraction``, :func:`fused_fraction`).
+(``compiled_elementwise_fraction``, :func:`fused_fraction`); Megatron runs its own fused
+kernels, whose bytes come from a named table per ``--transformer-impl``
+(costmodels.fused_kernels).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import math
 from dataclasses import dataclass, field
 
 from autoplan.cluster.catalog import GpuSpec
+from autoplan.costmodels.fused_kernels import BlockTraffic
 from autoplan.costmodels.profiles import ComputeProfile
 from autoplan.costmodels.quantization import HALF_BYTES, quantized_gemms, stored_bytes_per_param
 from autoplan.graph.layer_graph import Attention, Gemm, Layer, LayerKind, TpSplit
@@ -323,16 +326,35 @@ def attention_time(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
     return fwd, bwd
 
 
+def traffic_time(sharded: float, replicated: float, split: Split, gpu: GpuSpec,
+                 profile: ComputeProfile) -> float:
+    """Seconds of memory-bound kernels moving these bytes per sample (``sharded`` split by TP,
+    ``replicated`` only under SP) for one micro-batch."""
+    replicated_div = split.tp if split.sp else 1
+    traffic = sharded / split.tp + replicated / replicated_div
+    return traffic * split.mbs / split.cp / (gpu.memory_bandwidth_Bps * profile.memory_efficiency)
+
+
 def elementwise_time(layer: Layer, split: Split, gpu: GpuSpec, profile: ComputeProfile,
                      fused_fraction: float = 1.0) -> float:
     """Forward time of the memory-bound ops (norms, activations, dropout, residual adds), each
     a kernel of its own as eager PyTorch runs them (the traced bytes); ``fused_fraction``: the
     share of that traffic left where a compiler fuses them (torch.compile of the block,
     :func:`fused_fraction`)."""
-    replicated_div = split.tp if split.sp else 1
-    traffic = layer.elementwise_bytes_sharded / split.tp + layer.elementwise_bytes_replicated / replicated_div
-    traffic *= fused_fraction
-    return traffic * split.mbs / split.cp / (gpu.memory_bandwidth_Bps * profile.memory_efficiency)
+    return traffic_time(layer.elementwise_bytes_sharded * fused_fraction,
+                        layer.elementwise_bytes_replicated * fused_fraction, split, gpu, profile)
+
+
+def elementwise_times(layer: Layer, split: Split, gpu: GpuSpec, profile: ComputeProfile,
+                      fused: float, kernels: BlockTraffic | None) -> tuple[float, float]:
+    """(forward, backward) seconds of the layer's element-wise kernels: from the runtime's
+    table of fused kernels where it has one for the layer (``kernels``,
+    costmodels.fused_kernels), else the traced eager traffic (backward about twice it)."""
+    if kernels is None:
+        other = elementwise_time(layer, split, gpu, profile, fused)
+        return other, BACKWARD_TRAFFIC_FACTOR * other
+    return (traffic_time(kernels.fwd_sharded, kernels.fwd_replicated, split, gpu, profile),
+            traffic_time(kernels.bwd_sharded, kernels.bwd_replicated, split, gpu, profile))
 
 
 def fused_fraction(layer: Layer, compiled_fraction: float | None) -> float:
@@ -363,12 +385,14 @@ def op_sac_recompute_time(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
 
 def layer_time(layer: Layer, split: Split, recompute: Recompute, *, gpu: GpuSpec, precision: str,
                profile: ComputeProfile, frozen_dtype: FrozenDtype | None = None,
-               op_sac: bool = False, compiled_fraction: float | None = None) -> LayerTime:
+               op_sac: bool = False, compiled_fraction: float | None = None,
+               kernels: BlockTraffic | None = None) -> LayerTime:
     """Compute time of one layer for one micro-batch (no communication); ``frozen_dtype``:
     the storage of its frozen Linear weights (quantized ones are dequantized at each use);
     ``op_sac``: selective recompute is torchtitan's op-level policy, not Megatron's
     recompute of core attention; ``compiled_fraction``: the runtime compiles its blocks and
-    their fused kernels move this share of the eager element-wise traffic (None: eager)."""
+    their fused kernels move this share of the eager element-wise traffic (None: eager);
+    ``kernels``: the layer's element-wise traffic from its runtime's fused-kernel table."""
     peak = gpu.peak_flops(precision)
     gemm, dgrad, wgrad = _backward_gemm_times(layer, split, gpu, peak, profile)
     att_fwd, att_bwd = attention_time(layer, split, gpu, peak, profile)
@@ -376,12 +400,12 @@ def layer_time(layer: Layer, split: Split, recompute: Recompute, *, gpu: GpuSpec
     deq_fwd, deq_bwd = (dequantize_time(layer, split, gpu, profile, frozen_dtype)
                         if frozen_dtype is not None else (0.0, 0.0))
     fused = fused_fraction(layer, compiled_fraction)
-    other = elementwise_time(layer, split, gpu, profile, fused)
+    other, other_bwd = elementwise_times(layer, split, gpu, profile, fused, kernels)
     overhead = profile.kernel_overhead_s if layer.gemms or layer.attention else 0.0
     fwd = gemm + att_fwd + other + overhead + deq_fwd
     bwd = 0.0
     if layer.in_backward:
-        bwd = dgrad + wgrad + att_bwd + BACKWARD_TRAFFIC_FACTOR * other + 2 * overhead + deq_bwd
+        bwd = dgrad + wgrad + att_bwd + other_bwd + 2 * overhead + deq_bwd
     recomputed = 0.0  # none in a layer without backward: it saved nothing to rebuild
     if layer.in_backward and layer.kind is LayerKind.BLOCK and recompute is Recompute.FULL:
         recomputed = fwd

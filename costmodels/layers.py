@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from autoplan.costmodels import comm
 from autoplan.costmodels.compute import LayerTime, Split, layer_time
 from autoplan.costmodels.context import ring_attention_time
+from autoplan.costmodels.fused_kernels import block_traffic
 from autoplan.costmodels.memory import (
     WEIGHT_BYTES,
     backward_working_bytes,
@@ -67,9 +68,10 @@ def layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
     op_sac = problem.runtime.selective_recompute == "op"
     runtime = problem.runtime
     compiled = runtime.compiled_elementwise_fraction if runtime.compile else None
+    kernels = block_traffic(problem.graph, layer, runtime.transformer_impl, problem.precision)
     t = layer_time(layer, split, recompute, gpu=problem.cluster.gpu, precision=problem.precision,
                    profile=problem.compute, frozen_dtype=frozen_dtype, op_sac=op_sac,
-                   compiled_fraction=compiled)
+                   compiled_fraction=compiled, kernels=kernels)
     fwd_n, bwd_n, message = _tp_messages(layer, split)
     one = _tp_forward_collective(layer, split, message, tp_links)
     full = recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK

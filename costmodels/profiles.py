@@ -155,6 +155,10 @@ class RuntimeProfile:
     compiled_elementwise_fraction: float = 1.0
     """Share of a block's eager element-wise HBM traffic (forward and backward) that Inductor's
     fused kernels still move where ``compile`` is on (benchmarks/compiled_traffic.py)."""
+    transformer_impl: str | None = None
+    """The block implementation whose fused element-wise kernels the runtime runs
+    (costmodels.fused_kernels: Megatron-LM's ``--transformer-impl``, ``transformer_engine`` or
+    ``local``); None: the traced eager kernels."""
     cublas_workspace_bytes: float | None = None
     """cuBLAS workspaces per GPU, allocated through PyTorch's caching allocator; None: torch's
     default for the GPU (memory.cublas_workspace_bytes); 0 on CPU."""

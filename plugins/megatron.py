@@ -226,7 +226,17 @@ def megatron_args(result: Result) -> list[str]:
     """
     check(result)
     return (_parallel_args(result) + _batch_args(result) + _recompute_args(result)
-            + _optimizer_args(result) + _model_args(result) + [f"--{precision(result)}"])
+            + _optimizer_args(result) + _model_args(result) + _impl_args(result)
+            + [f"--{precision(result)}"])
+
+
+def _impl_args(result: Result) -> list[str]:
+    """``--transformer-impl`` as the plan was priced (its fused element-wise kernels:
+    costmodels.fused_kernels); Megatron-LM's own default, transformer_engine, for a plan that
+    does not say (priced by another runtime, or written before the key)."""
+    training = result.training
+    impl = training.transformer_impl if training is not None else None
+    return ["--transformer-impl", impl or "transformer_engine"]
 
 
 def needs_single_connection(result: Result) -> bool:

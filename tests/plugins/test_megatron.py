@@ -34,6 +34,7 @@ _VALUED = {
     "--expert-model-parallel-size": "expert_model_parallel_size",
     "--num-experts": "num_moe_experts", "--moe-router-topk": "moe_router_topk",
     "--norm-epsilon": "layernorm_epsilon", "--moe-token-dispatcher-type": "moe_token_dispatcher_type",
+    "--transformer-impl": "transformer_impl",
 }
 _SWITCHES = {"--sequence-parallel": ("sequence_parallel", True), "--swiglu": ("gated_linear_unit", True),
              "--disable-bias-linear": ("add_bias_linear", False), "--bf16": ("bf16", True),
