@@ -9,7 +9,10 @@ warm: the same command again, the trace read from the cache. The floors are prin
 the interpreter importing what a warm solve needs (autoplan's API and the CP-SAT solver,
 without pandas: search/cpsat.py), and what a cold one adds, torch (torch._dynamo, which torch
 would import at a trace's first meta kernel, is left out: graph/no_compile.py; its import is
-printed for comparison). Each figure is the median of --repeats runs, with the CPU time
+printed for comparison), and what the trace's first meta kernels import besides: sympy and
+torch.fx.experimental.symbolic_shapes (torch._prims_common's type promotion and shape guards
+import them in the call; graph/model.py's warm-up trace pays for them before the sandbox
+forks). Each figure is the median of --repeats runs, with the CPU time
 (user + sys, children included), which moves less with the machine's load than the wall time;
 the load average is printed with them, and each job's ceilings from issue 15 (whole-process,
 on this 2-core machine). The runs see compiled bytecode as an installed package has it:
@@ -55,6 +58,7 @@ FLOORS = [  # (label, python statement)
     ("import autoplan.api + CP-SAT", "import autoplan.api, autoplan.search.solve"),
     ("import torch", "import torch"),
     ("import torch + torch._dynamo", "import torch, torch._dynamo"),
+    ("import torch + trace's lazy ones", "import torch, sympy, torch.fx.experimental.symbolic_shapes"),
 ]
 
 JOBS = [  # (label, model file, nodes, seq len, global batch, ceilings)
@@ -145,7 +149,8 @@ def main() -> None:
             for name, (cold, warm) in found.items():
                 which = "" if name == "this" else f" ({args.against_label or args.against})"
                 print(f"{label + which:<32} cold {shown(cold)}   warm {shown(warm)}   (Calculon: "
-                      f"{'77 s, not re-measured' if '530B' in label else 'n/a'}; {ceilings})")
+                      f"{'77 s, not re-measured' if '530B' in label else 'n/a'}; {ceilings}; "
+                      f"load {os.getloadavg()[0]:.1f})")
             if args.against:
                 print(f"{'  against / this, CPU':<32} cold {ratio(found, 0):5.2f}x"
                       f"{'':18}warm {ratio(found, 1):5.2f}x")

@@ -118,6 +118,7 @@ class StepSegments:
     least: int
 
 
+@lru_cache(maxsize=4096)  # a search asks again for about half the stages it prices
 def step_segments(layers: tuple[LayerTensors, ...], *, num_microbatches: int,
                   step_transients: tuple[int, ...] = (),
                   output: StageOutput | None = None) -> StepSegments:

@@ -1,5 +1,6 @@
 """The command line: JSON on stdout only, clear errors and exit codes."""
 
+import gc
 import json
 
 import pytest
@@ -65,6 +66,23 @@ def test_nothing_fits_is_exit_3():
                  "1GiB")
     assert result.exit_code == 3
     assert "GiB" in result.stderr
+
+
+def test_search_runs_without_the_cyclic_collector_and_turns_it_back_on(monkeypatch):
+    from autoplan import api
+    from autoplan.errors import InfeasibleError
+
+    during = []
+
+    def solve(*args, **kwargs):
+        during.append(gc.isenabled())
+        raise InfeasibleError("nothing fits")  # the collector must come back on an error too
+
+    monkeypatch.setattr(api, "solve", solve)
+    result = run("solve", TINY, DGX1, "--seq-len", 256, "--global-batch", 16)
+    assert result.exit_code == 3, result.output
+    assert during == [False]
+    assert gc.isenabled()
 
 
 def test_mem_limit_without_unit_is_exit_2():

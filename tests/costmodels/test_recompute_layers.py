@@ -7,6 +7,7 @@ import autoplan
 from autoplan.api import load_cluster, load_model
 from autoplan.problems import make_problem, training_spec
 from autoplan.search.defaults import plan_from_pins
+from autoplan.costmodels.fused_kernels import block_traffic
 from autoplan.costmodels.compute import Split, layer_time
 from autoplan.costmodels.memory import layer_activation_bytes
 from autoplan.costmodels.step import estimate
@@ -46,8 +47,9 @@ def test_each_recomputed_block_trades_its_activations_for_one_forward(problem):
     # its forward again in backward, once per micro-batch (one chunk, one micro-batch in flight).
     saved_gib = (layer_activation_bytes(block, split, Recompute.NONE)
                  - layer_activation_bytes(block, split, Recompute.FULL)) / 2**30
+    kernels = block_traffic(problem.graph, block, problem.runtime.transformer_impl, "bf16")
     forward_s = layer_time(block, split, Recompute.NONE, gpu=problem.cluster.gpu,
-                           precision="bf16", profile=problem.compute).fwd_s
+                           precision="bf16", profile=problem.compute, kernels=kernels).fwd_s
     micro_batches = BATCH // MBS
     none, full = _estimate(problem, "none"), _estimate(problem, "full")
     blocks = len(problem.graph.block_indices())
