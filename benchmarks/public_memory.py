@@ -5,15 +5,18 @@ pre-training recipes with virtual pipeline stages (GPT-3 175B, Llama 2 13B/70B, 
 predicted peak is printed beside the device's memory. Rows and sources:
 benchmarks/data/public_memory_runs.csv and .md. Nothing in autoplan is fitted to them.
 
-What it shows (December 2026): the Llama rows are refused, mostly because of what one
-block saves. The traced model is the zoo's eager PyTorch Llama: RMSNorm upcast to fp32, rotary
-embedding, unfused SwiGLU. Llama 3 405B at TP 8 with SP, seq 8192, saves 1.0 GB per block and
-micro-batch. megatron-core with Transformer Engine's fused kernels saves per block, in bytes
-times s b h / tp: both norms' inputs and outputs 2 + 2 + 2 + 2, QKV 2.25 (8 KV heads), the
-flash output 2, fc1's output 13 and fc2's input 6.5 (ffn 3.25 h), 31.75 in all: 0.53 GB. On
-top of that, Meta's framework shards the gradients (sec. 3.3.2), which Megatron-LM's
-distributed optimizer does not. The GPT-3 and Llama 2 rows ran in FP8 (inputs saved in 8 bits)
-and come within 1-2% of the 80 GB.
+What it shows (December 2026): 7 of the 11 are refused (10 before the megatron runtime
+priced a block's activations as megatron-core with Transformer Engine saves them,
+costmodels/saved_activations.py). The traced model is the zoo's eager PyTorch Llama (RMSNorm
+upcast to fp32, eager rotary, unfused SwiGLU): Llama 3 405B at TP 8 with SP, seq 8192, saved
+1.0 GB per block and micro-batch; megatron-core with TE saves 31.75 bytes x s b h / tp (both
+norms' inputs and ln_out 2 + 2 + 2 + 2, q, k, v 2.25 with 8 KV heads, the flash output 2,
+fc1's output 13 and fc2's input 6.5 with ffn 3.25 h): 0.53 GB. L3-405B-8K now predicts 78.5
+GiB allocated, 84.5 reserved: 60 GiB of activations (16 micro-batches in flight on the first
+stage) and 11.9 GiB of fp32 gradients, which Meta's framework shards (sec. 3.3.2) and
+Megatron-LM's distributed optimizer does not. NEMO-LLAMA3-70B-H100 (TP 2) holds 63 GiB of
+model states before any activation. The GPT-3 and Llama 2 rows ran in FP8 (inputs saved in
+8 bits), which autoplan does not price.
 
     .venv/bin/python benchmarks/public_memory.py
 """

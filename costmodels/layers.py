@@ -22,6 +22,7 @@ from autoplan.costmodels.memory import (
     replaced_output_bytes,
 )
 from autoplan.costmodels.problem import Problem, memo
+from autoplan.costmodels.saved_activations import megatron_saved_layer
 
 from autoplan.cluster.topology import GroupLinks
 from autoplan.graph.layer_graph import Layer, LayerKind
@@ -131,7 +132,7 @@ def _kept_bytes(problem: Problem, layer: Layer, split: Split, recompute: Recompu
     nothing across micro-batches: each one's backward starts right after its loss."""
     if logits_layer(problem, layer) is not None:
         return 0.0
-    return layer_activation_bytes(layer, split, recompute,
+    return layer_activation_bytes(_as_saved(problem, layer), split, recompute,
                                   op_sac=problem.runtime.selective_recompute == "op",
                                   gathered_inputs=problem.runtime.sp_saves_gathered_input)
 
@@ -140,7 +141,7 @@ def _working_bytes(problem: Problem, layer: Layer, split: Split) -> float:
     """Transient bytes of a layer's backward; for the loss, the runtime's cross-entropy."""
     head = logits_layer(problem, layer)
     if head is None:
-        return backward_working_bytes(layer, split,
+        return backward_working_bytes(_as_saved(problem, layer), split,
                                       gathered_inputs=problem.runtime.sp_saves_gathered_input)
     element = 4 if problem.precision == "fp32" else WEIGHT_BYTES
     peak = loss_peak_bytes(head.boundary_bytes, split,
@@ -152,6 +153,13 @@ def _working_bytes(problem: Problem, layer: Layer, split: Split) -> float:
         cast = head.boundary_bytes * split.mbs / (split.tp * split.cp) if element < 4 else 0.0
         return max(peak - held, replaced_output_bytes(held, cast))
     return peak
+
+
+def _as_saved(problem: Problem, layer: Layer) -> Layer:
+    """The layer with what the runtime's block implementation saves for backward
+    (saved_activations.py: megatron-core with Transformer Engine), else as traced."""
+    return megatron_saved_layer(problem.graph, layer, problem.runtime.transformer_impl,
+                                problem.precision)
 
 
 def logits_layer(problem: Problem, layer: Layer) -> Layer | None:

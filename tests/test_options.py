@@ -146,7 +146,11 @@ def test_cli_conflict_exits_3_naming_the_pins():
     assert result.exit_code == 3, result.output
     message = " ".join(result.stderr.split())
     assert "--tp 1 and --pp 1 and --zero 0 together with 76.0 GiB per GPU" in message
-    assert "needs 115.6 GiB on stage 0" in message  # 115.9 before the 6-byte fused loss
+    # Megatron's states unsharded: bf16 weights 2 + fp32 main grads 4 + Adam 12 = 18 bytes per
+    # parameter, 18 * 6,738,415,616 / 2**30 = 112.96 GiB; on top one full-recompute block's
+    # working set, the loss, the CUDA context and workspaces: a few GiB
+    need = float(message.split("needs ")[1].split(" GiB on stage 0")[0])
+    assert 112.96 < need < 112.96 + 4
     assert "without --tp 1 the best plan" in message
 
 

@@ -10,6 +10,7 @@ from autoplan.search.defaults import plan_from_pins
 from autoplan.costmodels.fused_kernels import block_traffic
 from autoplan.costmodels.compute import Split, layer_time
 from autoplan.costmodels.memory import layer_activation_bytes
+from autoplan.costmodels.saved_activations import megatron_saved_layer
 from autoplan.costmodels.step import estimate
 from autoplan.costmodels.problem import memory_mib
 from autoplan.graph.layer_graph import LayerKind
@@ -51,7 +52,9 @@ def _estimate(problem, recompute, n=None):
 
 def test_each_recomputed_block_trades_its_activations_for_one_forward(gpu_side):
     problem = gpu_side
-    block = next(l for l in problem.graph.layers if l.kind is LayerKind.BLOCK)
+    traced = next(l for l in problem.graph.layers if l.kind is LayerKind.BLOCK)
+    # the block as the megatron runtime's Transformer Engine layer saves it (saved_activations)
+    block = megatron_saved_layer(problem.graph, traced, problem.runtime.transformer_impl, "bf16")
     split = Split(tp=1, cp=1, sp=False, mbs=MBS)
     # By hand: a recomputed block keeps only its input instead of everything it saves, and runs
     # its forward again in backward, once per micro-batch (one chunk, one micro-batch in flight).
