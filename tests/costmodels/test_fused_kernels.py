@@ -4,7 +4,6 @@ costmodels/fused_kernels.py), and the plan priced with them exported as that imp
 
 from __future__ import annotations
 
-import types
 
 import pytest
 
@@ -12,11 +11,8 @@ from autoplan.costmodels.fused_kernels import block_kernels, block_traffic
 from autoplan.costmodels.profiles import runtime_profile
 from autoplan.errors import ConstraintError
 from autoplan.graph.layer_graph import LayerKind, ModelDims
-from autoplan.graph.loader import load_model_source
-from autoplan.graph.trace import trace_model
 from autoplan.plugins.megatron import megatron_args
 from autoplan.problems import runtime_with
-from autoplan.zoo import Llama, LlamaConfig, next_token_loss
 from tests.plugins.plans import changed, load_plan
 
 LLAMA31_8B = ModelDims(hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8,
@@ -67,16 +63,6 @@ def test_eager_rope_moves_six_times_the_fused_kernel():
     rope = {k.name: k.fwd_bytes for k in te + local if "RoPE" in k.name}
     # eager: mul 2 + neg 1 + cat 2 + mul 2 + add 3 + cat 2 = 12 moves per element, fused 2
     assert rope == {"fused RoPE (TE)": 2 * 5120 * 2, "RoPE (eager torch ops)": 12 * 5120 * 2}
-
-
-@pytest.fixture(scope="module")
-def llama_graph():
-    module = types.ModuleType("fused_llama")
-    module.build_model = lambda: Llama(LlamaConfig(
-        num_layers=2, hidden_size=256, num_heads=8, num_kv_heads=2, ffn_hidden_size=896,
-        vocab_size=1024))
-    module.loss = next_token_loss
-    return trace_model(load_model_source(module), seq_len=64, precision="bf16")
 
 
 def test_block_traffic_is_the_table_times_the_tokens_and_less_than_eager(llama_graph):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import types
 import warnings
 
-import pytest
 import torch
 
 from autoplan.costmodels.compute import Split
@@ -18,7 +17,7 @@ from autoplan.graph.layer_graph import Attention, LayerKind, ModelDims
 from autoplan.graph.loader import load_model_source
 from autoplan.graph.trace import trace_model
 from autoplan.plan import Recompute
-from autoplan.zoo import GPT, GPTConfig, Llama, LlamaConfig, next_token_loss
+from autoplan.zoo import GPT, GPTConfig, next_token_loss
 
 LLAMA3_8B = ModelDims(hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8,
                       ffn_hidden_size=14336, vocab_size=128256, seq_len=8192, gated_mlp=True,
@@ -85,16 +84,6 @@ def test_megatron_core_fusions_save_what_the_table_counts_on_cpu():
     # no dropout: nothing kept; with dropout a 1-byte mask per element (MASK_BYTES)
     assert _saved_bytes(lambda t: bias_dropout_add((t, None), residual, 0.0), x) == 0
     assert _saved_bytes(lambda t: bias_dropout_add((t, None), residual, 0.1), x) == tokens * f
-
-
-@pytest.fixture(scope="module")
-def llama_graph():
-    module = types.ModuleType("te_saved_llama")
-    module.build_model = lambda: Llama(LlamaConfig(
-        num_layers=2, hidden_size=256, num_heads=8, num_kv_heads=2, ffn_hidden_size=896,
-        vocab_size=1024))
-    module.loss = next_token_loss
-    return trace_model(load_model_source(module), seq_len=64, precision="bf16")
 
 
 def test_traced_block_takes_the_te_set_and_splits_by_tp_sp_and_recompute(llama_graph):
