@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from autoplan.zoo import GPT, GPTConfig, Llama, LlamaConfig, next_token_loss  # noqa: E402
 from autoplan.costmodels.step import estimate  # noqa: E402
 from fit import pose  # noqa: E402
+from nodes import eight_gpu_nodes  # noqa: E402
 from published_runs import PublishedRun  # noqa: E402
 
 CSV = Path(__file__).resolve().parent / "data" / "h100_public_runs.csv"
@@ -85,11 +86,7 @@ def _model(row: dict) -> types.ModuleType:
 
 
 def dgx_h100(gpus: int) -> dict:
-    return {"name": f"dgx-h100-{gpus}", "gpu": GPU, "nodes": max(1, gpus // 8),
-            "gpus_per_node": min(8, gpus),
-            "intra_node": {"link": "nvswitch", "bandwidth": "450GB/s"},
-            "inter_node": {"link": "infiniband", "nics_per_node": 8, "bandwidth": "400Gbps",
-                           "latency": "5us"}}
+    return eight_gpu_nodes(f"dgx-h100-{gpus}", GPU, gpus)
 
 
 def _pins(row: dict) -> dict:

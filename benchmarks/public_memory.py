@@ -29,6 +29,7 @@ from pathlib import Path
 
 import autoplan
 from autoplan.zoo import GPT, GPTConfig, Llama, LlamaConfig, next_token_loss
+from nodes import eight_gpu_nodes
 
 DATA = Path(__file__).parent / "data" / "public_memory_runs.csv"
 
@@ -62,11 +63,7 @@ def _model(name: str, seq: int) -> types.ModuleType:
 
 def _cluster(gpus: int) -> dict:
     """DGX H100 nodes (80 GB H100 SXM, NVSwitch, 8 x 400 Gb/s NDR)."""
-    return {"name": f"dgx-h100-{gpus}", "gpu": "h100-sxm5-80gb", "nodes": max(1, gpus // 8),
-            "gpus_per_node": min(8, gpus),
-            "intra_node": {"link": "nvswitch", "bandwidth": "450GB/s"},
-            "inter_node": {"link": "infiniband", "nics_per_node": 8, "bandwidth": "400Gbps",
-                           "latency": "5us"}}
+    return eight_gpu_nodes(f"dgx-h100-{gpus}", "h100-sxm5-80gb", gpus)
 
 
 def _pins(row: dict) -> dict:

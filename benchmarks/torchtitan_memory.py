@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import autoplan
 from autoplan.zoo import Llama, LlamaConfig, next_token_loss
+from nodes import eight_gpu_nodes
 
 LLAMA31 = {
     "8B": LlamaConfig(num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
@@ -97,11 +98,7 @@ def _model(name: str) -> types.ModuleType:
 
 
 def _cluster(gpus: int) -> dict:
-    return {"name": f"grand-teton-{gpus}", "gpu": H100_96GB, "nodes": max(1, gpus // 8),
-            "gpus_per_node": min(8, gpus),
-            "intra_node": {"link": "nvswitch", "bandwidth": "450GB/s"},
-            "inter_node": {"link": "infiniband", "nics_per_node": 8, "bandwidth": "400Gbps",
-                           "latency": "5us"}}
+    return eight_gpu_nodes(f"grand-teton-{gpus}", H100_96GB, gpus)
 
 
 def main() -> None:

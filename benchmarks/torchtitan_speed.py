@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import autoplan
 from autoplan.zoo import Llama, LlamaConfig, next_token_loss
+from nodes import eight_gpu_nodes
 from torchtitan_memory import LLAMA31
 
 MODELS = {
@@ -93,11 +94,7 @@ NETWORK = {"h100-sxm5-96gb-hbm2e": ("450GB/s", "400Gbps"), "h100-sxm5-80gb": ("4
 
 def _cluster(gpu: str, gpus: int) -> dict:
     nvlink, nic = NETWORK[gpu]
-    return {"name": f"{gpu}-{gpus}", "gpu": gpu, "nodes": max(1, gpus // 8),
-            "gpus_per_node": min(8, gpus),
-            "intra_node": {"link": "nvswitch", "bandwidth": nvlink},
-            "inter_node": {"link": "infiniband", "nics_per_node": 8, "bandwidth": nic,
-                           "latency": "5us"}}
+    return eight_gpu_nodes(f"{gpu}-{gpus}", gpu, gpus, nvlink=nvlink, nic=nic)
 
 
 def predicted_tps(row: Row, models: dict) -> float:
