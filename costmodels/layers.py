@@ -157,9 +157,15 @@ def _working_bytes(problem: Problem, layer: Layer, split: Split) -> float:
 
 def _as_saved(problem: Problem, layer: Layer) -> Layer:
     """The layer with what the runtime's block implementation saves for backward
-    (saved_activations.py: megatron-core with Transformer Engine), else as traced."""
-    return megatron_saved_layer(problem.graph, layer, problem.runtime.transformer_impl,
-                                problem.precision)
+    (saved_activations.py: megatron-core with Transformer Engine), else as traced. Kept per
+    problem by the layer's identity (the entry holds the layer, so no other object takes its
+    id), since the search asks for each layer class of every stage it prices."""
+    key = ("as saved", id(layer))
+    found = memo(problem).get(key)
+    if found is None:
+        found = memo(problem)[key] = (layer, megatron_saved_layer(
+            problem.graph, layer, problem.runtime.transformer_impl, problem.precision))
+    return found[1]
 
 
 def logits_layer(problem: Problem, layer: Layer) -> Layer | None:

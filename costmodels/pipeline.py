@@ -132,8 +132,11 @@ def in_flight_moments(rank: int, *, pp: int, vpp: int,
     warmup = warmup_forwards(rank, pp=pp, vpp=vpp, num_microbatches=num_microbatches)
     group = microbatches_per_round(pp, num_microbatches)
     steady = range(min(total - warmup, vpp * group))
+    steps = (*steady, *range(total - warmup, total))
+    if vpp == 1:  # one chunk: min(w + k + 1, m) forwards and k backwards before backward k
+        return tuple(dict.fromkeys(((min(warmup + k + 1, total) - k,), 0) for k in steps))
     moments = {}
-    for k in (*steady, *range(total - warmup, total)):
+    for k in steps:
         done = min(warmup + k + 1, total)
         backwards = _forwards_per_chunk(k, vpp=vpp, group=group)[::-1]
         counts = tuple(f - b for f, b in zip(_forwards_per_chunk(done, vpp=vpp, group=group),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import mul
 
 from autoplan.costmodels import comm
 from autoplan.costmodels.compute import Split
@@ -375,25 +376,28 @@ def activation_peak(problem: Problem, plan: Plan, rank: int,
     backward starts): those in flight with the backward chunk's largest transient, or the
     gradients' copies after that backward, its micro-batch freed
     (:func:`grad_accumulation_moment_bytes`)."""
-    moments = in_flight_moments(rank, pp=plan.pp, vpp=plan.vpp,
-                                num_microbatches=plan.num_microbatches)
     copies = grad_accumulation_moment_bytes(problem, plan, sums, 0.0)
     peak, held, chunk, accumulating = _peak_over_moments(
-        moments, tuple(c.kept for c in chunks), tuple(c.working for c in chunks), copies)
+        (rank, plan.pp, plan.vpp, plan.num_microbatches), tuple(c.kept for c in chunks),
+        tuple(c.working for c in chunks), copies)
     return InFlightPeak(peak, held, "" if accumulating else chunks[chunk].working_kind,
                         accumulating)
 
 
 @lru_cache(maxsize=65536)
-def _peak_over_moments(moments: tuple, kept: tuple[float, ...], working: tuple[float, ...],
-                       copies: float) -> tuple[float, int, int, bool]:
+def _peak_over_moments(schedule: tuple[int, int, int, int], kept: tuple[float, ...],
+                       working: tuple[float, ...], copies: float) -> tuple[float, int, int, bool]:
     """(bytes, chunk-micro-batches in flight, backward chunk, after it) at the largest of the
-    ``moments``: the chunks' ``kept`` bytes times their micro-batches in flight, plus the
-    backward chunk's ``working`` transient, or after it, that micro-batch freed, the
-    gradients' ``copies`` (none where 0). Memoized: equal ranks share it."""
+    moments of ``schedule`` (rank, pp, vpp, micro-batches: in_flight_moments): the chunks'
+    ``kept`` bytes times their micro-batches in flight, plus the backward chunk's ``working``
+    transient, or after it, that micro-batch freed, the gradients' ``copies`` (none where 0).
+    Memoized (keyed by the schedule, not its moments, whose hash a deep pipeline would pay
+    on every call): equal ranks share it."""
+    rank, pp, vpp, num_microbatches = schedule
     best = (0.0, 0, 0, False)
-    for counts, chunk in moments:
-        in_flight = sum(n * k for n, k in zip(counts, kept))
+    for counts, chunk in in_flight_moments(rank, pp=pp, vpp=vpp,
+                                           num_microbatches=num_microbatches):
+        in_flight = sum(map(mul, counts, kept))
         backward = in_flight + working[chunk]
         if backward > best[0]:
             best = (backward, sum(counts), chunk, False)

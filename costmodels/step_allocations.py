@@ -149,11 +149,11 @@ def step_segments(layers: tuple[LayerTensors, ...], *, num_microbatches: int,
 def _largest_segment(layers: tuple[LayerTensors, ...], output: StageOutput | None) -> int:
     """The largest large-pool segment the forwards and backwards of ``layers`` (and the kept
     ``output``) cudaMalloc. Memoized: the search asks for it with every step's transients."""
-    requests = [size for layer in layers for size in layer.kept + layer.working]
+    requests = {size for layer in layers for size in layer.kept + layer.working}
     if output is not None:
-        requests.append(output.bytes)
-    return max((allocation_size(round_size(size)) for size in requests
-                if round_size(size) > SMALL_SIZE), default=0)
+        requests.add(output.bytes)
+    blocks = {round_size(size) for size in requests}  # a layer's tensors are mostly one size
+    return max((allocation_size(block) for block in blocks if block > SMALL_SIZE), default=0)
 
 
 @lru_cache(maxsize=4096)
