@@ -110,6 +110,24 @@ def _compute(cluster: Cluster, profile: Profile | None) -> ComputeProfile:
     return compute_profile(cluster.gpu.name)
 
 
+def require_fp8_tensor_cores(training: TrainingSpec, cluster: Cluster) -> None:
+    """FP8 training needs FP8 tensor cores on every GPU of the cluster (the catalog's ``fp8``
+    peak; V100 and A100 have none, and Transformer Engine refuses FP8 below compute capability
+    8.9).
+
+    Raises:
+        ConstraintError: ``--precision fp8`` on a cluster with a GPU that lacks them.
+    """
+    if training.precision is not Precision.FP8:
+        return
+    lacking = sorted({c.gpu.name for c in (cluster, *cluster.groups) if c.gpu.fp8_flops is None})
+    if lacking:
+        raise ConstraintError(
+            f"--precision fp8: {', '.join(lacking)} has no FP8 tensor cores (the catalog gives "
+            "it no fp8 peak; Transformer Engine needs Hopper, Ada or Blackwell). Train in bf16 "
+            "(--precision bf16) or plan on H100/H200/L40S/RTX 4090 GPUs.")
+
+
 def make_problem(model: Model, cluster: LoadedCluster, training: TrainingSpec,
                  mem_limit: str | float | None = None, *,
                  profile: str | Path | Profile | None = None,
@@ -122,6 +140,7 @@ def make_problem(model: Model, cluster: LoadedCluster, training: TrainingSpec,
     (costmodels.parameters); ``runtime_settings`` replaces fields of the runtime's profile
     (see :func:`runtime_with`); ``headroom`` the fraction of the limit plans must leave free."""
     profile = loaded_profile(profile)
+    require_fp8_tensor_cores(training, cluster.cluster)
     graph = model.trace(training.seq_len, training.precision.value)
     if not cluster.cluster.is_homogeneous and not graph.block_indices():
         raise ConstraintError(

@@ -76,19 +76,20 @@ def _pins(row: dict) -> dict:
 def main() -> None:
     with DATA.open() as f:
         rows = list(csv.DictReader(f))
-    print(f"{'row':26} {'plan':40} {'alloc':>6} {'reserv':>6} {'device':>6} verdict  "
+    print(f"{'row':26} {'plan':40} {'prec':4} {'alloc':>6} {'reserv':>6} {'device':>6} verdict  "
           "peak rank")
     refused = 0
     for row in rows:
         seq = int(row["seq_len"])
         result = autoplan.estimate(_model(row["model"], seq), _cluster(int(row["gpus"])),
                                    _pins(row), seq_len=seq,
-                                   global_batch=int(row["global_batch"]), runtime="megatron")
+                                   global_batch=int(row["global_batch"]), runtime="megatron",
+                                   precision=row["precision_run"])
         e = result.estimate
         refused += not e.feasible
         plan = " ".join(f"{k}{v}" for k, v in _pins(row).items())
         worst = max(range(len(e.stage_memory_gib)), key=lambda r: e.stage_memory_gib[r])
-        print(f"{row['row_id']:26} {plan:40} {e.peak_allocated_gib:6.1f} "
+        print(f"{row['row_id']:26} {plan:40} {row['precision_run']:4} {e.peak_allocated_gib:6.1f} "
               f"{e.peak_reserved_gib:6.1f} {80.0:6.1f} {'fits' if e.feasible else 'REFUSED':8} "
               f"{worst:>4}")
     print(f"\n{len(rows)} runs that ran: refused {refused} (false refusals)")
