@@ -86,3 +86,18 @@ def test_fp8_on_a100_is_refused_with_what_to_change(examples):
                                       "--precision", "fp8"])
     assert result.exit_code == 2
     assert "--precision bf16" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_megatron_keeps_fp8_weight_copies_only_beside_16_bit_weights(examples, zero):
+    model = examples / "models" / "tiny_gpt.py"
+    cluster = examples / "clusters" / "dgx-h100-x4.yaml"
+    weights = {p: api.estimate(model, cluster, {"tp": 1, "pp": 1, "dp": 32, "mbs": 1,
+                                                "zero": zero}, seq_len=256, global_batch=32,
+                               precision=p, runtime="megatron").estimate
+               .memory_breakdown_gib["weights"] for p in ("bf16", "fp8")}
+    # tiny_gpt: 4 blocks of 12 h^2 Linear weights at h 128 = 786,432; at ZeRO 0 TE caches an
+    # FP8 copy and its transpose (2 bytes each); from ZeRO 1 they are FP8 parameters
+    # (--fp8-param-gather: Float8Tensor data and transpose, 2 bytes, as the bf16 weight)
+    extra = 2 * 4 * 12 * 128**2 / 2**30 if zero == 0 else 0.0
+    assert weights["fp8"] - weights["bf16"] == pytest.approx(extra, abs=1e-9)
