@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass, field
 
 from autoplan.cluster.catalog import GpuSpec
-from autoplan.costmodels.fp8 import cast_bytes, cast_times, linear_rate, runs_fp8
+from autoplan.costmodels.fp8 import cast_bytes, cast_times, linear_rate, norm_fed, runs_fp8
 from autoplan.costmodels.fused_kernels import BlockTraffic
 from autoplan.costmodels.profiles import ComputeProfile
 from autoplan.costmodels.quantization import HALF_BYTES, quantized_gemms, stored_bytes_per_param
@@ -390,13 +390,16 @@ def op_sac_recompute_time(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
 
 
 def fp8_cast_times(layer: Layer, split: Split, gpu: GpuSpec, profile: ComputeProfile, *,
-                   precision: str, casts_weights: bool) -> tuple[float, float]:
+                   precision: str, casts_weights: bool, te_layers: bool) -> tuple[float, float]:
     """(forward, backward) seconds of Transformer Engine's FP8 casts of the layer for one
-    micro-batch (costmodels.fp8); none outside FP8 blocks."""
+    micro-batch (costmodels.fp8); none outside FP8 blocks. ``te_layers``: the runtime's block
+    is TE's own (LayerNormLinear: the norm writes its Linears' FP8 input)."""
     if not runs_fp8(layer, precision):
         return 0.0, 0.0
     shapes = [(g, *local_shape(g, split)) for g in layer.gemms]
-    fwd, bwd = cast_bytes(shapes, tp=split.tp, casts_weights=casts_weights)
+    fused = norm_fed(layer.gemms) if te_layers else set()
+    fwd, bwd = cast_bytes(shapes, tp=split.tp, casts_weights=casts_weights,
+                          fused_norm_inputs=fused)
     return cast_times(fwd, bwd, gpu, profile)
 
 
@@ -422,7 +425,8 @@ def layer_time(layer: Layer, split: Split, recompute: Recompute, *, gpu: GpuSpec
     fused = fused_fraction(layer, compiled_fraction)
     other, other_bwd = elementwise_times(layer, split, gpu, profile, fused, kernels)
     cast_fwd, cast_bwd = fp8_cast_times(layer, split, gpu, profile, precision=precision,
-                                        casts_weights=casts_fp8_weights)
+                                        casts_weights=casts_fp8_weights,
+                                        te_layers=kernels is not None)
     other, other_bwd = other + cast_fwd, other_bwd + cast_bwd
     overhead = profile.kernel_overhead_s if layer.gemms or layer.attention else 0.0
     fwd = gemm + att_fwd + other + overhead + deq_fwd

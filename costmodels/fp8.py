@@ -74,16 +74,28 @@ def _local_weight_params(gemm: Gemm, tp: int) -> float:
     return gemm.weight_params / (tp if gemm.split is not TpSplit.NONE else 1)
 
 
+def norm_fed(gemms: tuple[Gemm, ...]) -> set[str]:
+    """The Linears that read a norm's output: the column-parallel ones whose input is the
+    block's residual width (the row-parallel Linears' output), QKV and fc1 (or gate and up)."""
+    width = {g.out_features for g in gemms if g.split is TpSplit.ROW}
+    return {g.name for g in gemms if g.split is TpSplit.COLUMN and g.in_features in width}
+
+
 def cast_bytes(shapes: list[tuple[Gemm, float, float, float]], *, tp: int,
-               casts_weights: bool) -> tuple[float, float]:
+               casts_weights: bool, fused_norm_inputs: frozenset[str] | set[str] = frozenset()
+               ) -> tuple[float, float]:
     """(forward, backward) HBM bytes of TE's FP8 casts for one micro-batch: each Linear
     application's input cast-transpose (and its weight's where ``casts_weights``: no workspace
     cache), and in backward its output gradient's. ``shapes``: each of the layer's Gemms with
-    its local (rows, k, n) on one GPU."""
+    its local (rows, k, n) on one GPU; ``fused_norm_inputs``: the Linears whose input a
+    LayerNormLinear's norm writes in FP8 itself (2 bytes, row-wise and column-wise, where the
+    16-bit ``ln_out`` took 2: no pass of their own; Megatron's TE layers, whose fused QKV and
+    fc1 are one LayerNormLinear each)."""
     fwd = bwd = 0.0
     for gemm, rows, k, n in shapes:
         weight = _local_weight_params(gemm, tp) if casts_weights else 0.0
-        fwd += gemm.count * CAST_TRANSPOSE_BYTES * (rows * k + weight)
+        inputs = 0.0 if gemm.name in fused_norm_inputs else rows * k
+        fwd += gemm.count * CAST_TRANSPOSE_BYTES * (inputs + weight)
         if gemm.dgrad or gemm.wgrad:
             bwd += gemm.count * CAST_TRANSPOSE_BYTES * rows * n
     return fwd, bwd

@@ -11,6 +11,7 @@ from autoplan import api
 from autoplan.cli import app
 from autoplan.cluster.catalog import get_gpu
 from autoplan.costmodels.compute import Split, gemm_time, layer_time
+from autoplan.costmodels import fp8
 from autoplan.costmodels.fp8 import cast_bytes, weight_workspace_bytes
 from autoplan.costmodels.profiles import compute_profile
 from autoplan.costmodels.saved_activations import te_block_saved
@@ -101,3 +102,25 @@ def test_megatron_keeps_fp8_weight_copies_only_beside_16_bit_weights(examples, z
     # (--fp8-param-gather: Float8Tensor data and transpose, 2 bytes, as the bf16 weight)
     extra = 2 * 4 * 12 * 128**2 / 2**30 if zero == 0 else 0.0
     assert weights["fp8"] - weights["bf16"] == pytest.approx(extra, abs=1e-9)
+
+
+def test_layernorm_linear_inputs_need_no_cast_of_their_own(llama_graph):
+    block = next(layer for layer in llama_graph.layers if layer.kind is LayerKind.BLOCK)
+    # the conftest Llama's Linears reading a norm: wq, wk, wv (attention_norm) and w1, w3
+    # (ffn_norm); Megatron's LayerNormColumnParallelLinear writes their FP8 input itself
+    assert {name.rsplit(".", 1)[1] for name in fp8.norm_fed(block.gemms)} == {
+        "wq", "wk", "wv", "w1", "w3"}
+    rows, h, f = 64, 256, 896
+    shapes = [(g, rows, g.in_features, g.out_features) for g in block.gemms]
+    fwd, _ = fp8.cast_bytes(shapes, tp=1, casts_weights=False,
+                            fused_norm_inputs=fp8.norm_fed(block.gemms))
+    # left: wo's input (h wide) and w2's (F wide), 4 bytes an element each
+    assert fwd == 4 * rows * (h + f)
+
+
+def test_fp8_with_megatrons_local_layers_is_refused_at_estimate(examples):
+    with pytest.raises(ConstraintError, match="Transformer Engine"):
+        api.estimate(examples / "models" / "tiny_gpt.py", examples / "clusters" / "dgx-h100-x4.yaml",
+                     {"tp": 1, "pp": 1, "dp": 32, "mbs": 1}, seq_len=256, global_batch=32,
+                     precision="fp8", runtime="megatron",
+                     runtime_settings={"transformer_impl": "local"})
