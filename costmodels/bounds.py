@@ -4,8 +4,8 @@ and switches (the search prunes shapes with them)."""
 from __future__ import annotations
 
 from autoplan.costmodels.compute import Split, best_attention_fraction
-from autoplan.costmodels.fp8 import best_gemm_peak
 from autoplan.costmodels.flops import model_flops_per_sample
+from autoplan.costmodels.fp8 import best_gemm_peak
 from autoplan.costmodels.layers import layer_cost
 from autoplan.costmodels.problem import Problem, memo
 

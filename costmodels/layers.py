@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from autoplan.costmodels import comm
 from autoplan.costmodels.compute import LayerTime, Split, layer_time
 from autoplan.costmodels.context import ring_attention_time
-from autoplan.costmodels.fused_kernels import block_traffic
 from autoplan.costmodels.fp8 import weight_workspace_bytes
+from autoplan.costmodels.fused_kernels import block_traffic
 from autoplan.costmodels.memory import (
     WEIGHT_BYTES,
     backward_working_bytes,

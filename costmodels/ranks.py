@@ -9,8 +9,8 @@ from functools import lru_cache
 from autoplan.costmodels import comm
 from autoplan.costmodels.compute import Split
 from autoplan.costmodels.experts import ep_comm_time, expert_params, routing_time
-from autoplan.costmodels.host import layer_host_delay_s
 from autoplan.costmodels.fp8 import weights_cached_beside
+from autoplan.costmodels.host import layer_host_delay_s
 from autoplan.costmodels.layers import layer_cost, layer_memory_bytes, logits_layer
 from autoplan.costmodels.memory import (
     WEIGHT_BYTES,

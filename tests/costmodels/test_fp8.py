@@ -124,3 +124,12 @@ def test_fp8_with_megatrons_local_layers_is_refused_at_estimate(examples):
                      {"tp": 1, "pp": 1, "dp": 32, "mbs": 1}, seq_len=256, global_batch=32,
                      precision="fp8", runtime="megatron",
                      runtime_settings={"transformer_impl": "local"})
+
+
+def test_fp8_mfu_is_against_the_fp8_peak(examples):
+    result = api.estimate(examples / "models" / "tiny_gpt.py",
+                          examples / "clusters" / "dgx-h100-x4.yaml",
+                          {"tp": 1, "pp": 1, "dp": 32, "mbs": 1}, seq_len=256, global_batch=32,
+                          precision="fp8", runtime="megatron").estimate
+    # llm-foundry's FP8 rows state MFU against the H100's 1979 TFLOP/s dense FP8 peak
+    assert result.mfu == pytest.approx(result.model_tflops_per_gpu / 1979, rel=1e-3)
