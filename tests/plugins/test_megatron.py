@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from autoplan.errors import ExportError
+from autoplan.plugins.importers import read_run
 from autoplan.plugins.megatron import megatron_args, render
 from tests.extras import require
 from tests.plugins.plans import changed, load_plan, stages_for
@@ -296,3 +297,12 @@ def test_fp8_with_megatrons_local_layers_is_refused():
                 "transformer_impl": "local"}
     with pytest.raises(ExportError, match="Transformer Engine"):
         megatron_args(changed(result, training=training))
+
+
+def test_exported_fp8_command_reads_back_as_fp8(tmp_path):
+    result = load_plan("llama8b_3d_vpp_sp")
+    training = {**result.training.model_dump(mode="json"), "precision": "fp8"}
+    saved = tmp_path / "launch.sh"
+    saved.write_text("torchrun pretrain_gpt.py " + " ".join(megatron_args(
+        changed(result, training=training))) + "\n")
+    assert read_run(saved).precision == "fp8"
