@@ -25,7 +25,10 @@ Facts, from the frameworks' own code (the versions installed as test dependencie
 - Megatron-LM (megatron-core 0.16): distributed optimizer (ZeRO-1), Megatron-FSDP
   (``--use-megatron-fsdp``, ZeRO-3), interleaving (``--num-virtual-stages-per-pipeline-rank``)
   and uneven layouts, both rank orders, CP, EP (needs SP with TP), partial recompute; no
-  parameter offload (``--optimizer-cpu-offload`` moves optimizer state only).
+  parameter offload (``--optimizer-cpu-offload`` moves optimizer state only). FP8 through
+  Transformer Engine (``--fp8-format hybrid``); the FSDP runtime runs FP8 as llm-foundry's
+  Composer ``precision: amp_fp8`` does (TE layers under ``fp8_autocast``), which torchtitan's
+  exporter does not write (its float8 is torchao's).
 - torchtune 0.6.1 (``recipes/*.py``): FSDP2 ``fully_shard`` on every rank of its distributed
   recipes ("DDP is currently not supported"), resharding after forward or not
   (``fsdp_reshard_after_forward``), CPU offload as CPUOffloadPolicy (``fsdp_cpu_offload``);
@@ -94,7 +97,7 @@ MEGATRON_TARGET = Capabilities(
     uneven_interleaving=True, placements=KNOWN_PLACEMENTS, zero_bubble=False,
     context_parallel=True, expert_parallel=True, expert_parallel_with_tp=True,
     expert_parallel_needs_sharding=False, ep_with_tp_needs_sp=True, sequence_parallel=True,
-    partial_recompute=True, node_groups=True, precisions=("bf16", "fp16"),
+    partial_recompute=True, node_groups=True, precisions=("bf16", "fp16", "fp8"),
     pipeline_needs_microbatches=False,
     notes={"offload_params": "Megatron-LM cannot offload parameters to CPU (only optimizer "
                              "state)"})
@@ -222,7 +225,7 @@ RUNTIMES: dict[Runtime, Capabilities] = {
     Runtime.DEEPSPEED: DEEPSPEED_TARGET,
     Runtime.FSDP: replace(TORCHTITAN_TARGET, name="FSDP", zero_stages=(0, 2, 3),
                           offloads=(Offload.PARAMS,), uneven_interleaving=False,
-                          optimizer_in_backward=True),
+                          optimizer_in_backward=True, precisions=("bf16", "fp8")),
 }
 """What the search proposes per runtime: its target's table, narrowed to what the cost model
 prices. Megatron-LM's ZeRO is its distributed optimizer (ZeRO-1; Megatron-FSDP is not

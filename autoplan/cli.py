@@ -155,7 +155,7 @@ MEM_LIMIT = typer.Option(None, "--mem-limit", help="Per-GPU memory cap, e.g. 72G
 RUNTIME = typer.Option(None, "--runtime", help="solve: auto (default: compare Megatron-LM, "
                        "DeepSpeed and FSDP and keep the best), megatron, deepspeed or fsdp; "
                        "estimate: megatron (default), deepspeed or fsdp.")
-PRECISION = typer.Option(None, "--precision", help="bf16 (default) or fp16.")
+PRECISION = typer.Option(None, "--precision", help="bf16 (default), fp16 or fp8 (Transformer Engine, hybrid; H100 and newer).")
 OPTIMIZER = typer.Option(None, "--optimizer", help="adamw (default), adamw8bit (bitsandbytes "
                          "8-bit states) or sgd (with momentum).")
 FROZEN_DTYPE = typer.Option(None, "--frozen-dtype", help="Storage of frozen Linear weights: "

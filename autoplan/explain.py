@@ -374,7 +374,7 @@ def fine_tuning_savings(problem: Problem, result: Result) -> str | None:
     training = problem.training
     if (problem.graph.num_trainable_params == problem.graph.num_params
             and training.optimizer is Optimizer.ADAMW and not training.optimizer_in_backward
-            and training.frozen_storage.value == training.precision.value):
+            and training.frozen_storage.value == training.precision.storage):
         return None
     full = replace(problem, graph=_fully_trained(problem.graph),
                    training=training.model_copy(update={"optimizer": Optimizer.ADAMW,

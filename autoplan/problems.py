@@ -110,6 +110,29 @@ def _compute(cluster: Cluster, profile: Profile | None) -> ComputeProfile:
     return compute_profile(cluster.gpu.name)
 
 
+def require_fp8_support(training: TrainingSpec, cluster: Cluster,
+                        runtime: RuntimeProfile) -> None:
+    """FP8 training needs FP8 tensor cores on every GPU of the cluster (the catalog's ``fp8``
+    peak; V100 and A100 have none, and Transformer Engine refuses FP8 below compute capability
+    8.9) and Transformer Engine's layers (not Megatron-LM's ``local`` ones).
+
+    Raises:
+        ConstraintError: ``--precision fp8`` on a cluster with a GPU that lacks them, or with
+            ``transformer_impl: local``.
+    """
+    if training.precision is not Precision.FP8:
+        return
+    if runtime.transformer_impl == "local":
+        raise ConstraintError("--precision fp8 runs in Transformer Engine's layers; drop the "
+                              "runtime setting transformer_impl: local (or train in bf16).")
+    lacking = sorted({c.gpu.name for c in (cluster, *cluster.groups) if c.gpu.fp8_flops is None})
+    if lacking:
+        raise ConstraintError(
+            f"--precision fp8: {', '.join(lacking)} has no FP8 tensor cores (the catalog gives "
+            "it no fp8 peak; Transformer Engine needs Hopper, Ada or Blackwell). Train in bf16 "
+            "(--precision bf16) or plan on H100/H200/L40S/RTX 4090 GPUs.")
+
+
 def make_problem(model: Model, cluster: LoadedCluster, training: TrainingSpec,
                  mem_limit: str | float | None = None, *,
                  profile: str | Path | Profile | None = None,
@@ -122,14 +145,15 @@ def make_problem(model: Model, cluster: LoadedCluster, training: TrainingSpec,
     (costmodels.parameters); ``runtime_settings`` replaces fields of the runtime's profile
     (see :func:`runtime_with`); ``headroom`` the fraction of the limit plans must leave free."""
     profile = loaded_profile(profile)
+    runtime = runtime_with(runtime_profile(training.runtime.value, training.precision.value),
+                           runtime_settings)
+    require_fp8_support(training, cluster.cluster, runtime)
     graph = model.trace(training.seq_len, training.precision.value)
     if not cluster.cluster.is_homogeneous and not graph.block_indices():
         raise ConstraintError(
             f"{model.name} traces into no repeated blocks, so its layers cannot be shared out "
             "over the node groups of a heterogeneous cluster; plan it on one group (give that "
             "group's nodes as a cluster of their own).")
-    runtime = runtime_with(runtime_profile(training.runtime.value, training.precision.value),
-                           runtime_settings)
     problem = Problem(
         graph=graph, cluster=cluster.cluster, training=training,
         runtime=runtime,

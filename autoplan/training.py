@@ -10,8 +10,20 @@ from autoplan.degrees import pin_fields
 
 
 class Precision(str, Enum):
+    """The training precision. FP8: bf16 weights, gradients and activations, with the blocks'
+    Linear layers run by Transformer Engine under ``fp8_autocast`` with the hybrid format
+    (E4M3 inputs and weights, E5M2 gradients) and delayed scaling, as Megatron-LM's
+    ``--bf16 --fp8-format hybrid`` and llm-foundry's ``precision: amp_fp8`` run them (GPUs
+    with FP8 tensor cores only: Hopper, Ada, Blackwell)."""
+
     BF16 = "bf16"
     FP16 = "fp16"
+    FP8 = "fp8"
+
+    @property
+    def storage(self) -> str:
+        """The 16-bit dtype weights and activations are kept in: bf16 under FP8."""
+        return "bf16" if self is Precision.FP8 else self.value
 
 
 class Runtime(str, Enum):
@@ -81,7 +93,7 @@ class TrainingSpec(BaseModel):
     @property
     def frozen_storage(self) -> FrozenDtype:
         """The frozen weights' storage, defaulting to the training precision."""
-        return self.frozen_dtype or FrozenDtype(self.precision.value)
+        return self.frozen_dtype or FrozenDtype(self.precision.storage)
 
     @property
     def tokens_per_step(self) -> int:

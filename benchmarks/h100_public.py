@@ -25,7 +25,7 @@ transformer_engine/pytorch/attention.py get_attention_backend): runtime_settings
 ``{attention_kernel: cudnn}``; and Transformer Engine's modules for the rest of the block
 (``--transformer-impl transformer_engine``, Megatron-Core r0.8's and NeMo's default, the megatron
 runtime's ``transformer_impl``: its fused element-wise kernels, costmodels/fused_kernels.py). Hardware: DGX H100 nodes (8 H100 SXM 80GB at 700 W, NVLink4 450
-GB/s per GPU, 8x 400 Gb/s NDR InfiniBand). FP8 tables are not posed (autoplan prices 16-bit).
+GB/s per GPU, 8x 400 Gb/s NDR InfiniBand). FP8 tables are not posed (not in the CSV; `--precision fp8` would price them, costmodels/fp8.py).
 
     .venv/bin/python benchmarks/h100_public.py
 """

@@ -90,8 +90,6 @@ def _why_not(row: dict) -> str | None:
         return "tokens/s of a fine-tuning recipe without a stated global batch per step"
     if not row["num_layers"] or not row["num_heads"]:
         return "layers or heads not stated in the source"
-    if "fp8" in row["precision"]:
-        return "fp8 (Transformer Engine) is not a precision autoplan models"
     if _gpu(row) is None:
         return f"GPU {row['gpu_type']!r} not mapped to the catalog"
     if _above_peak(row):
@@ -110,9 +108,19 @@ def _above_peak(row: dict) -> bool:
     tokens = int(row["global_batch_seqs"]) * int(row["seq_len"]) if row["global_batch_seqs"] \
         else int(row["micro_batch"]) * int(row["grad_accum"] or 1) * int(row["DP"]) * int(row["seq_len"])
     flops = 6 * 12 * layers * hidden**2 * tokens
-    precision = "fp16" if row["precision"].startswith("fp16") else "bf16"
-    peak = get_gpu(_gpu(row)).peak_flops(precision)
+    gpu = get_gpu(_gpu(row))
+    precision = _precision(row)
+    peak = gpu.fp8_flops if precision == "fp8" else gpu.peak_flops(precision)
     return flops / (int(row["num_gpus"]) * float(row["step_time_s"])) > peak
+
+
+def _precision(row: dict) -> str:
+    """The row's training precision: llm-foundry's ``amp_fp8`` is Composer's
+    ``te.fp8_autocast`` over MPT's TE layers (autoplan's ``fp8``)."""
+    text = row["precision"]
+    if text.startswith("fp16"):
+        return "fp16"
+    return "fp8" if "fp8" in text else "bf16"
 
 
 def _run(row: dict) -> PublishedRun:
@@ -140,7 +148,7 @@ def _run(row: dict) -> PublishedRun:
         row_id=row["row_id"], model=model,
         cluster=_cluster(f"{source.lower()}-{n}", gpu, n, per_node, node), seq_len=seq,
         global_batch=batch, pins=pins, runtime=runtime,
-        precision="fp16" if row["precision"].startswith("fp16") else "bf16",
+        precision=_precision(row),
         step_time_s=step, runtime_settings={**_runtime_settings(source, row["zero_or_fsdp"]),
                                             **_launch_settings(row)},
         source=source, gpu=gpu,

@@ -5,9 +5,9 @@ pre-training recipes with virtual pipeline stages (GPT-3 175B, Llama 2 13B/70B, 
 predicted peak is printed beside the device's memory. Rows and sources:
 benchmarks/data/public_memory_runs.csv and .md. Nothing in autoplan is fitted to them.
 
-What it shows (December 2026): 7 of the 11 are refused (10 before the megatron runtime
-priced a block's activations as megatron-core with Transformer Engine saves them,
-costmodels/saved_activations.py). The traced model is the zoo's eager PyTorch Llama (RMSNorm
+What it shows (December 2026): 6 of the 11 are refused (7 while the NeMo rows, which ran in
+FP8, were posed in bf16; 10 before the megatron runtime priced a block's activations as
+megatron-core with Transformer Engine saves them, costmodels/saved_activations.py). The traced model is the zoo's eager PyTorch Llama (RMSNorm
 upcast to fp32, eager rotary, unfused SwiGLU): Llama 3 405B at TP 8 with SP, seq 8192, saved
 1.0 GB per block and micro-batch; megatron-core with TE saves 31.75 bytes x s b h / tp (both
 norms' inputs and ln_out 2 + 2 + 2 + 2, q, k, v 2.25 with 8 KV heads, the flash output 2,
@@ -15,8 +15,12 @@ fc1's output 13 and fc2's input 6.5 with ffn 3.25 h): 0.53 GB. L3-405B-8K now pr
 GiB allocated, 84.5 reserved: 60 GiB of activations (16 micro-batches in flight on the first
 stage) and 11.9 GiB of fp32 gradients, which Meta's framework shards (sec. 3.3.2) and
 Megatron-LM's distributed optimizer does not. NEMO-LLAMA3-70B-H100 (TP 2) holds 63 GiB of
-model states before any activation. The GPT-3 and Llama 2 rows ran in FP8 (inputs saved in
-8 bits), which autoplan does not price.
+model states before any activation. The NeMo rows are posed in FP8 as they ran
+(``bf16_with_fp8_mixed``: TE's hybrid FP8 with --fp8-param-gather, costmodels/fp8.py): each TE
+Linear keeps its input in 1 byte, the FP8 weights and transposes take the bf16 weights' 2
+bytes. Reserved GiB bf16 -> fp8: GPT-3 175B on 128 GPUs 70.1 -> 66.5, on 512 (mbs 2) 81.2 ->
+74.1 (now fits), Llama 2 13B 58.5 -> 55.0, Llama 2 70B 60.7 -> 57.4, Llama 3 70B 64.9 -> 61.3,
+NEMO-LLAMA3-70B-H100 117.1 -> 109.9, Llama 3.1 405B 182.9 -> 172.7 (both still refused).
 
     .venv/bin/python benchmarks/public_memory.py
 """
@@ -76,19 +80,20 @@ def _pins(row: dict) -> dict:
 def main() -> None:
     with DATA.open() as f:
         rows = list(csv.DictReader(f))
-    print(f"{'row':26} {'plan':40} {'alloc':>6} {'reserv':>6} {'device':>6} verdict  "
+    print(f"{'row':26} {'plan':40} {'prec':4} {'alloc':>6} {'reserv':>6} {'device':>6} verdict  "
           "peak rank")
     refused = 0
     for row in rows:
         seq = int(row["seq_len"])
         result = autoplan.estimate(_model(row["model"], seq), _cluster(int(row["gpus"])),
                                    _pins(row), seq_len=seq,
-                                   global_batch=int(row["global_batch"]), runtime="megatron")
+                                   global_batch=int(row["global_batch"]), runtime="megatron",
+                                   precision=row["precision_run"])
         e = result.estimate
         refused += not e.feasible
         plan = " ".join(f"{k}{v}" for k, v in _pins(row).items())
         worst = max(range(len(e.stage_memory_gib)), key=lambda r: e.stage_memory_gib[r])
-        print(f"{row['row_id']:26} {plan:40} {e.peak_allocated_gib:6.1f} "
+        print(f"{row['row_id']:26} {plan:40} {row['precision_run']:4} {e.peak_allocated_gib:6.1f} "
               f"{e.peak_reserved_gib:6.1f} {80.0:6.1f} {'fits' if e.feasible else 'REFUSED':8} "
               f"{worst:>4}")
     print(f"\n{len(rows)} runs that ran: refused {refused} (false refusals)")

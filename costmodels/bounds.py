@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from autoplan.costmodels.compute import Split, best_attention_fraction
 from autoplan.costmodels.flops import model_flops_per_sample
+from autoplan.costmodels.fp8 import best_gemm_peak
 from autoplan.costmodels.layers import layer_cost
 from autoplan.costmodels.problem import Problem, memo
 
@@ -25,10 +26,13 @@ def lower_bound_s(problem: Problem) -> float:
 
 
 def _best_rate(problem: Problem) -> float:
-    """FLOP/s of one GPU at the best efficiency any kernel reaches."""
-    peak = problem.cluster.gpu.peak_flops(problem.precision)
-    return peak * max(problem.compute.gemm_efficiency, best_attention_fraction(
-        problem.compute, peak, problem.runtime.attention_kernel))
+    """FLOP/s of one GPU at the best efficiency any kernel reaches (GEMMs at their fastest
+    peak: the FP8 one under FP8)."""
+    gpu = problem.cluster.gpu
+    peak = gpu.peak_flops(problem.precision)
+    return max(best_gemm_peak(gpu, problem.precision) * problem.compute.gemm_efficiency,
+               peak * best_attention_fraction(problem.compute, peak,
+                                              problem.runtime.attention_kernel))
 
 
 def shape_lower_bound_s(problem: Problem, *, tp: int, pp: int, cp: int, mbs: int, vpp: int,

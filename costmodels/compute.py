@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass, field
 
 from autoplan.cluster.catalog import GpuSpec
+from autoplan.costmodels.fp8 import cast_bytes, cast_times, linear_rate, norm_fed, runs_fp8
 from autoplan.costmodels.fused_kernels import BlockTraffic
 from autoplan.costmodels.profiles import ComputeProfile
 from autoplan.costmodels.quantization import HALF_BYTES, quantized_gemms, stored_bytes_per_param
@@ -212,19 +213,19 @@ def wave_efficiency(m: float, n: float, sm_count: int | None) -> float:
 
 
 def gemm_time(m: float, n: float, k: float, gpu: GpuSpec, peak: float,
-              profile: ComputeProfile) -> float:
+              profile: ComputeProfile, *, operand_bytes: float = HALF_BYTES) -> float:
     """Seconds of one (m x k) @ (k x n) GEMM: its waves of tiles at the plateau efficiency
     plus a fixed start-up of ``gemm_half_flops`` worth of plateau time (launch, k-loop prologue
     and epilogue: the same ``f / (f + half)`` curve as :func:`_flops_time` for a GEMM that fills
-    its waves), or the time its 16-bit operands and output take through HBM, whichever is
-    longer. The start-up is not divided by the wave share: it is paid once per kernel, however
-    few tiles it has."""
+    its waves), or the time its operands (``operand_bytes`` an element: 1 for FP8) and 16-bit
+    output take through HBM, whichever is longer. The start-up is not divided by the wave
+    share: it is paid once per kernel, however few tiles it has."""
     flops = 2.0 * m * n * k
     if flops <= 0:
         return 0.0
     issued = flops / wave_efficiency(m, n, gpu.sm_count)  # the idle SMs of the last wave count
     compute = (issued + profile.gemm_half_flops) / (peak * profile.gemm_efficiency)
-    traffic = HALF_BYTES * (m * k + k * n + m * n)
+    traffic = operand_bytes * (m * k + k * n) + HALF_BYTES * m * n
     return max(compute, traffic / (gpu.memory_bandwidth_Bps * profile.memory_efficiency))
 
 
@@ -237,9 +238,9 @@ def _flops_time(flops: float, peak: float, profile: ComputeProfile) -> float:
 
 
 def column_gemm_time(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
-                     profile: ComputeProfile) -> float:
+                     profile: ComputeProfile, *, operand_bytes: float = HALF_BYTES) -> float:
     """Forward time of the layer's column-parallel Linears for one micro-batch."""
-    return sum(_linear_time(g, split, gpu, peak, profile) for g in layer.gemms
+    return sum(_linear_time(g, split, gpu, peak, profile, operand_bytes) for g in layer.gemms
                if g.split is TpSplit.COLUMN)
 
 
@@ -254,19 +255,22 @@ def local_shape(gemm: Gemm, split: Split) -> tuple[float, float, float]:
 
 
 def _linear_time(gemm: Gemm, split: Split, gpu: GpuSpec, peak: float,
-                 profile: ComputeProfile) -> float:
+                 profile: ComputeProfile, operand_bytes: float = HALF_BYTES) -> float:
     rows, k, n = local_shape(gemm, split)
-    return gemm.count * gemm_time(rows, n, k, gpu, peak, profile)
+    return gemm.count * gemm_time(rows, n, k, gpu, peak, profile, operand_bytes=operand_bytes)
 
 
 def _backward_gemm_times(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
-                         profile: ComputeProfile) -> tuple[float, float, float]:
-    """(forward, input-gradient, weight-gradient) seconds of the layer's Linears and other
-    matmuls for one micro-batch; each backward GEMM as long as its forward."""
+                         profile: ComputeProfile, linear: tuple[float, float]
+                         ) -> tuple[float, float, float]:
+    """(forward, input-gradient, weight-gradient) seconds of the layer's Linears (at
+    ``linear``: their peak and operand bytes, fp8.linear_rate) and other matmuls (at ``peak``)
+    for one micro-batch; each backward GEMM as long as its forward."""
     fwd = _flops_time(layer.other_fwd_flops * split.mbs, peak, profile)  # convs, bare matmuls
     dgrad = wgrad = fwd if layer.in_backward else 0.0
+    linear_peak, operand_bytes = linear
     for gemm in layer.gemms:
-        t = _linear_time(gemm, split, gpu, peak, profile)
+        t = _linear_time(gemm, split, gpu, linear_peak, profile, operand_bytes)
         fwd += t
         dgrad += t if gemm.dgrad else 0.0
         wgrad += t if gemm.wgrad else 0.0
@@ -368,7 +372,8 @@ def fused_fraction(layer: Layer, compiled_fraction: float | None) -> float:
 
 
 def op_sac_recompute_time(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
-                          profile: ComputeProfile, fused: float = 1.0) -> float:
+                          profile: ComputeProfile, fused: float = 1.0, *,
+                          operand_bytes: float = HALF_BYTES) -> float:
     """What torchtitan's op-level selective checkpointing recomputes of a block in backward
     (torchtitan/distributed/activation_checkpoint.py, SelectiveAC ``_get_custom_policy``): the
     ops outside its save list (norms, activations, rotary, residual adds: PREFER_RECOMPUTE) and
@@ -379,28 +384,50 @@ def op_sac_recompute_time(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
         rows, k, n = local_shape(gemm, split)
         for _ in range(gemm.count):
             index += 1
-            matmuls += gemm_time(rows, n, k, gpu, peak, profile) if index % 2 == 0 else 0.0
+            matmuls += (gemm_time(rows, n, k, gpu, peak, profile, operand_bytes=operand_bytes)
+                        if index % 2 == 0 else 0.0)
     return matmuls + elementwise_time(layer, split, gpu, profile, fused)
+
+
+def fp8_cast_times(layer: Layer, split: Split, gpu: GpuSpec, profile: ComputeProfile, *,
+                   precision: str, casts_weights: bool, te_layers: bool) -> tuple[float, float]:
+    """(forward, backward) seconds of Transformer Engine's FP8 casts of the layer for one
+    micro-batch (costmodels.fp8); none outside FP8 blocks. ``te_layers``: the runtime's block
+    is TE's own (LayerNormLinear: the norm writes its Linears' FP8 input)."""
+    if not runs_fp8(layer, precision):
+        return 0.0, 0.0
+    shapes = [(g, *local_shape(g, split)) for g in layer.gemms]
+    fused = norm_fed(layer.gemms) if te_layers else set()
+    fwd, bwd = cast_bytes(shapes, tp=split.tp, casts_weights=casts_weights,
+                          fused_norm_inputs=fused)
+    return cast_times(fwd, bwd, gpu, profile)
 
 
 def layer_time(layer: Layer, split: Split, recompute: Recompute, *, gpu: GpuSpec, precision: str,
                profile: ComputeProfile, frozen_dtype: FrozenDtype | None = None,
                op_sac: bool = False, compiled_fraction: float | None = None,
-               kernels: BlockTraffic | None = None) -> LayerTime:
+               kernels: BlockTraffic | None = None, casts_fp8_weights: bool = True) -> LayerTime:
     """Compute time of one layer for one micro-batch (no communication); ``frozen_dtype``:
     the storage of its frozen Linear weights (quantized ones are dequantized at each use);
     ``op_sac``: selective recompute is torchtitan's op-level policy, not Megatron's
     recompute of core attention; ``compiled_fraction``: the runtime compiles its blocks and
     their fused kernels move this share of the eager element-wise traffic (None: eager);
-    ``kernels``: the layer's element-wise traffic from its runtime's fused-kernel table."""
+    ``kernels``: the layer's element-wise traffic from its runtime's fused-kernel table;
+    ``casts_fp8_weights``: under FP8, each micro-batch casts the weights (no TE workspace
+    cache; costmodels.fp8)."""
     peak = gpu.peak_flops(precision)
-    gemm, dgrad, wgrad = _backward_gemm_times(layer, split, gpu, peak, profile)
+    linear = linear_rate(layer, gpu, precision)
+    gemm, dgrad, wgrad = _backward_gemm_times(layer, split, gpu, peak, profile, linear)
     att_fwd, att_bwd = attention_time(layer, split, gpu, peak, profile)
     att_bwd = att_bwd if any(a.backward for a in layer.attention) else 0.0
     deq_fwd, deq_bwd = (dequantize_time(layer, split, gpu, profile, frozen_dtype)
                         if frozen_dtype is not None else (0.0, 0.0))
     fused = fused_fraction(layer, compiled_fraction)
     other, other_bwd = elementwise_times(layer, split, gpu, profile, fused, kernels)
+    cast_fwd, cast_bwd = fp8_cast_times(layer, split, gpu, profile, precision=precision,
+                                        casts_weights=casts_fp8_weights,
+                                        te_layers=kernels is not None)
+    other, other_bwd = other + cast_fwd, other_bwd + cast_bwd
     overhead = profile.kernel_overhead_s if layer.gemms or layer.attention else 0.0
     fwd = gemm + att_fwd + other + overhead + deq_fwd
     bwd = 0.0
@@ -410,12 +437,14 @@ def layer_time(layer: Layer, split: Split, recompute: Recompute, *, gpu: GpuSpec
     if layer.in_backward and layer.kind is LayerKind.BLOCK and recompute is Recompute.FULL:
         recomputed = fwd
     elif layer.in_backward and recompute is Recompute.SELECTIVE and op_sac:
-        recomputed = (op_sac_recompute_time(layer, split, gpu, peak, profile, fused)
+        recomputed = (op_sac_recompute_time(layer, split, gpu, linear[0], profile, fused,
+                                            operand_bytes=linear[1])
                       if layer.kind is LayerKind.BLOCK else 0.0)
     elif layer.in_backward and recompute is Recompute.SELECTIVE:
         recomputed = att_fwd
     return LayerTime(fwd_s=fwd, bwd_s=bwd, recompute_s=recomputed,
-                     column_gemm_s=column_gemm_time(layer, split, gpu, peak, profile),
+                     column_gemm_s=column_gemm_time(layer, split, gpu, linear[0], profile,
+                                                    operand_bytes=linear[1]),
                      attention_fwd_s=att_fwd, attention_bwd_s=att_bwd, wgrad_s=wgrad)
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from autoplan.cluster.topology import GroupLinks, group_links
 from autoplan.costmodels.compute import Split
+from autoplan.costmodels.fp8 import best_gemm_peak
 from autoplan.costmodels.memory import in_flight_chunks, model_state_bytes
 from autoplan.costmodels.pipeline import pipeline_time
 from autoplan.costmodels.placement import axis_stride, plan_links
@@ -251,7 +252,7 @@ def estimate_on_groups(problem: Problem, plan: Plan) -> Estimate:
         "pp_comm": m * slow.pp_comm_s, "dp_comm": sync.sync_s,
         "bubble": step - sync.after_s - m * slow.micro_batch_s, "optimizer": sync.optimizer_s,
     })
-    peak = sum(problem.on_group(g).cluster.gpu.peak_flops(problem.precision)
+    peak = sum(best_gemm_peak(problem.on_group(g).cluster.gpu, problem.precision)
                for g in plan.stage_groups) / plan.pp
     return est.model_copy(update={
         "mfu": est.model_tflops_per_gpu * 1e12 / peak,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from autoplan.costmodels import comm
 from autoplan.costmodels.compute import LayerTime, Split, layer_time
 from autoplan.costmodels.context import ring_attention_time
+from autoplan.costmodels.fp8 import weight_workspace_bytes
 from autoplan.costmodels.fused_kernels import block_traffic
 from autoplan.costmodels.memory import (
     WEIGHT_BYTES,
@@ -45,6 +46,7 @@ class LayerCost:
     gathers: int
     trained: float  # of params, those that require grad
     weight_bytes: float  # the weights as stored (frozen ones in the frozen dtype)
+    fp8_workspace_bytes: float = 0.0  # TE's cached FP8 weights where not FP8 params (fp8.py)
 
 
 def _tp_messages(layer: Layer, split: Split) -> tuple[int, int, float]:
@@ -72,7 +74,8 @@ def layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
     kernels = block_traffic(problem.graph, layer, runtime.transformer_impl, problem.precision)
     t = layer_time(layer, split, recompute, gpu=problem.cluster.gpu, precision=problem.precision,
                    profile=problem.compute, frozen_dtype=frozen_dtype, op_sac=op_sac,
-                   compiled_fraction=compiled, kernels=kernels)
+                   compiled_fraction=compiled, kernels=kernels,
+                   casts_fp8_weights=not runtime.fp8_weight_cache)
     fwd_n, bwd_n, message = _tp_messages(layer, split)
     one = _tp_forward_collective(layer, split, message, tp_links)
     full = recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK
@@ -91,6 +94,8 @@ def layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
         gathered=_gathered_params(problem, layer, split.tp), gathers=_gather_units(problem, layer),
         trained=layer_trained_on_gpu(layer, split.tp),
         weight_bytes=layer_weight_bytes(layer, split.tp, frozen_dtype),
+        fp8_workspace_bytes=weight_workspace_bytes(layer, split.tp, problem.precision,
+                                                   runtime.fp8_weight_cache),
     )
     memo(problem)[key] = cost
     return cost

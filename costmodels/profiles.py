@@ -172,6 +172,11 @@ class RuntimeProfile:
     """The block implementation whose fused element-wise kernels the runtime runs
     (costmodels.fused_kernels: Megatron-LM's ``--transformer-impl``, ``transformer_engine`` or
     ``local``); None: the traced eager kernels."""
+    fp8_weight_cache: bool = False
+    """Under FP8, Transformer Engine's Linears keep their FP8 weights (and transposes) cast on
+    a step's first micro-batch for the others (the runtime passes ``is_first_microbatch``:
+    Megatron-LM), 2 bytes per weight held all step (costmodels.fp8); False: cast at every
+    micro-batch's forward and freed after its backward (Composer, FSDP2)."""
     cublas_workspace_bytes: float | None = None
     """cuBLAS workspaces per GPU, allocated through PyTorch's caching allocator; None: torch's
     default for the GPU (memory.cublas_workspace_bytes); 0 on CPU."""

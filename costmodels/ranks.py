@@ -10,6 +10,7 @@ from operator import mul
 from autoplan.costmodels import comm
 from autoplan.costmodels.compute import Split
 from autoplan.costmodels.experts import ep_comm_time, expert_params, routing_time
+from autoplan.costmodels.fp8 import weights_cached_beside
 from autoplan.costmodels.host import layer_host_delay_s
 from autoplan.costmodels.layers import layer_cost, layer_memory_bytes, logits_layer
 from autoplan.costmodels.memory import (
@@ -107,6 +108,7 @@ class ChunkSums:
     trained: float
     weight_bytes: float
     working_kind: str = ""  # the kind of layer whose backward (or loss) holds ``working``
+    fp8_workspace_bytes: float = 0.0  # TE's cached FP8 weights (costmodels.fp8)
 
 
 def chunk_compositions(problem: Problem, plan: Plan,
@@ -151,7 +153,7 @@ def chunk_sums(problem: Problem, compositions: tuple, split: Split,
     if cached is not None:
         return cached
     compute_s = backward_s = tp_comm_s = cp_comm_s = wgrad_s = params = acts = working = 0.0
-    largest = trained = weight_bytes = 0.0
+    largest = trained = weight_bytes = fp8_workspace = 0.0
     gathers = 0
     working_kind = ""
     for composition in compositions:
@@ -168,6 +170,7 @@ def chunk_sums(problem: Problem, compositions: tuple, split: Split,
             params += count * cost.params
             trained += count * cost.trained
             weight_bytes += count * cost.weight_bytes
+            fp8_workspace += count * cost.fp8_workspace_bytes
             acts += count * cost.act_bytes
             if cost.working_bytes > working:
                 working, working_kind = cost.working_bytes, layer.kind.value
@@ -175,7 +178,7 @@ def chunk_sums(problem: Problem, compositions: tuple, split: Split,
             gathers += count * cost.gathers
     sums = ChunkSums(compute_s, backward_s, tp_comm_s, cp_comm_s, wgrad_s, params,
                       acts / len(compositions), working, largest, gathers, trained, weight_bytes,
-                      working_kind)
+                      working_kind, fp8_workspace)
     memo(problem)[key] = sums
     return sums
 
@@ -216,12 +219,14 @@ class HeldParams:
 def held_params(problem: Problem, plan: Plan, sums: ChunkSums,
                 stages: tuple[tuple[int, int], ...]) -> HeldParams:
     """What a rank's layers hold, plus its copy of tied weights, trained where the layer
-    they are tied to (the embedding, layer 0) trains."""
+    they are tied to (the embedding, layer 0) trains, and TE's cached FP8 weights where the
+    plan keeps 16-bit weights (fp8.weights_cached_beside)."""
     tied = _tied_copy_params(problem, stages) / plan.tp
     first = problem.graph.layers[0]
     tied_trained = tied * first.trainable_params / first.num_params if first.num_params else 0.0
+    workspace = sums.fp8_workspace_bytes if weights_cached_beside(plan.zero_stage) else 0.0
     return HeldParams(sums.params + tied, sums.trained + tied_trained,
-                      sums.weight_bytes + WEIGHT_BYTES * tied)
+                      sums.weight_bytes + WEIGHT_BYTES * tied + workspace)
 
 
 def plan_split(problem: Problem, plan: Plan) -> Split:

@@ -4,6 +4,7 @@ memory breakdown)."""
 from __future__ import annotations
 
 from autoplan.costmodels.flops import hardware_flops_per_sample, model_flops_per_sample, recomputed_layers
+from autoplan.costmodels.fp8 import best_gemm_peak
 from autoplan.costmodels.problem import Problem, memo
 from autoplan.costmodels.ranks import RankCost, outside_allocator_bytes
 
@@ -14,7 +15,7 @@ from autoplan.units import GIB
 def summarize(problem: Problem, plan: Plan, *, step: float, worst: RankCost,
                memories: list[float], breakdown: dict[str, float]) -> Estimate:
     samples = plan.global_batch_size
-    peak = problem.cluster.gpu.peak_flops(problem.precision)
+    peak = best_gemm_peak(problem.cluster.gpu, problem.precision)  # MFU basis: FP8's under FP8
     flops_key = ("flops", plan.recompute, plan.recompute_num_layers,
                  plan.layout if plan.recompute_num_layers else None)
     if flops_key not in memo(problem):

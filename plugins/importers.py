@@ -85,6 +85,8 @@ def _megatron(flags: dict) -> ImportedRun:
             "placement": PIPELINE_INSIDE_PLACEMENT if flags.get("use-tp-pp-dp-mapping") else None,
             "ep": _int(flags, "expert-model-parallel-size")}
     precision = "bf16" if flags.get("bf16") else "fp16" if flags.get("fp16") else None
+    if flags.get("fp8-format"):  # Transformer Engine's FP8 over bf16 (costmodels.fp8)
+        precision = "fp8"
     return ImportedRun("megatron", {k: v for k, v in pins.items() if v is not None},
                        seq_len=_int(flags, "seq-length"),
                        global_batch=_int(flags, "global-batch-size"), precision=precision,

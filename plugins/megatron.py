@@ -46,6 +46,9 @@ def check(result: Result) -> None:
         problems.append(f"seq_len {seq_len(result)} must be a multiple of 2*cp = {2 * plan.cp}")
     if plan.ep > 1 and model.num_experts is None:
         problems.append(f"ep={plan.ep} needs the model's expert count (model.num_experts)")
+    impl = result.training.transformer_impl if result.training is not None else None
+    if precision(result) == "fp8" and impl not in (None, "transformer_engine"):
+        problems.append(f"FP8 runs in Transformer Engine's layers, not --transformer-impl {impl}")
     if problems:
         raise ExportError("Megatron-LM cannot run this plan: " + "; ".join(problems) +
                           ". Re-plan with pins that avoid it, or export to another target.")
@@ -227,7 +230,26 @@ def megatron_args(result: Result) -> list[str]:
     check(result)
     return (_parallel_args(result) + _batch_args(result) + _recompute_args(result)
             + _optimizer_args(result) + _model_args(result) + _impl_args(result)
-            + [f"--{precision(result)}"])
+            + _precision_args(result))
+
+
+FP8_ARGS = ["--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len",
+            "1024", "--fp8-amax-compute-algo", "max"]
+"""FP8 as autoplan prices it (costmodels.fp8): Transformer Engine's hybrid format (E4M3
+forward, E5M2 gradients) with delayed scaling over a 1024-step amax history, as Megatron-LM's
+examples/llama/train_llama3_8b_h100_fp8.sh runs it (TransformerConfig ``fp8``,
+``fp8_recipe``, ``fp8_amax_history_len``, ``fp8_amax_compute_algo``)."""
+
+
+def _precision_args(result: Result) -> list[str]:
+    """``--bf16`` or ``--fp16``; FP8 trains bf16 with TE's FP8 GEMMs (FP8_ARGS), its weights
+    FP8 parameters where the distributed optimizer (or Megatron-FSDP) runs
+    (``--fp8-param-gather``, as NeMo's bf16_with_fp8_mixed; costmodels.fp8)."""
+    if precision(result) != "fp8":
+        return [f"--{precision(result)}"]
+    # Megatron refuses --fp8-param-gather without the distributed optimizer (arguments.py)
+    param_gather = ["--fp8-param-gather"] if result.plan.zero_stage >= 1 else []
+    return ["--bf16", *FP8_ARGS, *param_gather]
 
 
 def _impl_args(result: Result) -> list[str]:

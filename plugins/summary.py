@@ -21,7 +21,7 @@ def seq_len(result: Result) -> int:
 
 
 def precision(result: Result) -> str:
-    """``"bf16"`` or ``"fp16"``; plans made before TrainingInfo existed were bf16."""
+    """``"bf16"``, ``"fp16"`` or ``"fp8"``; plans made before TrainingInfo existed were bf16."""
     return result.training.precision if result.training is not None else "bf16"
 
 

@@ -28,8 +28,11 @@ class GpuSpec:
     compute_capability: float | None = None  # None: unknown, priced without NVLS buffers
 
     def peak_flops(self, precision: str) -> float:
-        """Dense peak for a precision; bf16 falls back to fp16 on GPUs without bf16 (V100)."""
-        if precision == "bf16":
+        """Dense 16-bit peak for a precision; bf16 falls back to fp16 on GPUs without bf16
+        (V100). Under FP8 training (bf16 with Transformer Engine's FP8 GEMMs) it is the bf16
+        peak, which attention, the LM head and the MFU basis run at (``fp8_flops``: the FP8
+        GEMMs')."""
+        if precision in ("bf16", "fp8"):
             return self.bf16_flops or self.fp16_flops
         return self.fp16_flops
 

@@ -20,6 +20,7 @@ from autoplan.graph import trace_cache
 from autoplan.graph.layer_graph import LayerGraph
 from autoplan.graph.sandbox import DEFAULT_TIME_LIMIT_S as DEFAULT_TRACE_TIME_LIMIT_S
 from autoplan.graph.sandbox import run_guarded
+from autoplan.training import Precision
 
 if TYPE_CHECKING:
     from autoplan.graph.loader import ModelSource
@@ -84,6 +85,10 @@ class Model:
         return self._source
 
     def trace(self, seq_len: int, precision: str = "bf16") -> LayerGraph:
+        """The model traced at ``seq_len`` in ``precision``'s 16-bit storage dtype (an FP8
+        run keeps its weights and activations in bf16: training.Precision.storage)."""
+        if precision == Precision.FP8.value:
+            precision = Precision.FP8.storage
         key = (seq_len, precision)
         if key not in self._traces:
             self._traces[key] = self._cached_trace(seq_len, precision)

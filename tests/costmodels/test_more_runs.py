@@ -31,6 +31,14 @@ def test_bigscience_rows_run_megatron_deepspeed_with_their_pipeline(posed):
     assert run.cluster["nodes"] == 10
 
 
+def test_llm_foundry_fp8_rows_are_posed_as_fp8(posed):
+    # LLMF-H100FP8-02: MPT-3b, amp_fp8, 8 H100, s 8192, mbs 3, GA 6, 19146 tokens/s/GPU:
+    # step = 3 * 6 * 8 * 8192 / (19146 * 8) = 7.70 s
+    run = posed[0]["LLMF-H100FP8-02"]
+    assert (run.precision, run.runtime, run.gpu) == ("fp8", "fsdp", "h100-sxm5-80gb")
+    assert run.step_time_s == pytest.approx(3 * 6 * 8 * 8192 / (19146 * 8), rel=1e-9)
+
+
 def test_v100_rows_have_four_gpus_per_node(posed):
     run = posed[0]["BS1B3-22"]  # 8 V100 16GB on 2 nodes of 4, PP 4, DP 2
     assert (run.gpu, run.cluster["nodes"], run.cluster["gpus_per_node"]) == ("v100-sxm2-16gb", 2, 4)
@@ -40,7 +48,6 @@ def test_rows_that_cannot_be_posed_say_why(posed):
     runs, skipped = posed
     assert "outcome: oom" in skipped["BS1B3-24"].reason  # an OOM has no step time
     assert "not stated" in skipped["BSPRQ-007"].reason  # layers not stated
-    assert "fp8" in skipped["LLMF-H100FP8-01"].reason
     # BSPRQ-044: 18B (L=6, h=14336) on 8 A100 at GBS 2048 x 2048 tokens in 130.43 s would be
     # 6 * 12 * 6 * 14336^2 * 4,194,304 / (8 * 130.43) = 357 TFLOP/s per GPU, above the A100's
     # 312 peak; the row's own 143.48 TFLOP/s fits the text's GBS 512.

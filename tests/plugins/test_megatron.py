@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from autoplan.errors import ExportError
+from autoplan.plugins.importers import read_run
 from autoplan.plugins.megatron import megatron_args, render
 from tests.extras import require
 from tests.plugins.plans import changed, load_plan, stages_for
@@ -35,6 +36,9 @@ _VALUED = {
     "--num-experts": "num_moe_experts", "--moe-router-topk": "moe_router_topk",
     "--norm-epsilon": "layernorm_epsilon", "--moe-token-dispatcher-type": "moe_token_dispatcher_type",
     "--transformer-impl": "transformer_impl",
+    "--fp8-format": "fp8", "--fp8-recipe": "fp8_recipe",
+    "--fp8-amax-history-len": "fp8_amax_history_len",
+    "--fp8-amax-compute-algo": "fp8_amax_compute_algo",
 }
 _SWITCHES = {"--sequence-parallel": ("sequence_parallel", True), "--swiglu": ("gated_linear_unit", True),
              "--disable-bias-linear": ("add_bias_linear", False), "--bf16": ("bf16", True),
@@ -49,6 +53,7 @@ _ELSEWHERE = {"--micro-batch-size", "--global-batch-size", "--seq-length", "--ma
               "--no-gradient-accumulation-fusion",
               "--use-tp-pp-dp-mapping",  # parallel_state's rank order, not the TransformerConfig
               "--overlap-grad-reduce", "--overlap-param-gather",  # DistributedDataParallelConfig
+              "--fp8-param-gather",  # DistributedDataParallelConfig / TE's fp8_model_init
               "--rotary-base", "--use-rope-scaling", "--rope-scaling-factor"}  # GPTModel's
 
 
@@ -270,3 +275,34 @@ def test_the_launch_overlaps_what_the_cost_model_prices_as_overlapped():
     assert profile.overlap_grad_reduce and "--overlap-grad-reduce" in args
     assert profile.overlap_param_gather and "--overlap-param-gather" in args
     assert "--overlap-param-gather" not in megatron_args(changed(result, plan={"zero_stage": 0}))
+
+
+def test_fp8_plan_exports_te_hybrid_fp8_that_transformer_config_takes():
+    result = load_plan("llama8b_3d_vpp_sp")
+    training = {**result.training.model_dump(mode="json"), "precision": "fp8"}
+    args = megatron_args(changed(result, training=training))
+    # Megatron-LM's FP8 (examples/llama/train_llama3_8b_h100_fp8.sh): bf16 params with TE's
+    # hybrid format, delayed scaling; --fp8-format is TransformerConfig.fp8
+    assert "--bf16" in args and "--fp16" not in args
+    config = transformer_config(args)
+    assert (config.fp8, config.fp8_recipe, config.bf16) == ("hybrid", "delayed", True)
+    assert config.transformer_impl == "transformer_engine"
+    # FP8 weights (NeMo's bf16_with_fp8_mixed) need the distributed optimizer: at ZeRO 1 only
+    assert ("--fp8-param-gather" in args) == (result.plan.zero_stage >= 1)
+
+
+def test_fp8_with_megatrons_local_layers_is_refused():
+    result = load_plan("llama8b_3d_vpp_sp")
+    training = {**result.training.model_dump(mode="json"), "precision": "fp8",
+                "transformer_impl": "local"}
+    with pytest.raises(ExportError, match="Transformer Engine"):
+        megatron_args(changed(result, training=training))
+
+
+def test_exported_fp8_command_reads_back_as_fp8(tmp_path):
+    result = load_plan("llama8b_3d_vpp_sp")
+    training = {**result.training.model_dump(mode="json"), "precision": "fp8"}
+    saved = tmp_path / "launch.sh"
+    saved.write_text("torchrun pretrain_gpt.py " + " ".join(megatron_args(
+        changed(result, training=training))) + "\n")
+    assert read_run(saved).precision == "fp8"
