@@ -84,19 +84,17 @@ def test_mem_limit_above_the_gpu_is_refused(tmp_path):
 
 @pytest.mark.parametrize("command", ["solve", "estimate"])
 def test_mem_limit_above_the_gpu_is_refused_on_the_command_line_too(command):
-    """One rule for the flag and the file: the DGX A100's GPUs offer 79.35 GiB (81252 MiB), so
-    200GiB is an error (exit 2) naming the flag and the GPU's memory, not a plan that "fits" in
-    152 GiB."""
+    """One rule for the flag and the file: the DGX A100's GPUs hold 80 GiB, so 200GiB is an
+    error (exit 2) naming the flag and the GPU's memory, not a plan that "fits" in 152 GiB."""
     result = runner.invoke(app, [command, TINY, DGX1, "--seq-len", "256", "--global-batch",
                                  "16", "--mem-limit", "200GiB"])
     assert result.exit_code == 2, result.output
     assert "--mem-limit 200GiB exceeds" in result.output
-    assert "79.3 GiB" in result.output and "can only lower" in result.output
+    assert "80.0 GiB" in result.output and "can only lower" in result.output
 
 
 def test_mem_limit_equal_to_the_gpu_is_accepted():
-    limit = _solve(mem_limit="81252MiB", headroom=0).estimate.memory_limit_gib
-    assert limit == pytest.approx(81252 / 1024)
+    assert _solve(mem_limit="80GiB", headroom=0).estimate.memory_limit_gib == pytest.approx(80)
 
 
 def test_mem_limit_from_the_file_lowers_the_limit(tmp_path):
@@ -141,13 +139,13 @@ def test_cli_conflict_exits_3_naming_the_pins():
     result = runner.invoke(app, ["solve", TINY, DGX1, "--seq-len", "256", "--global-batch",
                                  "16", "--dp", "8", "--options", "/dev/null", "--tp", "2"])
     assert result.exit_code == 2  # tp*dp > GPUs is caught before any search
-    # A 7B model unsharded (TP=PP=1, ZeRO-0) needs ~16 bytes per parameter: over 79 GiB.
+    # A 7B model unsharded (TP=PP=1, ZeRO-0) needs ~16 bytes per parameter: over 80 GiB.
     result = runner.invoke(app, ["solve", "examples/models/llama2_7b.py", DGX1, "--seq-len",
                                  "2048", "--global-batch", "64", "--tp", "1", "--pp", "1",
                                  "--zero", "0"])
     assert result.exit_code == 3, result.output
     message = " ".join(result.stderr.split())
-    assert "--tp 1 and --pp 1 and --zero 0 together with 75.4 GiB per GPU" in message
+    assert "--tp 1 and --pp 1 and --zero 0 together with 76.0 GiB per GPU" in message
     # Megatron's states unsharded: bf16 weights 2 + fp32 main grads 4 + Adam 12 = 18 bytes per
     # parameter, 18 * 6,738,415,616 / 2**30 = 112.96 GiB; on top one full-recompute block's
     # working set, the loss, the CUDA context and workspaces: a few GiB

@@ -183,13 +183,13 @@ def test_estimate_places_pinned_stages_on_groups_in_order_and_keeps_given_groups
     pinned = autoplan.estimate(model, cluster, {"tp": 4, "dp": 16, "pp": 2}, seq_len=64,
                                global_batch=64)
     assert pinned.plan.stage_groups == ("a100", "v100")
-    # what each GPU offers programs: A100 80GB 81,252 MiB, V100 32GB 32,480 MiB (catalog sources)
-    assert pinned.estimate.stage_memory_limit_gib == (81252 / 1024, 32480 / 1024)
+    # nvidia-smi totals: A100 80GB 81,920 MiB, V100 32GB 32,480 MiB (catalog sources)
+    assert pinned.estimate.stage_memory_limit_gib == (80.0, 32480 / 1024)
     swapped = pinned.plan.model_copy(update={"stages": tuple(
         s.model_copy(update={"group": g}) for s, g in zip(pinned.plan.stages, ("v100", "a100")))})
     again = autoplan.estimate(model, cluster, swapped, seq_len=64, global_batch=64)
     assert again.plan.stage_groups == ("v100", "a100")
-    assert again.estimate.stage_memory_limit_gib == (32480 / 1024, 81252 / 1024)
+    assert again.estimate.stage_memory_limit_gib == (32480 / 1024, 80.0)
     crowded = pinned.plan.model_copy(update={"stages": tuple(
         s.model_copy(update={"group": "v100"}) for s in pinned.plan.stages)})
     with pytest.raises(ConstraintError, match="group 'v100'"):

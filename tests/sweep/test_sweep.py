@@ -24,7 +24,7 @@ def grid(tiny, dgx16):
     """nodes x mem_limit x seq_len on the tiny GPT, in two worker processes; at 1GiB nothing
     fits (the CUDA context alone is larger)."""
     return sweeps.sweep(tiny, dgx16, over={"nodes": [1, 2], "seq_len": [128, 256],
-                                        "mem_limit": ["1GiB", "79GiB"]},
+                                        "mem_limit": ["1GiB", "80GiB"]},
                      base={"global_batch": 32}, workers=2)
 
 
@@ -53,7 +53,7 @@ def test_document_shape(grid):
     assert first["inputs"] == {"nodes": 1, "mem_limit": "1GiB", "global_batch": 32, "seq_len": 128}
     # schema order (nodes, ..., mem_limit, ..., seq_len), the last axis fastest
     assert [(p["inputs"]["nodes"], p["inputs"]["mem_limit"], p["inputs"]["seq_len"])
-            for p in grid["points"][:3]] == [(1, "1GiB", 128), (1, "1GiB", 256), (1, "79GiB", 128)]
+            for p in grid["points"][:3]] == [(1, "1GiB", 128), (1, "1GiB", 256), (1, "80GiB", 128)]
     for point in grid["points"]:
         assert set(point) >= {"inputs", "plan", "estimate", "solver", "pareto", "fronts"}
         if point["plan"] is None:
