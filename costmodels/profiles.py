@@ -53,6 +53,10 @@ class RuntimeProfile:
     """The fused attention kernel the runtime runs (a key of the GPU's ``attention_kernels``):
     flash-attn 2's kernels for every runtime costed, see profiles.yaml."""
     zero3_gather_unit: str = "layer"
+    zero2_gathers_per_microbatch: bool = False
+    """ZeRO-2 as FSDP1's SHARD_GRAD_OP runs it: every micro-batch all-gathers each unit's
+    parameters for its forward (kept through the backward) and reduce-scatters its gradients,
+    one collective per unit each, like ZeRO-3 less the backward re-gather (profiles.yaml)."""
     zero3_prefetch_bucket_params: float = 0.0
     zero3_max_live_params: float = 0.0
     reduce_bucket_params: float = 0.0
@@ -189,7 +193,7 @@ ATTENTION_KERNELS = ("flash2", "cudnn", "flash3", "triton")
 
 FITTED = ("compute.gemm_efficiency", "compute.attention_efficiency", "compute.bmm_efficiency",
           "compute.memory_efficiency", "deepspeed.zero3_collective_efficiency",
-          "deepspeed.zero3_overlap", "fsdp.zero3_overlap", "fsdp.dp_overlap")
+          "deepspeed.zero3_overlap", "fsdp.zero3_overlap")
 """The [Empirical] constants a refit may change, all global: ``compute.<field>`` scales that
 field of every GPU's profile by one factor (1 = as profiles.yaml states it), ``<runtime>.<field>``
 sets one runtime's value. benchmarks/accuracy.py refits them leaving one source out."""

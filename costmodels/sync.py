@@ -40,6 +40,10 @@ ZERO3_PASSES = 3
 and again for the backward (with its recompute), and the gradients reduce-scattered (3x the
 model bytes, Rajbhandari et al. 2020)."""
 
+SHARD_GRAD_OP_PASSES = 2
+"""FSDP1 SHARD_GRAD_OP collectives per unit and micro-batch: one all-gather for the forward
+(the unit stays gathered through its backward) and one reduce-scatter of its gradients."""
+
 
 def zero3_calls(runtime, params: float, trained: float, units: int) -> int:
     """ZeRO-3 collectives one micro-batch issues over the GPU's ``params`` parameters
@@ -102,7 +106,7 @@ def dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
                                                             forward_s)
         return cached
     sync = sum(_dp_collectives(problem, plan, p, t, l, gathers) for p, t, l in groups)
-    if plan.zero_stage < 3:
+    if plan.zero_stage < 3 and not _gathers_per_microbatch(runtime, plan):
         return _overlapped(sync, backward_s, runtime.dp_overlap)
     copies = unshard_copy_time(params, runtime.unshard_copy_bytes, problem.cluster.gpu,
                                problem.compute)
@@ -135,7 +139,7 @@ def least_dp_time(problem: Problem, plan: Plan, params: float, trained: float,
         end = ((plan.vpp - 1) * plan.pp + 1) * window / plan.vpp
         return max(0.0, plan.vpp * sum(priced[size] for size in sizes) - end)
     sync = _dp_collectives(problem, plan, params, trained, links, gathers=0)
-    if plan.zero_stage < 3:
+    if plan.zero_stage < 3 and not _gathers_per_microbatch(runtime, plan):
         return _overlapped(sync, window, runtime.dp_overlap)
     m = plan.num_microbatches
     copies = unshard_copy_time(params, runtime.unshard_copy_bytes, problem.cluster.gpu,
@@ -161,6 +165,12 @@ def bucket_sizes(params: float, bucket: float, first: float | None = None) -> li
     full = int(params // bucket)
     rest = params - full * bucket
     return head + [bucket] * full + ([rest] if rest > 0 else [])
+
+
+def _gathers_per_microbatch(runtime, plan: Plan) -> bool:
+    """Whether the runtime's ZeRO-2 gathers and reduces per unit every micro-batch (FSDP1
+    SHARD_GRAD_OP), priced and overlapped as ZeRO-3 is."""
+    return plan.zero_stage == 2 and runtime.zero2_gathers_per_microbatch
 
 
 def _bucketed(runtime, plan: Plan) -> bool:
@@ -327,6 +337,11 @@ def _dp_collectives(problem: Problem, plan: Plan, params: float, trained: float,
     grads = (runtime.reduce_bytes or runtime.grad_bytes) * trained
     if plan.zero_stage == 0:
         return bucketed_reduction(runtime, comm.all_reduce_time, trained, grads, links)
+    if _gathers_per_microbatch(runtime, plan):
+        volume = (comm.all_gather_time(WEIGHT_BYTES * params, links)
+                  + comm.reduce_scatter_time(grads, links))
+        latency = SHARD_GRAD_OP_PASSES * gathers * comm.ring_latency(links)
+        return volume / runtime.zero3_collective_efficiency + latency
     if plan.zero_stage < 3:
         reduce = (comm.all_reduce_time if runtime.zero_grads_all_reduced
                   else comm.reduce_scatter_time)

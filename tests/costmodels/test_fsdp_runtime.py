@@ -21,13 +21,13 @@ L, H, A, V, S = 2, 1024, 16, 1024, 256
 DP, MBS, GLOBAL = 8, 1, 16  # two micro-batches per step
 
 
-def _dp_comm(**settings) -> tuple[float, float]:
-    """(dp_comm seconds, the GPU's parameters) of a ZeRO-3 FSDP plan on one DGX A100."""
+def _dp_comm(zero: int = 3, **settings) -> tuple[float, float]:
+    """(dp_comm seconds, the GPU's parameters) of a ZeRO-``zero`` FSDP plan on one DGX A100."""
     model = load_model(_gpt_module(L, H, A, V, S))
     problem = make_problem(model, load_cluster(selene(DP)),
                            training_spec(S, GLOBAL, "bf16", "fsdp", "flash"),
                            runtime_settings={"zero3_overlap": 0.0, **settings})
-    plan = plan_from_pins(problem, Pins(tp=1, pp=1, dp=DP, mbs=MBS, zero=3))
+    plan = plan_from_pins(problem, Pins(tp=1, pp=1, dp=DP, mbs=MBS, zero=zero))
     return estimate(problem, plan).time_breakdown_s["dp_comm"], problem.graph.num_params
 
 
@@ -62,3 +62,19 @@ def test_fp32_reduction_sends_4_byte_gradients():
     efficiency = runtime_profile("fsdp").zero3_collective_efficiency
     extra = comm.reduce_scatter_time(4 * params, links) - comm.reduce_scatter_time(2 * params, links)
     assert fp32 - bf16 == pytest.approx(GLOBAL // (DP * MBS) * extra / efficiency, rel=1e-6)
+
+
+def test_shard_grad_op_gathers_each_unit_once_per_micro_batch():
+    """FSDP1 SHARD_GRAD_OP (ZeRO 2; torch/distributed/fsdp/_runtime_utils.py): per unit and
+    micro-batch one all-gather before its forward, kept through its backward, and one
+    reduce-scatter after it; FULL_SHARD re-gathers in the backward too. Per micro-batch and
+    unit, with u units and latency l: ZeRO-3 = 2 AG + RS + 3ul, ZeRO-2 = AG + RS + 2ul, so
+    3 x ZeRO-2 - 2 x ZeRO-3 = RS - AG for each of the step's micro-batches, whatever u."""
+    zero3, params = _dp_comm(unshard_copy_bytes=0)
+    zero2, _ = _dp_comm(zero=2, unshard_copy_bytes=0)
+    links = group_links(load_cluster(selene(DP)).cluster, DP, 1)
+    efficiency = runtime_profile("fsdp").zero3_collective_efficiency
+    per_micro_batch = (comm.reduce_scatter_time(4 * params, links)
+                       - comm.all_gather_time(2 * params, links)) / efficiency
+    assert 3 * zero2 - 2 * zero3 == pytest.approx(GLOBAL // (DP * MBS) * per_micro_batch,
+                                                  rel=1e-6)
