@@ -23,9 +23,11 @@ from dataclasses import dataclass
 
 from autoplan.cluster.catalog import get_gpu
 from autoplan.costmodels.profiles import runtime_profile
+from autoplan.costmodels.sync import COMPOSER_STEP_OPS, per_op_bytes
 from published_runs import DATA, PublishedRun, _gpt_module
 
 CSV = DATA / "more_runs.csv"
+FP32_BYTES = 4
 
 GPU_NAMES = {"H100 80GB": "h100-sxm5-80gb", "A100 40GB": "a100-sxm4-40gb",
              "A100 80GB": "a100-sxm4-80gb", "A100-SXM4 80GB": "a100-sxm4-80gb",
@@ -167,7 +169,10 @@ def _runtime_settings(source: str, zero_text: str = "") -> dict:
     attention is ``attn_impl: triton`` (the default of scripts/train/benchmarking/
     submit_benchmarks.py, ``--attn_impl``, which sets ``model.attn_impl`` of every run),
     Triton FlashAttention, not flash-attn 2 as the CSV's flash_attention column says
-    (costmodels.compute.RELATIVE_KERNELS).
+    (costmodels.compute.RELATIVE_KERNELS). Its optimizer step is Composer's DecoupledAdamW
+    after FSDP1's clip_grad_norm_, one kernel per tensor operation over fp32 shards (FSDP1
+    keeps the sharded flat parameter, its gradient and the moments in fp32):
+    costmodels.sync.COMPOSER_STEP_OPS, 24 passes of 4 bytes, not one fused pass.
     BigScience's bf16 rows ran DeepSpeed's BF16_Optimizer (ZeRO stage 0, which shards the
     optimizer states like ZeRO-1, so they are posed as ZeRO 1) with its fp32 gradient update
     each micro-batch (profiles.yaml, deepspeed.bf16_optimizer_accumulation_bytes), and it
@@ -177,7 +182,8 @@ def _runtime_settings(source: str, zero_text: str = "") -> dict:
     stage_1_and_2.py), a reduce-scatter's traffic; the bucket all-reduce of the profile
     (deepspeed.zero_grads_all_reduced) came in v0.13 (DeepSpeed PR 4695, November 2023)."""
     if source == "LLMF":
-        return {"unshard_copy_bytes": 0, "loss_bytes_per_logit": 2, "attention_kernel": "triton"}
+        return {"unshard_copy_bytes": 0, "loss_bytes_per_logit": 2, "attention_kernel": "triton",
+                "optimizer_step_traffic_bytes": per_op_bytes(COMPOSER_STEP_OPS, FP32_BYTES)}
     if "BF16Optimizer" in zero_text:
         bf16_optimizer = runtime_profile("deepspeed").bf16_optimizer_accumulation_bytes
         return {"grad_accumulation_bytes": bf16_optimizer}

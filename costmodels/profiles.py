@@ -82,6 +82,12 @@ class RuntimeProfile:
     """HBM bytes per gathered parameter that ZeRO-3's copy kernels move on the compute
     stream per micro-batch (costmodels.compute.unshard_copy_time); 0 where the collectives
     write the parameters in place."""
+    optimizer_step_traffic_bytes: float = 0.0
+    """HBM bytes per trained parameter that the optimizer step and its gradient clipping move
+    where the runtime runs them as one kernel per tensor operation
+    (costmodels.sync.per_op_bytes: Composer's DecoupledAdamW and FSDP1's clip_grad_norm_,
+    sync.COMPOSER_STEP_OPS); 0: one fused pass over the states and the gradient
+    (memory.optimizer_step_bytes plus ``grad_bytes``)."""
     grad_norm_bytes: float = 0.0
     """Bytes per element of the copy a ZeRO-1/2 optimizer makes of each gradient to take its
     norm at the step (memory.grad_norm_copy_bytes); 0: the norm is taken in place."""

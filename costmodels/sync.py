@@ -353,6 +353,44 @@ def _dp_collectives(problem: Problem, plan: Plan, params: float, trained: float,
     return volume / runtime.zero3_collective_efficiency + latency
 
 
+COMPOSER_STEP_OPS = (
+    ("exp_avg.mul_(beta1)", 1, 1),
+    ("exp_avg.add_(grad, alpha=1 - beta1)", 2, 1),
+    ("exp_avg_sq.mul_(beta2)", 1, 1),
+    ("exp_avg_sq.addcmul_(grad, grad, value=1 - beta2)", 3, 1),
+    ("exp_avg_sq.sqrt()", 1, 1),
+    ("/ math.sqrt(bias_correction2)", 1, 1),
+    (".add_(eps)", 1, 1),
+    ("param.addcdiv_(exp_avg, denom, value=-step_size)", 3, 1),
+    ("vector_norm(grad)", 1, 0),
+    ("grad.mul_(clip_coef_clamped)", 1, 1),
+)
+"""(operation, tensors read, tensors written) per parameter of the step llm-foundry's runs
+take, one elementwise kernel each over the GPU's shard: Composer's DecoupledAdamW.adamw
+(composer/optim/decoupled_weight_decay.py, composer@02c872e: a Python loop over the
+parameters, in-place ops, no foreach or fused kernel; ``param.mul_`` for the weight decay is
+skipped at llm-foundry's ``weight_decay: 0.0``, scripts/train/yamls/pretrain/mpt-*.yaml),
+after Composer's gradient_clipping algorithm (``clipping_type: norm`` in the same yamls), which
+calls FSDP1's clip_grad_norm_: one vector_norm read per gradient, then each gradient scaled in
+place (torch/distributed/fsdp/fully_sharded_data_parallel.py). addcmul_ loads ``grad`` as
+both of its operands."""
+
+
+def per_op_bytes(ops, element_bytes: float) -> float:
+    """HBM bytes per element of ``ops`` (``(name, reads, writes)``), each its own kernel that
+    reads and writes whole tensors of ``element_bytes`` per element."""
+    return element_bytes * sum(reads + writes for _, reads, writes in ops)
+
+
+def _step_traffic_bytes(problem: Problem) -> float:
+    """HBM bytes per trained parameter of the optimizer step: the runtime's per-op figure, or
+    one fused pass over master, states, the 16-bit weight and the gradient."""
+    runtime = problem.runtime
+    if runtime.optimizer_step_traffic_bytes:
+        return runtime.optimizer_step_traffic_bytes
+    return optimizer_step_bytes(problem.training.optimizer, runtime) + runtime.grad_bytes
+
+
 def _host_link(problem: Problem) -> float:
     return problem.cluster.host_bandwidth_Bps or HOST_LINK_BPS
 
@@ -367,8 +405,7 @@ def optimizer_time(problem: Problem, plan: Plan, params: float, experts: float =
     if plan.offload is not Offload.NONE:
         copies = shard * (problem.runtime.grad_bytes + WEIGHT_BYTES) / _host_link(problem)
         return shard / CPU_ADAM_PARAMS_PER_S + copies
-    traffic = shard * (optimizer_step_bytes(problem.training.optimizer, problem.runtime)
-                       + problem.runtime.grad_bytes)
+    traffic = shard * _step_traffic_bytes(problem)
     gpu = problem.cluster.gpu
     return traffic / (gpu.memory_bandwidth_Bps * problem.compute.memory_efficiency)
 
