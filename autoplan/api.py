@@ -34,7 +34,6 @@ from autoplan.problems import (Profile, batch_problems, choice, loaded_profile, 
 from autoplan.report import build_result, load_result, trace_document  # noqa: F401 (API)
 from autoplan.run_profile import RunsProfile
 from autoplan.search.defaults import plan_for
-from autoplan.search.hetero import solve_on_groups
 from autoplan.training import DEFAULT_TIME_LIMIT_S, Constraints, Pins, Precision, Runtime, TrainingSpec
 
 if TYPE_CHECKING:
@@ -187,6 +186,7 @@ def _solve_problems(problems: list[Problem], model: Model, cluster: LoadedCluste
     """The best plan of one runtime's problems (one per allowed global batch), with the
     search that found it (None on node groups, which have no runners-up)."""
     if not cluster.cluster.is_homogeneous:  # stages on node groups; no runners-up
+        from autoplan.search.hetero import solve_on_groups  # CP-SAT, as solve_search below
         found = solve_on_groups(problems, constraints.pins, time_limit_s=time_limit_s,
                                 objective=constraints.objective, bounds=constraints.bounds,
                                 max_gpus=constraints.max_gpus)

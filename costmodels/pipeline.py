@@ -13,6 +13,7 @@ activation memory (costmodels/ranks.py).
 from __future__ import annotations
 
 from functools import lru_cache
+from operator import sub
 
 
 def pipeline_time(*, slowest_s: float, total_s: float, num_microbatches: int, vpp: int,
@@ -113,9 +114,14 @@ def schedule_order(rank: int, *, pp: int, vpp: int,
 
 def _forwards_per_chunk(done: int, *, vpp: int, group: int) -> list[int]:
     """Of a rank's first ``done`` forwards, those of each chunk (``group`` per round of ``vpp
-    group`` forwards)."""
+    group`` forwards): after ``rounds`` whole rounds, the ``into`` forwards of the round under
+    way have filled the first ``full`` chunks and put ``part`` into the next (``full < vpp``
+    as ``into < vpp group``). Built by repetition, not a min/max per chunk: the search asks
+    twice per backward of each schedule it prices."""
     rounds, into = divmod(done, vpp * group)
-    return [rounds * group + min(max(into - chunk * group, 0), group) for chunk in range(vpp)]
+    full, part = divmod(into, group)
+    base = rounds * group
+    return [base + group] * full + [base + part] + [base] * (vpp - 1 - full)
 
 
 @lru_cache(maxsize=4096)
@@ -139,7 +145,6 @@ def in_flight_moments(rank: int, *, pp: int, vpp: int,
     for k in steps:
         done = min(warmup + k + 1, total)
         backwards = _forwards_per_chunk(k, vpp=vpp, group=group)[::-1]
-        counts = tuple(f - b for f, b in zip(_forwards_per_chunk(done, vpp=vpp, group=group),
-                                             backwards))
+        counts = tuple(map(sub, _forwards_per_chunk(done, vpp=vpp, group=group), backwards))
         moments[(counts, chunk_of(k, vpp=vpp, group=group, forward=False))] = None
     return tuple(moments)

@@ -522,8 +522,16 @@ def stage_tensors(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], .
     in tensors of the layer's output on one GPU (the loss's in fp32 logits), the chunks of an
     interleaved rank one after the other; and the stage output a pipeline engine holds
     (:func:`_stage_output`, one chunk per rank where it does)."""
-    key = ("tensors", stages, split, plan.recompute, plan.recompute_num_layers,
-           plan.num_microbatches)
+    return (_layer_tensors(problem, plan, stages, split),
+            _stage_output(problem, plan, stages[-1], split))
+
+
+def _layer_tensors(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], ...],
+                   split: Split) -> tuple[LayerTensors, ...]:
+    """:func:`stage_tensors`' layers, kept by what they depend on: the layers, the split and
+    the recompute switches, not the micro-batch count (only the stage output's slots do),
+    so plans that differ in the global batch or in ZeRO share them."""
+    key = ("tensors", stages, split, plan.recompute, plan.recompute_num_layers)
     found = memo(problem).get(key)
     if found is not None:
         return found
@@ -537,7 +545,7 @@ def stage_tensors(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], .
             full = recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK
             tensors.append(LayerTensors(tensors_of(kept, unit, () if full else shapes),
                                         tensors_of(working, unit, shapes), count))
-    found = memo(problem)[key] = (tuple(tensors), _stage_output(problem, plan, stages[-1], split))
+    found = memo(problem)[key] = tuple(tensors)
     return found
 
 

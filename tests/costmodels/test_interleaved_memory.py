@@ -124,3 +124,28 @@ def test_the_closed_form_finds_the_replays_allocated_peak(rank, pp, m):
     assert replay.backward_allocated == closed
     if (rank, pp, m) == (0, 4, 8):
         assert closed == 316 * MIB
+
+
+def _moments_by_walking(rank: int, *, pp: int, vpp: int, num_microbatches: int) -> tuple:
+    """The moments of ``schedule_order`` counted step by step: each forward adds a
+    chunk-micro-batch to its chunk, each backward records what is in flight (its own
+    included) and frees one; distinct moments in the order first met."""
+    held, moments = [0] * vpp, {}
+    for forward, chunk in schedule_order(rank, pp=pp, vpp=vpp, num_microbatches=num_microbatches):
+        if forward:
+            held[chunk] += 1
+            continue
+        moments.setdefault((tuple(held), chunk), None)
+        held[chunk] -= 1
+    return tuple(moments)
+
+
+@pytest.mark.parametrize("pp,vpp,num_microbatches", [
+    (2, 1, 4), (4, 1, 3), (2, 2, 4), (4, 2, 8), (4, 3, 8), (3, 4, 6), (8, 2, 16), (4, 2, 12),
+    (6, 3, 18), (8, 4, 24), (4, 5, 4), (5, 2, 15)])
+def test_closed_form_moments_are_the_walked_schedules_in_order(pp, vpp, num_microbatches):
+    """The closed form gives, for every rank, the very moments (and their order, which decides
+    which of equal peaks is reported) that walking the schedule's order finds."""
+    for rank in range(pp):
+        assert in_flight_moments(rank, pp=pp, vpp=vpp, num_microbatches=num_microbatches) == \
+            _moments_by_walking(rank, pp=pp, vpp=vpp, num_microbatches=num_microbatches)
