@@ -15,6 +15,7 @@ from autoplan.capabilities import require_in_backward_runtime
 from autoplan.cluster.loaded import LoadedCluster
 from autoplan.cluster.spec import Cluster
 from autoplan.costmodels.fused_kernels import check_impl
+from autoplan.costmodels.fused_softmax import check_fused_softmax
 from autoplan.costmodels.problem import Problem
 from autoplan.costmodels.profiles import (ATTENTION_KERNELS, ComputeProfile, RuntimeProfile,
                                           compute_profile, runtime_profile)
@@ -96,6 +97,7 @@ def runtime_with(runtime: RuntimeProfile, settings: Mapping[str, Any] | None) ->
         raise ConstraintError(f"runtime settings {', '.join(unknown)} are not known; choose from "
                               f"{', '.join(sorted(known))}.")
     check_impl(settings.get("transformer_impl"))
+    check_fused_softmax(settings.get("fused_softmax_check"))
     kernel = settings.get("attention_kernel", runtime.attention_kernel)
     if kernel not in ATTENTION_KERNELS:
         raise ConstraintError(f"runtime setting attention_kernel {kernel!r} is not a kernel "

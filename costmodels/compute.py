@@ -17,7 +17,9 @@ FlashAttention at a stated share of flash-attn 2: :data:`RELATIVE_KERNELS`) at t
 its authors published for that GPU and sequence length (:func:`attention_rate`; on a GPU without
 such a table, at one efficiency over the 128-token score tiles it computes, a causal mask
 skipping those above the diagonal: :func:`flash_work`), at its padded head dimension, or, for
-runtimes without it, as batched GEMMs plus a memory-bound softmax/dropout over the s x s scores.
+runtimes without it, as batched GEMMs plus a memory-bound softmax/dropout over the s x s scores
+(Megatron's fused softmax, or its eager fp32 fallback where the kernel's check refuses the
+shape: costmodels.fused_softmax).
 Everything else is memory-bound: its traced bytes over HBM bandwidth, each op a kernel of its
 own as eager PyTorch runs it (the trace counts them as PyTorch dispatches them, fp32 upcasts
 included; backward about twice the forward: benchmarks/compiled_traffic.py measures 2.09 for
@@ -36,7 +38,9 @@ from dataclasses import dataclass, field
 from autoplan.cluster.catalog import GpuSpec
 from autoplan.costmodels.fp8 import cast_bytes, cast_times, linear_rate, norm_fed, runs_fp8
 from autoplan.costmodels.fused_kernels import BlockTraffic
-from autoplan.costmodels.profiles import ComputeProfile
+from autoplan.costmodels.fused_softmax import (EAGER_BACKWARD_BYTES, EAGER_FORWARD_BYTES,
+                                               FUSED_FORWARD_BYTES, runs_fused)
+from autoplan.costmodels.profiles import ComputeProfile, RuntimeProfile
 from autoplan.costmodels.quantization import HALF_BYTES, quantized_gemms, stored_bytes_per_param
 from autoplan.graph.layer_graph import Attention, Gemm, Layer, LayerKind, TpSplit
 from autoplan.plan import Plan, Recompute
@@ -158,7 +162,8 @@ def best_attention_fraction(profile: ComputeProfile, peak: float, kernel: str) -
 @dataclass(frozen=True, slots=True)
 class Split:
     """How a micro-batch is divided across GPUs for compute (``kernel``: the runtime's fused
-    attention kernel, costmodels.profiles.RuntimeProfile.attention_kernel)."""
+    attention kernel, costmodels.profiles.RuntimeProfile.attention_kernel; ``softmax_check``:
+    which check picks explicit attention's fused softmax, costmodels.fused_softmax)."""
 
     tp: int
     cp: int
@@ -166,16 +171,23 @@ class Split:
     mbs: int
     flash: bool = True
     kernel: str = REFERENCE_KERNEL
+    softmax_check: str | None = None
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __hash__(self) -> int:
         return kept_hash(self)
 
     @classmethod
-    def of(cls, plan: Plan, flash: bool, kernel: str = REFERENCE_KERNEL) -> "Split":
-        """How ``plan`` divides each micro-batch (``flash``: the problem's attention kernel)."""
+    def of(cls, plan: Plan, flash: bool, runtime: RuntimeProfile) -> "Split":
+        """How ``plan`` divides each micro-batch (``flash``: the problem's attention kernel)
+        under ``runtime``'s attention kernel and softmax check."""
         return cls(tp=plan.tp, cp=plan.cp, sp=plan.sequence_parallel, mbs=plan.micro_batch_size,
-                   flash=flash, kernel=kernel)
+                   flash=flash, kernel=runtime.attention_kernel,
+                   softmax_check=runtime.fused_softmax_check)
+
+    def softmax_fused(self, att: Attention) -> bool:
+        """Whether explicit attention ``att`` runs the fused softmax kernel on each GPU."""
+        return runs_fused(self.softmax_check, self.mbs, att.num_heads // self.tp, att.seq_len)
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,11 +335,23 @@ def attention_time(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
             continue
         rate = peak * profile.bmm_efficiency
         elements = att.num_heads * att.seq_len * att.seq_len * shard / split.cp
-        per_element = EXPLICIT_SCORE_BYTES if att.dropout > 0 else EXPLICIT_SCORE_BYTES_NO_DROPOUT
-        traffic = elements * per_element / gpu.memory_bandwidth_Bps / profile.memory_efficiency
-        fwd += att.fwd_flops * shard / rate + traffic
-        bwd += 2 * att.fwd_flops * shard / rate + BACKWARD_TRAFFIC_FACTOR * traffic
+        fwd_bytes, bwd_bytes = _score_traffic_per_element(att, split)
+        seconds_per_byte = elements / gpu.memory_bandwidth_Bps / profile.memory_efficiency
+        fwd += att.fwd_flops * shard / rate + fwd_bytes * seconds_per_byte
+        bwd += 2 * att.fwd_flops * shard / rate + bwd_bytes * seconds_per_byte
     return fwd, bwd
+
+
+def _score_traffic_per_element(att: Attention, split: Split) -> tuple[float, float]:
+    """(forward, backward) HBM bytes per score element of explicit attention: Megatron's fused
+    softmax and the dropout (:data:`EXPLICIT_SCORE_BYTES`), backward twice that; where the
+    fused softmax does not run, its eager fp32 fallback instead (costmodels.fused_softmax)."""
+    per_element = EXPLICIT_SCORE_BYTES if att.dropout > 0 else EXPLICIT_SCORE_BYTES_NO_DROPOUT
+    fwd, bwd = per_element, BACKWARD_TRAFFIC_FACTOR * per_element
+    if split.softmax_fused(att):
+        return fwd, bwd
+    return (fwd - FUSED_FORWARD_BYTES + EAGER_FORWARD_BYTES,
+            bwd - BACKWARD_TRAFFIC_FACTOR * FUSED_FORWARD_BYTES + EAGER_BACKWARD_BYTES)
 
 
 def traffic_time(sharded: float, replicated: float, split: Split, gpu: GpuSpec,

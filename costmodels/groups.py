@@ -106,7 +106,7 @@ def stage_cost(problem: Problem, plan: Plan, rank: int, groups: tuple[str, ...],
     held = in_flight_chunks(rank, pp=plan.pp, vpp=1, num_microbatches=plan.num_microbatches)
     activations = held * sums.acts_per_chunk + sums.working
     sub = problem.on_group(groups[rank])
-    split = Split.of(plan, problem.flash_attention, problem.runtime.attention_kernel)
+    split = Split.of(plan, problem.flash_attention, problem.runtime)
     other, excess = other_bytes(sub, plan, activations, sums.largest, params, base.trained,
                                 tensors=stage_tensors(sub, plan, (stage,), split),
                                 states=states.total)
@@ -158,7 +158,7 @@ def _stage_base(problem: Problem, plan: Plan, rank: int, groups: tuple[str, ...]
     base = memo(problem).get(key)
     if base is not None:
         return base
-    split = Split.of(plan, problem.flash_attention, problem.runtime.attention_kernel)
+    split = Split.of(plan, problem.flash_attention, problem.runtime)
     links = plan_links(sub, plan)
     sums = chunk_sums(sub, compositions, split, links["tp"], links["cp"])
     pp_s = _pp_time(problem, plan, rank, groups, stage) if plan.pp > 1 else 0.0

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoplan.costmodels.compute import Split
+from autoplan.costmodels.fused_softmax import EAGER_EXTRA_KERNELS
 from autoplan.costmodels.profiles import RuntimeProfile
 
 from autoplan.graph.layer_graph import Layer, LayerKind
@@ -90,13 +91,16 @@ def layer_host_delay_s(runtime: RuntimeProfile, layer: Layer, split: Split, reco
                        gpu_s: float) -> float:
     """Seconds the host side adds to ``layer``'s ``gpu_s`` seconds of GPU work (compute and
     exposed collectives) per micro-batch: the runtime's kernels of a transformer block, its
-    forward rerun under full recompute, priced by :func:`host_delay_s`. Other layers (the
+    forward rerun under full recompute, priced by :func:`host_delay_s`; explicit attention's
+    eager softmax fallback issues its extra kernels (costmodels.fused_softmax). Other layers (the
     embedding, the head and loss) issue a handful of kernels beside long vocabulary GEMMs and
     are not priced."""
     forward, backward = runtime_block_kernels(runtime)
     if layer.kind is not LayerKind.BLOCK or not forward:
         return 0.0
-    kernels = block_kernels(forward, backward, tp_collectives=layer.tp_allreduces, tp=split.tp,
-                            sequence_parallel=split.sp)
+    eager = EAGER_EXTRA_KERNELS * sum(not split.flash and not split.softmax_fused(att)
+                                      for att in layer.attention)
+    kernels = block_kernels(forward + eager, backward + eager, tp_collectives=layer.tp_allreduces,
+                            tp=split.tp, sequence_parallel=split.sp)
     issued = kernels.per_micro_batch(recomputed=recompute is Recompute.FULL)
     return host_delay_s(gpu_s, issued, launch_blocking=runtime.launch_blocking)

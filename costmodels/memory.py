@@ -35,6 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from autoplan.costmodels.compute import Split
+from autoplan.costmodels.fused_softmax import EAGER_SAVED_BYTES, EAGER_WORKING_SHAPES
 from autoplan.costmodels.pipeline import warmup_forwards
 from autoplan.costmodels.profiles import RuntimeProfile
 from autoplan.costmodels.quantization import quantized_gemms, stored_bytes_per_param
@@ -147,10 +148,14 @@ def layer_weight_bytes(layer: Layer, tp: int, frozen_dtype: FrozenDtype) -> floa
 
 
 def _score_bytes(layer: Layer, split: Split) -> float:
-    """Explicit (non-flash) attention's s x s tensors per micro-batch."""
+    """Explicit (non-flash) attention's s x s tensors per micro-batch: where the fused softmax
+    does not run, its eager fallback keeps fp32 probabilities (costmodels.fused_softmax), and
+    without dropout the 16-bit ones the second batched GEMM saves besides."""
     total = 0.0
     for att in layer.attention:
         per_element = SCORE_BYTES_WITH_DROPOUT if att.dropout > 0 else SCORE_BYTES_NO_DROPOUT
+        if not split.softmax_fused(att):
+            per_element += EAGER_SAVED_BYTES - (WEIGHT_BYTES if att.dropout > 0 else 0)
         total += per_element * att.num_heads * att.seq_len * att.seq_len
     return total * split.mbs / (split.tp * split.cp * split.cp)
 
@@ -187,7 +192,8 @@ def layer_tensor_shapes(layer: Layer, split: Split) -> tuple[int, ...]:
     for a column-parallel Linear, by SP for a row-parallel one, which TP leaves a whole
     partial sum otherwise) and, for explicit attention, the score tensors (``heads x s x s``:
     the scores and the softmax in 16 bits, the dropout mask in 1 byte and its output, as
-    :func:`_score_bytes` counts them). For the step replay (costmodels/step_allocations.py)."""
+    :func:`_score_bytes` counts them; the eager softmax's fp32 copies where the fused kernel
+    does not run). For the step replay (costmodels/step_allocations.py)."""
     shapes = []
     for gemm in layer.gemms:
         divisor = (split.tp if gemm.split is TpSplit.COLUMN
@@ -199,6 +205,8 @@ def layer_tensor_shapes(layer: Layer, split: Split) -> tuple[int, ...]:
             elements = att.num_heads * att.seq_len * att.seq_len * split.mbs / (
                 split.tp * split.cp * split.cp)
             per_element = (2, 2, 1, 2) if att.dropout > 0 else (2, 2)
+            if not split.softmax_fused(att):
+                per_element = (2, *EAGER_WORKING_SHAPES, *per_element[2:])
             shapes += [b * elements for b in per_element]
     return tuple(int(size) for size in shapes)
 

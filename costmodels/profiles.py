@@ -182,6 +182,10 @@ class RuntimeProfile:
     """The block implementation whose fused element-wise kernels the runtime runs
     (costmodels.fused_kernels: Megatron-LM's ``--transformer-impl``, ``transformer_engine`` or
     ``local``); None: the traced eager kernels."""
+    fused_softmax_check: str | None = None
+    """How explicit attention's fused softmax kernel is chosen (costmodels.fused_softmax:
+    ``key_length`` as megatron-core checks it, ``heads_per_gpu`` as Megatron-DeepSpeed did from
+    2021-10 to 2022-03); None: always fused, the runtime having no such check."""
     fp8_weight_cache: bool = False
     """Under FP8, Transformer Engine's Linears keep their FP8 weights (and transposes) cast on
     a step's first micro-batch for the others (the runtime passes ``is_first_microbatch``:

@@ -235,8 +235,7 @@ def plan_split(problem: Problem, plan: Plan) -> Split:
     key = ("split", plan.tp, plan.cp, plan.sequence_parallel, plan.micro_batch_size)
     split = memo(problem).get(key)
     if split is None:
-        split = memo(problem)[key] = Split.of(plan, problem.flash_attention,
-                                              problem.runtime.attention_kernel)
+        split = memo(problem)[key] = Split.of(plan, problem.flash_attention, problem.runtime)
     return split
 
 

@@ -224,7 +224,7 @@ def worst_gpu_bytes(problem: Problem, plan: Plan) -> float:
 def _rank_memories(problem: Problem, plan: Plan, evaluation: _Evaluation) -> list[float]:
     """Memory of every rank: within a group only the chunk-micro-batches in flight differ."""
     memories = [0.0] * plan.pp
-    split = Split.of(plan, problem.flash_attention, problem.runtime.attention_kernel)
+    split = Split.of(plan, problem.flash_attention, problem.runtime)
     links = plan_links(problem, plan)
     for ranks, cost in zip(evaluation.groups, evaluation.costs):
         for rank in ranks:
@@ -249,7 +249,7 @@ def peak_moments(problem: Problem, plan: Plan) -> list[str]:
     (step_allocations.step_segments)."""
     moments = [""] * plan.pp
     links = plan_links(problem, plan)
-    split = Split.of(plan, problem.flash_attention, problem.runtime.attention_kernel)
+    split = Split.of(plan, problem.flash_attention, problem.runtime)
     for ranks in rank_groups(problem, plan):
         for rank in ranks:
             sums, _, holds = rank_base(problem, plan, rank, split, links)

@@ -109,7 +109,7 @@ class _Bounds:
     def _layer_time(self, group: str, plan: Plan, recompute: Recompute, first: int,
                     num: int) -> float:
         sub = self.problem.on_group(group)
-        split = Split.of(plan, self.problem.flash_attention, self.problem.runtime.attention_kernel)
+        split = Split.of(plan, self.problem.flash_attention, self.problem.runtime)
         tp_links, cp_links, total = plan_axis_links(sub, plan, "tp"), plan_axis_links(sub, plan, "cp"), 0.0
         for class_id, count in sub.layer_counts(first, num):
             cost = layer_cost(sub, sub.layer_class(class_id), class_id, split, recompute,
