@@ -34,16 +34,20 @@ import autoplan
 from autoplan.errors import AutoplanError
 from autoplan.zoo import GPT, GPTConfig, next_token_loss
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from more_runs import BIGSCIENCE_SOFTMAX  # noqa: E402
+
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 BLOOM_VOCAB = 250880
 """BLOOM's padded vocabulary (bigscience/bloom config.json ``vocab_size``), for rows that say
 "250k"."""
 
-MEGATRON_DEEPSPEED = {"loss_bytes_per_logit": 6}
+MEGATRON_DEEPSPEED = {"loss_bytes_per_logit": 6, **BIGSCIENCE_SOFTMAX}
 """Megatron-DeepSpeed computes the loss with Megatron's fused vocab-parallel cross-entropy (its
 GPTModelPipe ends in ``float16_to_fp32``, whose fp32 logits the cross-entropy turns in place into
-the softmax and the gradient: 4 bytes, plus the 16-bit cast of the gradient: 6)."""
+the softmax and the gradient: 4 bytes, plus the 16-bit cast of the gradient: 6); its attention's
+softmax as BigScience's 2021-22 branch checked it (more_runs.BIGSCIENCE_SOFTMAX)."""
 
 BF16_OPTIMIZER = {**MEGATRON_DEEPSPEED, "grad_bytes": 2 + 4, "fp32_grad_bytes": 0,
                   "zero_bucket_bytes": 0, "grad_norm_bytes": 0, "grad_upcast_bytes": 4,

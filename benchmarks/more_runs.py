@@ -173,7 +173,8 @@ def _runtime_settings(source: str, zero_text: str = "") -> dict:
     after FSDP1's clip_grad_norm_, one kernel per tensor operation over fp32 shards (FSDP1
     keeps the sharded flat parameter, its gradient and the moments in fp32):
     costmodels.sync.COMPOSER_STEP_OPS, 24 passes of 4 bytes, not one fused pass.
-    BigScience's bf16 rows ran DeepSpeed's BF16_Optimizer (ZeRO stage 0, which shards the
+    BigScience's rows ran Megatron-DeepSpeed's swapped fused-softmax check
+    (BIGSCIENCE_SOFTMAX). Its bf16 rows ran DeepSpeed's BF16_Optimizer (ZeRO stage 0, which shards the
     optimizer states like ZeRO-1, so they are posed as ZeRO 1) with its fp32 gradient update
     each micro-batch (profiles.yaml, deepspeed.bf16_optimizer_accumulation_bytes), and it
     all-reduces the gradients (_bf16_reduce_grads, as today). Their ZeRO-1 rows (fp16, 2021-22)
@@ -186,10 +187,21 @@ def _runtime_settings(source: str, zero_text: str = "") -> dict:
                 "optimizer_step_traffic_bytes": per_op_bytes(COMPOSER_STEP_OPS, FP32_BYTES)}
     if "BF16Optimizer" in zero_text:
         bf16_optimizer = runtime_profile("deepspeed").bf16_optimizer_accumulation_bytes
-        return {"grad_accumulation_bytes": bf16_optimizer}
+        return {"grad_accumulation_bytes": bf16_optimizer, **BIGSCIENCE_SOFTMAX}
     if source in ("BSPRQ", "BS1B3"):
-        return {"zero_grads_all_reduced": False}
+        return {"zero_grads_all_reduced": False, **BIGSCIENCE_SOFTMAX}
     return {}
+
+
+BIGSCIENCE_SOFTMAX = {"fused_softmax_check": "heads_per_gpu"}
+"""Megatron-DeepSpeed's fused-softmax check as BigScience's benchmarks ran it: from 9f5f5d4c
+(2021-10-21) to 1cb76a64 (2022-03-06) bigscience-workshop/Megatron-DeepSpeed's
+``is_kernel_available`` passes its shapes to ``get_batch_per_block`` in the wrong order, so the
+kernel's rows per block come from the heads per GPU and many micro-batch x heads shapes fall
+back to eager fp32 softmax (costmodels/fused_softmax.py). The tr3m 1.3B table
+(experiments/tr3m-1B3.md, first committed 2021-12-01, a590cbd) and the 176B search
+(train/tr11-176B-ml/chronicles-prequel.md, tables dated 02-17 to 02-28 2022) fall in that
+window; BLOOM's own run (from 2022-03-11) came after the fix."""
 
 
 LAUNCH_BLOCKING_FROM = (2, 20)
