@@ -185,7 +185,7 @@ class RuntimeProfile:
     fused_softmax_check: str | None = None
     """How explicit attention's fused softmax kernel is chosen (costmodels.fused_softmax:
     ``key_length`` as megatron-core checks it, ``heads_per_gpu`` as Megatron-DeepSpeed did from
-    2021-10 to 2022-03); None: always fused, the runtime having no such check."""
+    2021-10 to 2022-03); None (the default of every runtime): priced fused, as before."""
     fp8_weight_cache: bool = False
     """Under FP8, Transformer Engine's Linears keep their FP8 weights (and transposes) cast on
     a step's first micro-batch for the others (the runtime passes ``is_first_microbatch``:
