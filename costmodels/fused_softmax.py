@@ -6,7 +6,8 @@ Megatron's explicit (non-flash) attention calls ``FusedScaleMaskSoftmax`` on the
 back to eager PyTorch in fp32 (``forward_torch_softmax``: upcast, scale, masked fill, softmax,
 downcast), five kernels each way over fp32 copies of the scores instead of one over 16-bit ones.
 
-The check exists in two variants (runtime setting ``fused_softmax_check``):
+The check exists in two variants (runtime setting ``fused_softmax_check``; unset, as every
+runtime's default is, explicit attention is priced fused):
 
 - ``key_length``: as megatron-core's ``fused_softmax.py`` has it (and
   bigscience-workshop/Megatron-DeepSpeed from 1cb76a64, 2022-03-06, with a 4096-token limit):

@@ -15,10 +15,11 @@ from autoplan.cluster.catalog import get_gpu
 from autoplan.costmodels.compute import (Split, attention_rate, attention_time,
                                          best_attention_fraction, gemm_time, layer_time)
 from autoplan.costmodels.profiles import compute_profile
-from autoplan.graph.layer_graph import Attention, Gemm, Layer, LayerKind, TpSplit
+from autoplan.graph.layer_graph import Gemm, Layer, LayerKind, TpSplit
 from autoplan.errors import AutoplanError
 from autoplan.plan import Recompute
 from autoplan.zoo import Llama, LlamaConfig, next_token_loss
+from tests.costmodels.layers import attention_layer
 
 H100_PEAK = 989e12
 # (kernel, seq): (causal forward, forward, backward) as printed in the paper's figures
@@ -58,22 +59,10 @@ def test_a_gpu_without_a_table_keeps_one_efficiency():
     assert attention_rate(compute_profile("a100-sxm4-80gb"), 312e12, "flash2", 4096, True) is None
 
 
-def _attention_layer(seq: int, heads: int = 16, head_dim: int = 128) -> Layer:
-    fwd = 4.0 * heads * seq * seq * head_dim  # FlopCounterMode's dense count, per sample
-    att = Attention(num_heads=heads, num_kv_heads=heads, head_dim=head_dim, seq_len=seq,
-                    causal=True, dropout=0.0, fwd_flops=fwd, bwd_flops=2.5 * fwd)
-    return Layer(name="attn", kind=LayerKind.BLOCK, num_params=0, params_sharded=0,
-                 param_bytes=0, fwd_flops=fwd, bwd_flops=2.5 * fwd,
-                 activation_bytes_sharded=0.0, activation_bytes_replicated=0.0,
-                 attention_internal_bytes=0.0, elementwise_bytes_sharded=0.0,
-                 elementwise_bytes_replicated=0.0, boundary_bytes=0.0, input_bytes=0.0,
-                 attention=(att,))
-
-
 def test_time_of_a_causal_call_by_hand():
     gpu = get_gpu("h100-sxm5-80gb")
     profile = compute_profile("h100-sxm5-80gb")
-    layer = _attention_layer(16384)
+    layer = attention_layer(16384)
     dense = 4.0 * 16 * 16384**2 * 128
     fwd, bwd = attention_time(layer, Split(tp=1, cp=1, sp=False, mbs=1), gpu, H100_PEAK, profile)
     # half the dense FLOPs at 335 TFLOP/s forward; 2.5x them at 322 * 335 / 370 backward
@@ -101,7 +90,7 @@ def _llama_block(tokens: int = 4096) -> Layer:
     gemms = tuple(Gemm(name, k, n, TpSplit.NONE, rows=tokens) for name, k, n in (
         ("wq", h, h), ("wk", h, kv), ("wv", h, kv), ("wo", h, h), ("w1", h, f), ("w3", h, f),
         ("w2", f, h)))
-    att = _attention_layer(tokens, heads=32).attention
+    att = attention_layer(tokens, heads=32).attention
     return Layer(name="block", kind=LayerKind.BLOCK, num_params=0, params_sharded=0,
                  param_bytes=0, fwd_flops=0.0, bwd_flops=0.0, activation_bytes_sharded=0.0,
                  activation_bytes_replicated=0.0, attention_internal_bytes=0.0,
@@ -161,7 +150,7 @@ def test_triton_flash_attention_runs_at_half_flash2():
     fwd, bwd = attention_rate(h100, H100_PEAK, "triton", 16384, causal=True)
     assert fwd / 1e12 == pytest.approx(335 / 2, rel=1e-3)
     assert bwd / 1e12 == pytest.approx(322 * 335 / 370 / 2, rel=1e-3)
-    layer = _attention_layer(4096)
+    layer = attention_layer(4096)
     for gpu, profile, peak in ((get_gpu("h100-sxm5-80gb"), h100, H100_PEAK),
                                (get_gpu("a100-sxm4-80gb"), a100, 312e12)):
         flash2 = attention_time(layer, Split(tp=1, cp=1, sp=False, mbs=1), gpu, peak, profile)

@@ -17,9 +17,9 @@ from autoplan.costmodels.host import layer_host_delay_s
 from autoplan.costmodels.memory import layer_activation_bytes
 from autoplan.costmodels.profiles import compute_profile, runtime_profile
 from autoplan.errors import ConstraintError
-from autoplan.graph.layer_graph import Attention, Layer, LayerKind
 from autoplan.plan import Recompute
 from autoplan.problems import runtime_with
+from tests.costmodels.layers import attention_layer
 
 
 def _header_get_batch_per_block(query_seq_len, key_seq_len, batches, attn_heads):
@@ -80,18 +80,6 @@ def test_what_bigscience_ran_at_tp_8():
 HEADS, SEQ, MBS, TP = 64, 2048, 2, 8
 
 
-def _explicit_layer(dropout: float) -> Layer:
-    fwd = 4.0 * HEADS * SEQ * SEQ * 128
-    att = Attention(num_heads=HEADS, num_kv_heads=HEADS, head_dim=128, seq_len=SEQ,
-                    causal=True, dropout=dropout, fwd_flops=fwd, bwd_flops=2 * fwd)
-    return Layer(name="attn", kind=LayerKind.BLOCK, num_params=0, params_sharded=0,
-                 param_bytes=0, fwd_flops=fwd, bwd_flops=2 * fwd,
-                 activation_bytes_sharded=0.0, activation_bytes_replicated=0.0,
-                 attention_internal_bytes=0.0, elementwise_bytes_sharded=0.0,
-                 elementwise_bytes_replicated=0.0, boundary_bytes=0.0, input_bytes=0.0,
-                 attention=(att,))
-
-
 def _splits(mbs: int = MBS) -> tuple[Split, Split]:
     return tuple(Split(tp=TP, cp=1, sp=False, mbs=mbs, flash=False, softmax_check=check)
                  for check in ("key_length", "heads_per_gpu"))
@@ -101,7 +89,7 @@ def test_the_fallback_moves_32_more_bytes_per_score_each_way():
     gpu = get_gpu("a100-sxm4-80gb")
     profile = compute_profile("a100-sxm4-80gb")
     fused, eager = _splits()
-    layer = _explicit_layer(0.1)
+    layer = attention_layer(SEQ, HEADS, dropout=0.1)
     (f_fwd, f_bwd), (e_fwd, e_bwd) = (attention_time(layer, s, gpu, 312e12, profile)
                                       for s in (fused, eager))
     # forward: 2+4, 4+4, 4+4, 4+4, 4+2 = 36 bytes against the kernel's 2+2;
@@ -120,7 +108,7 @@ def test_the_fallback_keeps_fp32_probabilities(dropout, extra):
     # softmax's backward keeps its fp32 output (4) where the kernel keeps a 16-bit one (2);
     # without dropout the second batched GEMM keeps the 16-bit downcast besides (2)
     fused, eager = _splits()
-    layer = _explicit_layer(dropout)
+    layer = attention_layer(SEQ, HEADS, dropout=dropout)
     kept = [layer_activation_bytes(layer, s, Recompute.NONE) for s in (fused, eager)]
     assert kept[1] - kept[0] == extra * HEADS / TP * SEQ * SEQ * MBS
 
@@ -128,7 +116,7 @@ def test_the_fallback_keeps_fp32_probabilities(dropout, extra):
 def test_the_fallback_issues_four_more_kernels_each_way():
     runtime = runtime_with(runtime_profile("deepspeed"), {"launch_blocking": True})
     fused, eager = _splits()
-    layer = _explicit_layer(0.1)
+    layer = attention_layer(SEQ, HEADS, dropout=0.1)
     delays = [layer_host_delay_s(runtime, layer, s, Recompute.NONE, 0.0) for s in (fused, eager)]
     # 4 + 4 more kernels, each 12 us of host time and a 5.8 us completion round trip
     assert delays[1] - delays[0] == pytest.approx(8 * (12e-6 + 5.8e-6), rel=1e-9)
