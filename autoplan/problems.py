@@ -98,6 +98,11 @@ def runtime_with(runtime: RuntimeProfile, settings: Mapping[str, Any] | None) ->
                               f"{', '.join(sorted(known))}.")
     check_impl(settings.get("transformer_impl"))
     check_fused_softmax(settings.get("fused_softmax_check"))
+    impl = settings.get("transformer_impl", runtime.transformer_impl)
+    if settings.get("tp_comm_overlap") and impl != "transformer_engine":
+        raise ConstraintError("runtime setting tp_comm_overlap is Transformer Engine's "
+                              f"userbuffers overlap; the runtime's transformer_impl is {impl!r}: "
+                              "set transformer_impl: transformer_engine or drop tp_comm_overlap.")
     kernel = settings.get("attention_kernel", runtime.attention_kernel)
     if kernel not in ATTENTION_KERNELS:
         raise ConstraintError(f"runtime setting attention_kernel {kernel!r} is not a kernel "

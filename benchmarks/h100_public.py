@@ -11,7 +11,8 @@ source URL and the figures quoted from it, are benchmarks/data/h100_public_runs.
   ``12 s l h^2 (2 + s/h + 4 + V / (2 l h))``. Micro-batch, interleaving and recompute are not
   stated: autoplan's defaults fill them (micro-batch 1, no recompute, no interleaving);
   ``--overlap-param-gather`` needs the distributed optimizer (ZeRO-1) and ``--tp-comm-overlap``
-  sequence parallelism, so both are pinned. Dropout 0.1 (Megatron-LM's default).
+  sequence parallelism, so both are pinned, and ``--tp-comm-overlap`` is priced (runtime
+  setting ``tp_comm_overlap``, costmodels/tp_overlap.py). Dropout 0.1 (Megatron-LM's default).
 - DGXC-*: NVIDIA DGX Cloud benchmarking recipes (NVIDIA/dgxc-benchmarking 143b90d, NeMo 24.09
   and 24.11), the BF16 tables: "Training step time (seconds per step)" as published, with the
   recipe's TP/PP/CP/VP/MBS and recompute (the recipe yamls: none, Nemotron-4 340B selective),
@@ -97,6 +98,14 @@ def _pins(row: dict) -> dict:
     return pins
 
 
+def _settings(row: dict) -> dict:
+    """cuDNN attention for both; the Megatron README rows ran ``--tp-comm-overlap``."""
+    settings = {"attention_kernel": "cudnn"}
+    if row["row_id"].startswith("MLM"):
+        settings["tp_comm_overlap"] = True
+    return settings
+
+
 def public_runs() -> list[PublishedRun]:
     with CSV.open() as f:
         rows = list(csv.DictReader(f))
@@ -110,7 +119,7 @@ def public_runs() -> list[PublishedRun]:
             row_id=row["row_id"], model=model, cluster=dgx_h100(int(row["gpus"])),
             seq_len=int(row["seq"]), global_batch=int(row["global_batch"]), pins=_pins(row),
             runtime="megatron", precision="bf16", step_time_s=measured_step_s(row),
-            runtime_settings={"attention_kernel": "cudnn"},
+            runtime_settings=_settings(row),
             source=row["row_id"].split("-")[0], gpu=GPU, attention="flash"))
     return runs
 

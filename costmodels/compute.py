@@ -250,10 +250,12 @@ def _flops_time(flops: float, peak: float, profile: ComputeProfile) -> float:
 
 
 def column_gemm_time(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
-                     profile: ComputeProfile, *, operand_bytes: float = HALF_BYTES) -> float:
-    """Forward time of the layer's column-parallel Linears for one micro-batch."""
+                     profile: ComputeProfile, *, operand_bytes: float = HALF_BYTES,
+                     tp_split: TpSplit = TpSplit.COLUMN) -> float:
+    """Forward time of the layer's column-parallel Linears (``tp_split``: or its row-parallel
+    ones) for one micro-batch."""
     return sum(_linear_time(g, split, gpu, peak, profile, operand_bytes) for g in layer.gemms
-               if g.split is TpSplit.COLUMN)
+               if g.split is tp_split)
 
 
 def local_shape(gemm: Gemm, split: Split) -> tuple[float, float, float]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoplan.costmodels import comm
-from autoplan.costmodels.compute import LayerTime, Split, layer_time
+from autoplan.costmodels import comm, tp_overlap
+from autoplan.costmodels.compute import LayerTime, Split, column_gemm_time, layer_time
 from autoplan.costmodels.context import ring_attention_time
-from autoplan.costmodels.fp8 import weight_workspace_bytes
+from autoplan.costmodels.fp8 import linear_rate, weight_workspace_bytes
 from autoplan.costmodels.fused_kernels import block_traffic
 from autoplan.costmodels.memory import (
     WEIGHT_BYTES,
@@ -26,7 +26,7 @@ from autoplan.costmodels.problem import Problem, memo
 from autoplan.costmodels.saved_activations import megatron_saved_layer
 
 from autoplan.cluster.topology import GroupLinks
-from autoplan.graph.layer_graph import Layer, LayerKind
+from autoplan.graph.layer_graph import Layer, LayerKind, TpSplit
 from autoplan.plan import Recompute
 
 
@@ -77,9 +77,15 @@ def layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
                    compiled_fraction=compiled, kernels=kernels,
                    casts_fp8_weights=not runtime.fp8_weight_cache)
     fwd_n, bwd_n, message = _tp_messages(layer, split)
-    one = _tp_forward_collective(layer, split, message, tp_links)
     full = recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK
-    bwd_comm = _tp_backward_comm(problem, layer, split, t, bwd_n, message, tp_links)
+    region = _userbuffers_region(problem, layer, split, message, tp_links)
+    if region is None:
+        one = _tp_forward_collective(layer, split, message, tp_links)
+        bwd_comm = _tp_backward_comm(problem, layer, split, t, bwd_n, message, tp_links)
+    else:
+        share = tp_overlap.UB_COMM_SMS / problem.cluster.gpu.sm_count
+        one = tp_overlap.exposed_forward_s(region, split.tp, share)
+        bwd_comm = bwd_n * tp_overlap.exposed_backward_s(region, split.tp, share)
     tp_comm = fwd_n * one * (2 if full else 1) + bwd_comm
     cost = LayerCost(
         compute_s=t.fwd_s + t.bwd_s + t.recompute_s, backward_s=t.bwd_s + t.recompute_s,
@@ -123,6 +129,30 @@ def _tp_forward_collective(layer: Layer, split: Split, message: float,
     if layer.kind is LayerKind.BLOCK:
         return comm.all_gather_time(message, tp_links) + scatter
     return scatter
+
+
+def _userbuffers_region(problem: Problem, layer: Layer, split: Split, message: float,
+                        tp_links: GroupLinks) -> tp_overlap.Region | None:
+    """One TP region of a block as Transformer Engine's userbuffers overlap it
+    (costmodels.tp_overlap), or None where they do not: the runtime without
+    ``tp_comm_overlap``, no SP, not a block (Megatron's embedding and output layer are not TE
+    modules), or a TP group across nodes. A block's regions are taken as equal: its column and
+    row GEMMs shared among its ``tp_allreduces`` row-parallel Linears."""
+    if not (problem.runtime.tp_comm_overlap and split.sp and split.tp > 1
+            and layer.kind is LayerKind.BLOCK and layer.tp_allreduces
+            and tp_links.num_nodes == 1 and problem.cluster.gpu.sm_count):
+        return None
+    gpu, regions = problem.cluster.gpu, layer.tp_allreduces
+    peak, operand_bytes = linear_rate(layer, gpu, problem.precision)
+
+    def gemms(tp_split: TpSplit) -> float:
+        return column_gemm_time(layer, split, gpu, peak, problem.compute,
+                                operand_bytes=operand_bytes, tp_split=tp_split) / regions
+
+    return tp_overlap.Region(
+        gather_s=comm.all_gather_time(message, tp_links),
+        scatter_s=comm.reduce_scatter_time(message, tp_links),
+        column_s=gemms(TpSplit.COLUMN), row_s=gemms(TpSplit.ROW))
 
 
 def layer_memory_bytes(problem: Problem, layer: Layer, split: Split,

@@ -186,6 +186,10 @@ class RuntimeProfile:
     """How explicit attention's fused softmax kernel is chosen (costmodels.fused_softmax:
     ``key_length`` as megatron-core checks it, ``heads_per_gpu`` as Megatron-DeepSpeed did from
     2021-10 to 2022-03); None (the default of every runtime): priced fused, as before."""
+    tp_comm_overlap: bool = False
+    """Megatron-LM's ``--tp-comm-overlap``: Transformer Engine's userbuffers overlap a block's
+    sequence-parallel collectives with its GEMMs (costmodels.tp_overlap); needs
+    ``transformer_impl: transformer_engine``. Off in every runtime, as in Megatron-LM."""
     fp8_weight_cache: bool = False
     """Under FP8, Transformer Engine's Linears keep their FP8 weights (and transposes) cast on
     a step's first micro-batch for the others (the runtime passes ``is_first_microbatch``:

@@ -1,0 +1,122 @@
+"""Transformer Engine's userbuffers TP overlap (--tp-comm-overlap): the chunk schedules against a
+step-by-step simulation of the two CUDA streams as csrc/comm_gemm_overlap.h (TE 1.8) orders
+them, and a block's exposed TP time worked by hand from the communication primitives and the
+GEMM model (tests/costmodels/test_gemm_shapes.py checks that against cuBLAS figures)."""
+
+import pytest
+
+from autoplan.api import load_cluster, load_model
+from autoplan.cluster.topology import group_links
+from autoplan.costmodels import comm, tp_overlap
+from autoplan.costmodels.compute import Split, column_gemm_time
+from autoplan.costmodels.step import estimate
+from autoplan.errors import ConstraintError
+from autoplan.graph.layer_graph import LayerKind, TpSplit
+from autoplan.problems import make_problem, runtime_with, training_spec
+from autoplan.search.defaults import plan_from_pins
+from autoplan.training import Pins
+from published_runs import _gpt_module, selene
+
+L, H, A, V, S = 2, 12288, 96, 51200, 1024  # a GPT whose GEMMs outlast its TP messages
+TP, MBS, M = 8, 8, 4  # 4 micro-batches
+
+
+def _ring_by_streams(gather_s: float, gemm_s: float, tp: int) -> float:
+    """UbufP2PCommOverlap::split_overlap_ag: chunk i's GEMM needs chunk i (its own at once, the
+    others received); the copy engine forwards chunk i as soon as it has it, one send at a time."""
+    chunk, hop = gemm_s / tp, gather_s / (tp - 1)
+    have = [0.0]  # when each chunk is on this GPU
+    for _ in range(tp - 1):
+        have.append(have[-1] + hop)
+    gemm_done = 0.0
+    for arrived in have:
+        gemm_done = max(gemm_done, arrived) + chunk
+    return gemm_done
+
+
+def _pipeline_by_streams(scatter_s: float, gemm_s: float, splits: int) -> float:
+    """UbufCommOverlap::split_overlap_rs without SM sharing: the GEMM chunks back to back on the
+    compute streams, chunk i's reduce-scatter on the comm stream after GEMM i and the previous
+    reduce-scatter."""
+    chunk, scatter = gemm_s / splits, scatter_s / splits
+    comm_done = 0.0
+    for i in range(splits):
+        comm_done = max(comm_done, (i + 1) * chunk) + scatter
+    return comm_done
+
+
+@pytest.mark.parametrize("gather_s, gemm_s, tp", [
+    (0.7e-3, 1.6e-3, 8), (1.4e-3, 0.8e-3, 8), (0.3e-3, 0.3e-3, 2), (2.0e-3, 1.0e-3, 4)])
+def test_ring_exchange_matches_the_stream_schedule(gather_s, gemm_s, tp):
+    assert tp_overlap.ring_exchange_s(gather_s, gemm_s, tp) == pytest.approx(
+        _ring_by_streams(gather_s, gemm_s, tp), rel=1e-12)
+
+
+@pytest.mark.parametrize("scatter_s, gemm_s", [
+    (0.2e-3, 1.6e-3), (1.6e-3, 0.2e-3), (0.8e-3, 0.8e-3)])
+def test_pipelined_reduce_scatter_matches_the_stream_schedule(scatter_s, gemm_s):
+    assert tp_overlap.pipelined_s(scatter_s, gemm_s, 0.0) == pytest.approx(
+        _pipeline_by_streams(scatter_s, gemm_s, 4), rel=1e-12)
+
+
+def test_an_sm_driven_collective_costs_the_gemm_its_share_of_the_sms_while_they_overlap():
+    # 16 of 132 SMs beside a 1 ms GEMM for 0.4 ms: 1 + 0.4 * 16/132 ms; a 3 ms collective
+    # outlasts the slowed GEMM and sets the time.
+    share = 16 / 132
+    assert tp_overlap.beside_s(0.4e-3, 1e-3, share) == pytest.approx(1e-3 + 0.4e-3 * share)
+    assert tp_overlap.beside_s(3e-3, 1e-3, share) == pytest.approx(3e-3)
+
+
+def _problem(gpus: int, settings: dict):
+    model = load_model(_gpt_module(L, H, A, V, S))
+    return make_problem(model, load_cluster(selene(gpus)),
+                        training_spec(S, M * MBS * gpus // TP, "bf16", "megatron", "flash"),
+                        runtime_settings=settings)
+
+
+def _tp_comm(problem, tp: int = TP) -> float:
+    plan = plan_from_pins(problem, Pins(tp=tp, pp=1, dp=1, mbs=MBS, sp=True))
+    return estimate(problem, plan).time_breakdown_s["tp_comm"]
+
+
+@pytest.fixture(scope="module")
+def problems():
+    return _problem(TP, {}), _problem(TP, {"tp_comm_overlap": True})
+
+
+def test_overlap_leaves_a_block_its_last_reduce_scatter_and_the_collectives_sms(problems):
+    # Per micro-batch, a block's 2 TP regions each as TE overlaps them, from the primitives:
+    # g, s the all-gather and reduce-scatter of the b*s*h bf16 activations over the node; a
+    # region's column and row GEMMs (the block's halves). The hops (g/7) are shorter than an
+    # eighth of either GEMM and the scatter chunks (s/4) than a quarter of the row GEMM, so the
+    # ring exchanges hide whole; forward: each of the first 3 reduce-scatter chunks takes 16/108
+    # of an A100's SMs for its length beside the row GEMM, then the last chunk runs alone;
+    # backward: the column Linear's two bulk collectives cost their SM share for their length.
+    # Embedding and head keep their unoverlapped collectives (not TE modules).
+    plain, overlap = problems
+    block = next(l for l in plain.graph.layers if l.kind is LayerKind.BLOCK)
+    gpu, peak = plain.cluster.gpu, plain.cluster.gpu.peak_flops("bf16")
+    split = Split(TP, 1, True, MBS)
+    links = group_links(plain.cluster, TP, 1)
+    g = comm.all_gather_time(2 * S * MBS * H, links)
+    s = comm.reduce_scatter_time(2 * S * MBS * H, links)
+    col, row = (column_gemm_time(block, split, gpu, peak, plain.compute, tp_split=tp_split) / 2
+                for tp_split in (TpSplit.COLUMN, TpSplit.ROW))
+    assert g / 7 < min(col, row) / 8 and s / 4 < row / 4  # the preconditions above
+    share = 16 / 108
+    forward = 3 * share * s / 4 + s / 4
+    backward = share * (g + s)
+    unoverlapped = 2 * (g + s) + 2 * g  # test_overlap.py: SP's forward pairs, output-gradient gathers
+    assert _tp_comm(overlap) == pytest.approx(
+        _tp_comm(plain) + M * L * (2 * (forward + backward) - unoverlapped), rel=1e-9)
+
+
+def test_a_tp_group_across_nodes_is_not_overlapped():
+    # Userbuffers reach one NVLink domain: TP 16 over two DGX A100 prices as without the flag.
+    assert _tp_comm(_problem(16, {"tp_comm_overlap": True}), 16) == pytest.approx(
+        _tp_comm(_problem(16, {}), 16), rel=1e-12)
+
+
+def test_tp_comm_overlap_needs_transformer_engine(problems):
+    with pytest.raises(ConstraintError, match="transformer_impl"):
+        runtime_with(problems[0].runtime, {"tp_comm_overlap": True, "transformer_impl": "local"})
