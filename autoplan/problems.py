@@ -19,6 +19,7 @@ from autoplan.costmodels.fused_softmax import check_fused_softmax
 from autoplan.costmodels.problem import Problem
 from autoplan.costmodels.profiles import (ATTENTION_KERNELS, ComputeProfile, RuntimeProfile,
                                           compute_profile, runtime_profile)
+from autoplan.costmodels.tp_overlap import frozen_cfg
 from autoplan.errors import ConstraintError
 from autoplan.graph.model import Model
 from autoplan.options import mem_limit_bytes, validated
@@ -107,6 +108,8 @@ def runtime_with(runtime: RuntimeProfile, settings: Mapping[str, Any] | None) ->
     if kernel not in ATTENTION_KERNELS:
         raise ConstraintError(f"runtime setting attention_kernel {kernel!r} is not a kernel "
                               f"autoplan prices; choose from {', '.join(ATTENTION_KERNELS)}.")
+    if "tp_comm_overlap_cfg" in settings:
+        settings = {**settings, "tp_comm_overlap_cfg": frozen_cfg(settings["tp_comm_overlap_cfg"])}
     return dataclasses.replace(runtime, **settings)
 
 

@@ -98,11 +98,40 @@ def _pins(row: dict) -> dict:
     return pins
 
 
+def _ub_cfg(ring_aggregate: int, bulk_sms: tuple[int, int, int, int],
+            pipeline_sms: tuple[int, int]) -> dict:
+    """A recipe's ``ub_tp_comm_overlap_cfg`` in the keys autoplan prices: the ring exchanges'
+    ``aggregate``; ``num_sm`` of qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad (no SM margin) and of
+    proj_fprop, fc2_fprop (4 splits, ``set_sm_margin: 1``)."""
+    cfg = {op: {"aggregate": ring_aggregate}
+           for op in ("qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_dgrad")}
+    for op, sms in zip(("qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad"), bulk_sms):
+        cfg[op] = {"num_sm": sms, "set_sm_margin": 0}
+    for op, sms in zip(("proj_fprop", "fc2_fprop"), pipeline_sms):
+        cfg[op] = {"num_sm": sms, "num_splits": 4, "set_sm_margin": 1}
+    return cfg
+
+
+DGXC_TP_OVERLAP = {
+    # llama3.1/llama3.1_70b.yaml and llama3.1_405b.yaml at 143b90d: ub_tp_comm_overlap: true with
+    # the ub_tp_comm_overlap_cfg written there; nemotron/nemotron4-15b-synth.yaml: true, no cfg
+    # (TE's defaults); llama3.1_8b.yaml (TP 1) and nemotron4-340b-synth.yaml: false.
+    "DGXC-L31-70B": _ub_cfg(0, (4, 24, 2, 4), (24, 16)),
+    "DGXC-L31-405B": _ub_cfg(1, (2, 24, 2, 2), (24, 8)),
+    "DGXC-N4-15B": {},
+}
+
+
 def _settings(row: dict) -> dict:
-    """cuDNN attention for both; the Megatron README rows ran ``--tp-comm-overlap``."""
+    """cuDNN attention for both; ``--tp-comm-overlap`` where the source states it: every
+    Megatron README row, and the DGX Cloud recipes of :data:`DGXC_TP_OVERLAP` with their
+    configs."""
     settings = {"attention_kernel": "cudnn"}
-    if row["row_id"].startswith("MLM"):
+    family = row["row_id"].rsplit("-", 1)[0]
+    if row["row_id"].startswith("MLM") or family in DGXC_TP_OVERLAP:
         settings["tp_comm_overlap"] = True
+    if DGXC_TP_OVERLAP.get(family):
+        settings["tp_comm_overlap_cfg"] = DGXC_TP_OVERLAP[family]
     return settings
 
 

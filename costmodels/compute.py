@@ -250,12 +250,10 @@ def _flops_time(flops: float, peak: float, profile: ComputeProfile) -> float:
 
 
 def column_gemm_time(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
-                     profile: ComputeProfile, *, operand_bytes: float = HALF_BYTES,
-                     tp_split: TpSplit = TpSplit.COLUMN) -> float:
-    """Forward time of the layer's column-parallel Linears (``tp_split``: or its row-parallel
-    ones) for one micro-batch."""
-    return sum(_linear_time(g, split, gpu, peak, profile, operand_bytes) for g in layer.gemms
-               if g.split is tp_split)
+                     profile: ComputeProfile, *, operand_bytes: float = HALF_BYTES) -> float:
+    """Forward time of the layer's column-parallel Linears for one micro-batch."""
+    return sum(linear_time(g, split, gpu, peak, profile, operand_bytes) for g in layer.gemms
+               if g.split is TpSplit.COLUMN)
 
 
 def local_shape(gemm: Gemm, split: Split) -> tuple[float, float, float]:
@@ -268,8 +266,10 @@ def local_shape(gemm: Gemm, split: Split) -> tuple[float, float, float]:
     return split.mbs * gemm.rows / split.cp, k, n
 
 
-def _linear_time(gemm: Gemm, split: Split, gpu: GpuSpec, peak: float,
-                 profile: ComputeProfile, operand_bytes: float = HALF_BYTES) -> float:
+def linear_time(gemm: Gemm, split: Split, gpu: GpuSpec, peak: float,
+                profile: ComputeProfile, operand_bytes: float = HALF_BYTES) -> float:
+    """Forward seconds of one Linear on one GPU for one micro-batch (each of its backward
+    GEMMs as long)."""
     rows, k, n = local_shape(gemm, split)
     return gemm.count * gemm_time(rows, n, k, gpu, peak, profile, operand_bytes=operand_bytes)
 
@@ -284,7 +284,7 @@ def _backward_gemm_times(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
     dgrad = wgrad = fwd if layer.in_backward else 0.0
     linear_peak, operand_bytes = linear
     for gemm in layer.gemms:
-        t = _linear_time(gemm, split, gpu, linear_peak, profile, operand_bytes)
+        t = linear_time(gemm, split, gpu, linear_peak, profile, operand_bytes)
         fwd += t
         dgrad += t if gemm.dgrad else 0.0
         wgrad += t if gemm.wgrad else 0.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoplan.costmodels import comm, tp_overlap
-from autoplan.costmodels.compute import LayerTime, Split, column_gemm_time, layer_time
+from autoplan.costmodels.compute import LayerTime, Split, layer_time, linear_time
 from autoplan.costmodels.context import ring_attention_time
 from autoplan.costmodels.fp8 import linear_rate, weight_workspace_bytes
 from autoplan.costmodels.fused_kernels import block_traffic
@@ -78,14 +78,14 @@ def layer_cost(problem: Problem, layer: Layer, class_id: int, split: Split,
                    casts_fp8_weights=not runtime.fp8_weight_cache)
     fwd_n, bwd_n, message = _tp_messages(layer, split)
     full = recompute is Recompute.FULL and layer.kind is LayerKind.BLOCK
-    region = _userbuffers_region(problem, layer, split, message, tp_links)
-    if region is None:
+    regions = _userbuffers_regions(problem, layer, split, message, tp_links)
+    if regions is None:
         one = _tp_forward_collective(layer, split, message, tp_links)
         bwd_comm = _tp_backward_comm(problem, layer, split, t, bwd_n, message, tp_links)
-    else:
-        share = tp_overlap.UB_COMM_SMS / problem.cluster.gpu.sm_count
-        one = tp_overlap.exposed_forward_s(region, split.tp, share)
-        bwd_comm = bwd_n * tp_overlap.exposed_backward_s(region, split.tp, share)
+    else:  # fwd_n = bwd_n = len(regions): one's mean over the regions
+        cfg, sms = problem.runtime.tp_comm_overlap_cfg, problem.cluster.gpu.sm_count
+        one = sum(tp_overlap.exposed_forward_s(r, split.tp, cfg, sms) for r in regions) / fwd_n
+        bwd_comm = sum(tp_overlap.exposed_backward_s(r, split.tp, cfg, sms) for r in regions)
     tp_comm = fwd_n * one * (2 if full else 1) + bwd_comm
     cost = LayerCost(
         compute_s=t.fwd_s + t.bwd_s + t.recompute_s, backward_s=t.bwd_s + t.recompute_s,
@@ -131,28 +131,50 @@ def _tp_forward_collective(layer: Layer, split: Split, message: float,
     return scatter
 
 
-def _userbuffers_region(problem: Problem, layer: Layer, split: Split, message: float,
-                        tp_links: GroupLinks) -> tp_overlap.Region | None:
-    """One TP region of a block as Transformer Engine's userbuffers overlap it
+def _userbuffers_regions(problem: Problem, layer: Layer, split: Split, message: float,
+                         tp_links: GroupLinks) -> list[tp_overlap.Region] | None:
+    """A block's TP regions as Transformer Engine's userbuffers overlap them
     (costmodels.tp_overlap), or None where they do not: the runtime without
     ``tp_comm_overlap``, no SP, not a block (Megatron's embedding and output layer are not TE
-    modules), or a TP group across nodes. A block's regions are taken as equal: its column and
-    row GEMMs shared among its ``tp_allreduces`` row-parallel Linears."""
+    modules), a TP group across nodes, or Linears that do not form the attention and MLP
+    regions (column-parallel ones, then one row-parallel, each applied once)."""
     if not (problem.runtime.tp_comm_overlap and split.sp and split.tp > 1
-            and layer.kind is LayerKind.BLOCK and layer.tp_allreduces
-            and tp_links.num_nodes == 1 and problem.cluster.gpu.sm_count):
+            and layer.kind is LayerKind.BLOCK and tp_links.num_nodes == 1
+            and problem.cluster.gpu.sm_count):
         return None
-    gpu, regions = problem.cluster.gpu, layer.tp_allreduces
+    grouped = _column_row_regions(layer)
+    if grouped is None:
+        return None
+    gpu = problem.cluster.gpu
     peak, operand_bytes = linear_rate(layer, gpu, problem.precision)
 
-    def gemms(tp_split: TpSplit) -> float:
-        return column_gemm_time(layer, split, gpu, peak, problem.compute,
-                                operand_bytes=operand_bytes, tp_split=tp_split) / regions
+    def seconds(gemms) -> float:
+        return sum(linear_time(g, split, gpu, peak, problem.compute, operand_bytes)
+                   for g in gemms)
 
-    return tp_overlap.Region(
-        gather_s=comm.all_gather_time(message, tp_links),
-        scatter_s=comm.reduce_scatter_time(message, tp_links),
-        column_s=gemms(TpSplit.COLUMN), row_s=gemms(TpSplit.ROW))
+    gather = comm.all_gather_time(message, tp_links)
+    scatter = comm.reduce_scatter_time(message, tp_links)
+    return [tp_overlap.Region(gather, scatter, seconds(columns), seconds([row]), names)
+            for (columns, row), names in zip(grouped, tp_overlap.REGION_OPS)]
+
+
+def _column_row_regions(layer: Layer) -> list[tuple[list, object]] | None:
+    """The block's Linears in forward order cut after each row-parallel one, if they form
+    exactly the attention and MLP regions of :data:`tp_overlap.REGION_OPS`."""
+    regions, columns = [], []
+    for gemm in layer.gemms:
+        if gemm.count != 1 or gemm.adapter:
+            return None
+        if gemm.split is TpSplit.COLUMN:
+            columns.append(gemm)
+        elif gemm.split is TpSplit.ROW:
+            if not columns:
+                return None
+            regions.append((columns, gemm))
+            columns = []
+    if columns or len(regions) != len(tp_overlap.REGION_OPS):
+        return None
+    return regions
 
 
 def layer_memory_bytes(problem: Problem, layer: Layer, split: Split,

@@ -190,6 +190,10 @@ class RuntimeProfile:
     """Megatron-LM's ``--tp-comm-overlap``: Transformer Engine's userbuffers overlap a block's
     sequence-parallel collectives with its GEMMs (costmodels.tp_overlap); needs
     ``transformer_impl: transformer_engine``. Off in every runtime, as in Megatron-LM."""
+    tp_comm_overlap_cfg: tuple = ()
+    """Its per-op settings (``--tp-comm-overlap-cfg``; given as TE's mapping of op name to
+    num_sm / set_sm_margin / num_splits, kept as tp_overlap.frozen_cfg has it); (): TE's
+    defaults."""
     fp8_weight_cache: bool = False
     """Under FP8, Transformer Engine's Linears keep their FP8 weights (and transposes) cast on
     a step's first micro-batch for the others (the runtime passes ``is_first_microbatch``:

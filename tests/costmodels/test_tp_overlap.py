@@ -8,7 +8,7 @@ import pytest
 from autoplan.api import load_cluster, load_model
 from autoplan.cluster.topology import group_links
 from autoplan.costmodels import comm, tp_overlap
-from autoplan.costmodels.compute import Split, column_gemm_time
+from autoplan.costmodels.compute import Split, linear_time
 from autoplan.costmodels.step import estimate
 from autoplan.errors import ConstraintError
 from autoplan.graph.layer_graph import LayerKind, TpSplit
@@ -52,19 +52,44 @@ def test_ring_exchange_matches_the_stream_schedule(gather_s, gemm_s, tp):
         _ring_by_streams(gather_s, gemm_s, tp), rel=1e-12)
 
 
+def _aggregated_by_streams(gather_s: float, gemm_s: float, tp: int) -> float:
+    """split_overlap_ag with ``_aggregate2``: one chunk swapped with the neighbour, then tp/2
+    GEMMs of two chunks, each pair sent on to rank + 2 while its GEMM runs (two chunks' bytes
+    per send, ``comm_bytes * 2``), the next GEMM waiting for the pair it receives."""
+    chunk, hop = gemm_s / tp, gather_s / (tp - 1)
+    have = [hop]  # the first pair: own chunk and the neighbour's
+    for _ in range(tp // 2 - 1):
+        have.append(have[-1] + 2 * hop)
+    gemm_done = 0.0
+    for arrived in have:
+        gemm_done = max(gemm_done, arrived) + 2 * chunk
+    return gemm_done
+
+
+@pytest.mark.parametrize("gather_s, gemm_s, tp", [
+    (0.7e-3, 1.6e-3, 8), (1.4e-3, 0.8e-3, 8), (2.0e-3, 1.0e-3, 4)])
+def test_aggregated_ring_exchange_matches_the_stream_schedule(gather_s, gemm_s, tp):
+    assert tp_overlap.ring_exchange_s(gather_s, gemm_s, tp, aggregate=True) == pytest.approx(
+        _aggregated_by_streams(gather_s, gemm_s, tp), rel=1e-12)
+
+
 @pytest.mark.parametrize("scatter_s, gemm_s", [
     (0.2e-3, 1.6e-3), (1.6e-3, 0.2e-3), (0.8e-3, 0.8e-3)])
 def test_pipelined_reduce_scatter_matches_the_stream_schedule(scatter_s, gemm_s):
-    assert tp_overlap.pipelined_s(scatter_s, gemm_s, 0.0) == pytest.approx(
+    no_sms = tp_overlap.OpSettings(num_sm=0)
+    assert tp_overlap.pipelined_s(scatter_s, gemm_s, no_sms, 132) == pytest.approx(
         _pipeline_by_streams(scatter_s, gemm_s, 4), rel=1e-12)
 
 
-def test_an_sm_driven_collective_costs_the_gemm_its_share_of_the_sms_while_they_overlap():
-    # 16 of 132 SMs beside a 1 ms GEMM for 0.4 ms: 1 + 0.4 * 16/132 ms; a 3 ms collective
-    # outlasts the slowed GEMM and sets the time.
-    share = 16 / 132
-    assert tp_overlap.beside_s(0.4e-3, 1e-3, share) == pytest.approx(1e-3 + 0.4e-3 * share)
-    assert tp_overlap.beside_s(3e-3, 1e-3, share) == pytest.approx(3e-3)
+def test_an_sm_driven_collective_costs_the_gemm_its_sms():
+    # No margin: 16 of 132 SMs beside a 1 ms GEMM for 0.4 ms: 1 + 0.4 * 16/132 ms; a 3 ms
+    # collective outlasts the slowed GEMM and sets the time. With set_sm_margin 1 the GEMM runs
+    # on 132 - 24 = 108 SMs throughout: 1 ms * 132/108.
+    default, margin = tp_overlap.OpSettings(), tp_overlap.OpSettings(num_sm=24, margin=True)
+    assert tp_overlap.beside_s(0.4e-3, 1e-3, default, 132) == pytest.approx(
+        1e-3 + 0.4e-3 * 16 / 132)
+    assert tp_overlap.beside_s(3e-3, 1e-3, default, 132) == pytest.approx(3e-3)
+    assert tp_overlap.beside_s(0.4e-3, 1e-3, margin, 132) == pytest.approx(1e-3 * 132 / 108)
 
 
 def _problem(gpus: int, settings: dict):
@@ -84,31 +109,54 @@ def problems():
     return _problem(TP, {}), _problem(TP, {"tp_comm_overlap": True})
 
 
-def test_overlap_leaves_a_block_its_last_reduce_scatter_and_the_collectives_sms(problems):
-    # Per micro-batch, a block's 2 TP regions each as TE overlaps them, from the primitives:
-    # g, s the all-gather and reduce-scatter of the b*s*h bf16 activations over the node; a
-    # region's column and row GEMMs (the block's halves). The hops (g/7) are shorter than an
-    # eighth of either GEMM and the scatter chunks (s/4) than a quarter of the row GEMM, so the
-    # ring exchanges hide whole; forward: each of the first 3 reduce-scatter chunks takes 16/108
-    # of an A100's SMs for its length beside the row GEMM, then the last chunk runs alone;
-    # backward: the column Linear's two bulk collectives cost their SM share for their length.
-    # Embedding and head keep their unoverlapped collectives (not TE modules).
+def _region_gemms(problem):
+    """(column, row) forward seconds of the block's attention and MLP regions: its Linears in
+    order are qkv (column), proj (row), fc1 (column), fc2 (row)."""
+    block = next(l for l in problem.graph.layers if l.kind is LayerKind.BLOCK)
+    assert [g.split for g in block.gemms] == [TpSplit.COLUMN, TpSplit.ROW] * 2
+    gpu, peak = problem.cluster.gpu, problem.cluster.gpu.peak_flops("bf16")
+    times = [linear_time(g, Split(TP, 1, True, MBS), gpu, peak, problem.compute)
+             for g in block.gemms]
+    return [(times[0], times[1]), (times[2], times[3])]
+
+
+def test_overlap_leaves_a_block_its_last_reduce_scatters_and_the_collectives_sms(problems):
+    # Per micro-batch and region, from the primitives: g, s the all-gather and reduce-scatter
+    # of the b*s*h bf16 activations over the node; the region's column and row GEMMs. The hops
+    # (g/7) are shorter than an eighth of either GEMM and the scatter chunks (s/4) than a quarter
+    # of the row GEMM, so the ring exchanges hide whole; forward: each of the first 3
+    # reduce-scatter chunks takes 16/108 of an A100's SMs for its length beside the row GEMM,
+    # then the last chunk runs alone; backward: the column Linear's two bulk collectives cost
+    # their SM share for their length. Embedding and head keep their unoverlapped collectives
+    # (not TE modules).
     plain, overlap = problems
-    block = next(l for l in plain.graph.layers if l.kind is LayerKind.BLOCK)
-    gpu, peak = plain.cluster.gpu, plain.cluster.gpu.peak_flops("bf16")
-    split = Split(TP, 1, True, MBS)
     links = group_links(plain.cluster, TP, 1)
     g = comm.all_gather_time(2 * S * MBS * H, links)
     s = comm.reduce_scatter_time(2 * S * MBS * H, links)
-    col, row = (column_gemm_time(block, split, gpu, peak, plain.compute, tp_split=tp_split) / 2
-                for tp_split in (TpSplit.COLUMN, TpSplit.ROW))
-    assert g / 7 < min(col, row) / 8 and s / 4 < row / 4  # the preconditions above
     share = 16 / 108
-    forward = 3 * share * s / 4 + s / 4
-    backward = share * (g + s)
+    exposed = 0.0
+    for col, row in _region_gemms(plain):
+        assert g / 7 < min(col, row) / 8 and s / 4 < row / 4  # the preconditions above
+        exposed += (3 * share * s / 4 + s / 4) + share * (g + s)
     unoverlapped = 2 * (g + s) + 2 * g  # test_overlap.py: SP's forward pairs, output-gradient gathers
     assert _tp_comm(overlap) == pytest.approx(
-        _tp_comm(plain) + M * L * (2 * (forward + backward) - unoverlapped), rel=1e-9)
+        _tp_comm(plain) + M * L * (exposed - unoverlapped), rel=1e-9)
+
+
+def test_a_recipes_config_sets_each_ops_sms(problems):
+    # NeMo's llama3.1_70b.yaml sets proj_fprop to 24 SMs with set_sm_margin 1: the attention
+    # region's row GEMM runs on 108 - 24 = 84 SMs for its 4 chunks, the reduce-scatter chunks
+    # beside it (all shorter), the last alone: row * 108/84 + s/4 - row more than the GEMM.
+    plain = problems[0]
+    cfg = {"proj_fprop": {"num_sm": 24, "set_sm_margin": 1, "num_splits": 4, "method": "pipeline",
+                          "cga_size": 2}}
+    tuned = _problem(TP, {"tp_comm_overlap": True, "tp_comm_overlap_cfg": cfg})
+    s = comm.reduce_scatter_time(2 * S * MBS * H, group_links(plain.cluster, TP, 1))
+    (_, row), _ = _region_gemms(plain)
+    assert s / 4 < row / 4 * 108 / 84
+    default_forward = 3 * 16 / 108 * s / 4 + s / 4
+    assert _tp_comm(tuned) - _tp_comm(problems[1]) == pytest.approx(
+        M * L * (row * 108 / 84 + s / 4 - row - default_forward), rel=1e-9)
 
 
 def test_a_tp_group_across_nodes_is_not_overlapped():
@@ -120,3 +168,11 @@ def test_a_tp_group_across_nodes_is_not_overlapped():
 def test_tp_comm_overlap_needs_transformer_engine(problems):
     with pytest.raises(ConstraintError, match="transformer_impl"):
         runtime_with(problems[0].runtime, {"tp_comm_overlap": True, "transformer_impl": "local"})
+
+
+@pytest.mark.parametrize("cfg, message", [
+    ({"qkv_fprop_x": {}}, "not an op"), ({"proj_fprop": {"method": "bulk"}}, "not priced"),
+    ({"qkv_dgrad": {"num_sms": 4}}, "num_sms not known"), ("ring", "must map op names")])
+def test_an_overlap_config_autoplan_cannot_price_is_refused(problems, cfg, message):
+    with pytest.raises(ConstraintError, match=message):
+        runtime_with(problems[0].runtime, {"tp_comm_overlap": True, "tp_comm_overlap_cfg": cfg})
