@@ -211,7 +211,8 @@ def estimate(model: ModelLike, cluster: ClusterLike,
              frozen_dtype: str | None = None, optimizer_in_backward: bool = False) -> Result:
     """Evaluate one plan: a Plan, pins completed with documented defaults, or an
     :class:`ImportedRun` read from a Megatron-LM, DeepSpeed or torchtitan configuration
-    (``read_run(path)``), which may also supply the sequence length and global batch.
+    (``read_run(path)``), which may also supply the sequence length, the global batch and
+    runtime settings its framework flags fix (e.g. Megatron-LM's ``--tp-comm-overlap``).
     ``profile`` replaces the compute profile as in :func:`solve`; ``runtime_settings`` fields
     of the runtime's profile (:func:`autoplan.problems.runtime_with`); ``optimizer``, ``frozen_dtype`` and
     ``optimizer_in_backward`` as in :func:`solve`."""
@@ -222,6 +223,8 @@ def estimate(model: ModelLike, cluster: ClusterLike,
         run, seq_len, global_batch, precision, runtime)
     training = training_spec(seq_len, global_batch, precision, runtime, attention, optimizer,
                              frozen_dtype, optimizer_in_backward)
+    if run is not None and run.runtime == runtime:  # the file's framework flags, then the caller's
+        runtime_settings = {**run.runtime_settings, **(runtime_settings or {})}
     problem = make_problem(model, cluster, training, mem_limit, profile=profile,
                            runtime_settings=runtime_settings)
     plan = plan_for(problem, model, plan_or_pins)

@@ -29,6 +29,8 @@ class ImportedRun:
     first_stage_blocks: int | None = None  # Megatron's uneven first/last stages
     last_stage_blocks: int | None = None
     notes: tuple[str, ...] = ()  # what was inferred from fields the file leaves out
+    # fields of the runtime's profile the file sets (autoplan.problems.runtime_with)
+    runtime_settings: dict = field(default_factory=dict)
 
 
 def _tokens(text: str) -> list[str]:
@@ -87,12 +89,30 @@ def _megatron(flags: dict) -> ImportedRun:
     precision = "bf16" if flags.get("bf16") else "fp16" if flags.get("fp16") else None
     if flags.get("fp8-format"):  # Transformer Engine's FP8 over bf16 (costmodels.fp8)
         precision = "fp8"
+    settings, notes = _megatron_settings(flags)
     return ImportedRun("megatron", {k: v for k, v in pins.items() if v is not None},
                        seq_len=_int(flags, "seq-length"),
                        global_batch=_int(flags, "global-batch-size"), precision=precision,
                        runtime="megatron",
                        first_stage_blocks=_int(flags, "decoder-first-pipeline-num-layers"),
-                       last_stage_blocks=_int(flags, "decoder-last-pipeline-num-layers"))
+                       last_stage_blocks=_int(flags, "decoder-last-pipeline-num-layers"),
+                       notes=notes, runtime_settings=settings)
+
+
+def _megatron_settings(flags: dict) -> tuple[dict, tuple[str, ...]]:
+    """The megatron runtime's fields the arguments set, and notes: ``--transformer-impl`` and
+    ``--tp-comm-overlap`` (Transformer Engine's userbuffers, costmodels.tp_overlap). A
+    ``--tp-comm-overlap-cfg`` file is not read: the overlap is priced with TE's defaults."""
+    settings, notes = {}, []
+    impl = flags.get("transformer-impl")
+    if isinstance(impl, str):
+        settings["transformer_impl"] = impl
+    if flags.get("tp-comm-overlap"):
+        settings["tp_comm_overlap"] = True
+        if flags.get("tp-comm-overlap-cfg"):
+            notes.append("--tp-comm-overlap-cfg not read: the TP overlap is priced with "
+                         "Transformer Engine's default userbuffers settings")
+    return settings, tuple(notes)
 
 
 def _torchtitan(tokens: list[str], flags: dict) -> ImportedRun:

@@ -155,3 +155,36 @@ def test_deepspeed_batch_fields_that_cannot_agree_are_refused(tmp_path):
                       gradient_accumulation_steps=2)
     with pytest.raises(PlanFileError, match="DeepSpeed requires"):
         read_run(path)
+
+
+def _megatron_args(tmp_path, extra: str):
+    args = tmp_path / "megatron_args.txt"
+    args.write_text("--tensor-model-parallel-size 2 --pipeline-model-parallel-size 1\n"
+                    "--micro-batch-size 1 --global-batch-size 16 --seq-length 256\n"
+                    f"--sequence-parallel --bf16 {extra}\n")
+    return args
+
+
+def test_megatron_framework_flags_become_the_runtime_settings_they_price(tmp_path):
+    # Megatron-LM's --tp-comm-overlap is Transformer Engine's userbuffers overlap (runtime
+    # setting tp_comm_overlap): the imported run is priced as if the setting were given, and a
+    # config file the importer does not read is said.
+    run = read_run(_megatron_args(tmp_path, "--tp-comm-overlap --tp-comm-overlap-cfg ub.yaml "
+                                            "--transformer-impl transformer_engine"))
+    assert run.runtime_settings == {"tp_comm_overlap": True,
+                                    "transformer_impl": "transformer_engine"}
+    assert any("--tp-comm-overlap-cfg not read" in note for note in run.notes)
+    imported = autoplan.estimate(TINY, DGX1, run)
+    plain = read_run(_megatron_args(tmp_path, ""))
+    stated = autoplan.estimate(TINY, DGX1, plain, runtime_settings={"tp_comm_overlap": True})
+    assert imported.estimate.step_time_s == stated.estimate.step_time_s
+    without = autoplan.estimate(TINY, DGX1, plain)
+    assert (imported.estimate.time_breakdown_s["tp_comm"]
+            != without.estimate.time_breakdown_s["tp_comm"])
+
+
+def test_tp_comm_overlap_with_megatrons_own_layers_is_refused(tmp_path):
+    # Megatron-LM asserts Transformer Engine for --tp-comm-overlap; so does autoplan.
+    run = read_run(_megatron_args(tmp_path, "--tp-comm-overlap --transformer-impl local"))
+    with pytest.raises(autoplan.AutoplanError, match="transformer_impl"):
+        autoplan.estimate(TINY, DGX1, run)
