@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from operator import mul
 
-from autoplan.costmodels import comm
+from autoplan.costmodels import comm, tp_overlap
 from autoplan.costmodels.compute import Split
 from autoplan.costmodels.experts import ep_comm_time, expert_params, routing_time
 from autoplan.costmodels.fp8 import weights_cached_beside
@@ -459,8 +459,10 @@ def other_bytes(problem: Problem, plan: Plan, activations: float,
                 tensors: tuple[tuple[LayerTensors, ...], StageOutput | None],
                 states: float) -> tuple[float, float]:
     """(memory besides model states and activations, the part of it the allocator reserves
-    beyond its allocated peak). Outside the allocator the CUDA context and NCCL buffers; a
-    ZeRO optimizer's gradient-reduction bucket (DeepSpeed allocates it whole); with ZeRO-3 the
+    beyond its allocated peak). Outside the allocator the CUDA context, NCCL and userbuffers
+    buffers (:func:`outside_allocator_bytes`); a ZeRO optimizer's gradient-reduction bucket
+    (DeepSpeed allocates it whole); Transformer Engine's cuBLAS workspaces under the TP overlap
+    (tp_overlap.te_workspace_bytes); with ZeRO-3 the
     unsharded copies of the gathered units (memory.zero3_buffer_bytes) of a GPU holding
     ``params`` parameters; the gradient reduction's and optimizer step's transients beyond
     the activations they follow; and what the caching allocator reserves beyond that by its
@@ -472,6 +474,8 @@ def other_bytes(problem: Problem, plan: Plan, activations: float,
     allocated = outside_allocator_bytes(problem, plan)
     if plan.zero_stage >= 1:
         allocated += runtime.zero_bucket_bytes
+    if userbuffers_allocated(problem, plan):
+        allocated += tp_overlap.te_workspace_bytes(problem.cluster.gpu.compute_capability)
     if plan.zero_stage >= 3:
         allocated += zero3_buffer_bytes(
             largest_gathered, params, bytes_per_param=runtime.zero3_gather_bytes,
@@ -587,13 +591,15 @@ receives, which never take NVLS)."""
 
 def outside_allocator_bytes(problem: Problem, plan: Plan) -> float:
     """Device memory a GPU holds outside PyTorch's caching allocator: the runtime's CUDA
-    context and NCCL allowance, and the NVLink SHARP buffers of each collective communicator
-    the GPU is in (memory.nvls_buffer_bytes; none where the runtime prices no device, as
-    ``verify`` on CPU)."""
+    context and NCCL allowance, the NVLink SHARP buffers of each collective communicator
+    the GPU is in (memory.nvls_buffer_bytes) and Transformer Engine's userbuffers under the TP
+    overlap (tp_overlap.userbuffer_bytes); none where the runtime prices no device, as
+    ``verify`` on CPU."""
     context = problem.runtime.cuda_context_bytes
     if not context:
         return 0.0
-    key = ("outside_allocator", plan.tp, plan.cp, plan.dp, plan.pp, plan.ep, plan.placement)
+    key = ("outside_allocator", plan.tp, plan.cp, plan.dp, plan.pp, plan.ep, plan.placement,
+           plan.sequence_parallel, plan.micro_batch_size)
     found = memo(problem).get(key)  # the same for every rank and switch of a shape
     if found is None:
         gpu = problem.cluster.gpu
@@ -602,8 +608,26 @@ def outside_allocator_bytes(problem: Problem, plan: Plan) -> float:
             nvls_buffer_bytes(links[group].members_per_node,
                               compute_capability=gpu.compute_capability,
                               nvswitch=links[group].intra_kind == "nvswitch")
-            for group in COLLECTIVE_GROUPS if group in links and links[group].size > 1)
+            for group in COLLECTIVE_GROUPS if group in links and links[group].size > 1) + (
+            tp_overlap.userbuffer_bytes(_block_activation_bytes(problem, plan),
+                                        problem.precision == "fp8")
+            if userbuffers_allocated(problem, plan) else 0.0)
     return found
+
+
+def userbuffers_allocated(problem: Problem, plan: Plan) -> bool:
+    """Whether the run sets up Transformer Engine's userbuffers (costmodels.tp_overlap):
+    ``tp_comm_overlap`` with SP, TP inside one node."""
+    if not (problem.runtime.tp_comm_overlap and plan.sequence_parallel and plan.tp > 1):
+        return False
+    return plan_links(problem, plan)["tp"].num_nodes == 1
+
+
+def _block_activation_bytes(problem: Problem, plan: Plan) -> float:
+    """A block's output for one micro-batch, whole sequence (the shape Megatron passes
+    ``initialize_ub``): 2 bytes an element."""
+    block = next((l for l in problem.graph.layers if l.kind is LayerKind.BLOCK), None)
+    return block.boundary_bytes * plan.micro_batch_size / plan.cp if block else 0.0
 
 
 def _tied_copy_params(problem: Problem, stages: tuple[tuple[int, int], ...]) -> float:

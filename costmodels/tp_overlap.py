@@ -57,6 +57,32 @@ IGNORED_KEYS = ("method", "cga_size", "atomic_gemm", "use_ce", "fp8_buf")
 """Keys of an op's config that leave its price as it is (checked where they could not)."""
 
 
+AG_BUFFER_OPS = ("qkv_fprop", "qkv_dgrad", "proj_dgrad", "fc1_fprop", "fc1_dgrad", "fc2_dgrad")
+"""``layers_all_gather_overlap``: their buffers hold FP8 under an FP8 recipe (``fp8_buf``)."""
+
+UB_STREAMS = 3
+"""``_NUM_MAX_UB_STREAMS``: ``initialize_ub`` widens TE's cuBLAS workspace to this many
+copies, one per compute stream of the chunk GEMMs."""
+
+
+def userbuffer_bytes(activation_bytes: float, fp8: bool) -> float:
+    """Device memory the userbuffers take outside PyTorch's allocator: one buffer per overlapped
+    op (``register_user_buffer_collective`` allocates it), of the ``(seq * mbs / cp, hidden)``
+    shape Megatron gives ``initialize_ub`` (``activation_bytes`` at 2 bytes an element; the
+    all-gather ops' at 1 byte under FP8). The pipeline ops as TE's defaults have them; a
+    ring-exchange reduce-scatter (not priced) would hold ``2 tp - 1`` chunks."""
+    return sum(activation_bytes / 2 if fp8 and op in AG_BUFFER_OPS else activation_bytes
+               for op in METHODS)
+
+
+def te_workspace_bytes(compute_capability: float | None) -> float:
+    """TE's cuBLAS workspace, ``get_cublas_workspace_size_bytes`` (32 MiB from Hopper on, else
+    4 MiB; unknown GPUs as Hopper), in :data:`UB_STREAMS` copies as the overlap allocates it
+    through PyTorch."""
+    one = 4 * 2**20 if compute_capability is not None and compute_capability < 9 else 32 * 2**20
+    return UB_STREAMS * one
+
+
 @dataclass(frozen=True, slots=True)
 class OpSettings:
     """One overlapped GEMM's settings: its collective's ``num_sm`` SMs, the GEMM launched on

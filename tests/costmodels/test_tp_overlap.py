@@ -176,3 +176,19 @@ def test_tp_comm_overlap_needs_transformer_engine(problems):
 def test_an_overlap_config_autoplan_cannot_price_is_refused(problems, cfg, message):
     with pytest.raises(ConstraintError, match=message):
         runtime_with(problems[0].runtime, {"tp_comm_overlap": True, "tp_comm_overlap_cfg": cfg})
+
+
+def test_userbuffers_hold_a_buffer_per_overlapped_op_and_three_workspaces(problems):
+    # TE 1.8 initialize_ub: 10 ops (4 ring exchanges, 2 pipelines, 4 bulk) each register a
+    # buffer of the shape Megatron passes, [seq * mbs / cp, hidden] in bf16, allocated outside
+    # PyTorch: 10 * 1024 * 8 * 12288 * 2 bytes; and TE's cuBLAS workspace repeated for its 3
+    # GEMM streams through PyTorch: 3 * 4 MiB on an A100 (get_cublas_workspace_size_bytes).
+    plain, overlap = problems
+    estimates = [estimate(p, plan_from_pins(p, Pins(tp=TP, pp=1, dp=1, mbs=MBS, sp=True)))
+                 for p in problems]
+    gib = 2**30
+    buffers, workspaces = 10 * S * MBS * H * 2, 3 * 4 * 2**20
+    assert estimates[1].peak_memory_gib - estimates[0].peak_memory_gib == pytest.approx(
+        (buffers + workspaces) / gib, rel=1e-6)
+    assert estimates[1].peak_reserved_gib - estimates[0].peak_reserved_gib == pytest.approx(
+        workspaces / gib, rel=1e-6)
