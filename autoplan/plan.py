@@ -370,9 +370,20 @@ class TrainingInfo(OmitsDefaults):
     ``transformer_impl``: ``transformer_engine`` or ``local``), exported to Megatron-LM as
     ``--transformer-impl``; left out of the JSON when None (eager kernels)."""
 
+    tp_comm_overlap: bool = False
+    """The plan was priced with Transformer Engine's userbuffers TP overlap (the runtime's
+    ``tp_comm_overlap``, with SP and TP inside a node: costmodels.tp_overlap), exported to
+    Megatron-LM as ``--tp-comm-overlap``; left out of the JSON when false."""
+    tp_comm_overlap_cfg: dict[str, dict[str, int]] | None = None
+    """The per-op userbuffers settings it was priced with where not TE's defaults (the
+    runtime's ``tp_comm_overlap_cfg``: op -> num_sm, set_sm_margin, num_splits, aggregate);
+    left out of the JSON when None."""
+
     _omitted_defaults: ClassVar[dict[str, object]] = {"optimizer_in_backward": False,
                                                       "torch_compile": False,
-                                                      "transformer_impl": None}
+                                                      "transformer_impl": None,
+                                                      "tp_comm_overlap": False,
+                                                      "tp_comm_overlap_cfg": None}
 
 
 class RuntimeOption(BaseModel):

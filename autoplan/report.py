@@ -16,6 +16,7 @@ from autoplan.calibrate import bus_bandwidth_Bps
 from autoplan.capabilities import RUNTIMES
 from autoplan.cluster.spec import load_cluster_spec, resolve
 from autoplan.costmodels.comm import network_note, slow_link_note
+from autoplan.costmodels.ranks import userbuffers_allocated
 from autoplan.degrees import DEGREE
 from autoplan.errors import PlanFileError
 from autoplan.graph.layer_graph import LayerGraph
@@ -65,9 +66,19 @@ def build_result(problem: Problem, model: Model, cluster: LoadedCluster, plan: P
                             frozen_dtype=problem.training.frozen_storage.value,
                             optimizer_in_backward=problem.training.optimizer_in_backward,
                             torch_compile=problem.runtime.compile,
-                            transformer_impl=problem.runtime.transformer_impl)
+                            transformer_impl=problem.runtime.transformer_impl,
+                            **_tp_overlap_info(problem, plan))
     return Result(plan=plan, estimate=est, solver=info, model=model_info, cluster=cluster.spec,
                   training=training, calibration=calibration_note(profile, problem, plan))
+
+
+def _tp_overlap_info(problem: Problem, plan: Plan) -> dict:
+    """The TrainingInfo fields of the TP overlap, where the plan was priced with it."""
+    if not userbuffers_allocated(problem, plan):
+        return {}
+    cfg = {op: {"num_sm": o.num_sm, "set_sm_margin": int(o.margin), "num_splits": o.splits,
+                "aggregate": int(o.aggregate)} for op, o in problem.runtime.tp_comm_overlap_cfg}
+    return {"tp_comm_overlap": True, "tp_comm_overlap_cfg": cfg or None}
 
 
 def moe_info(graph: LayerGraph) -> dict:

@@ -49,6 +49,11 @@ def check(result: Result) -> None:
     impl = result.training.transformer_impl if result.training is not None else None
     if precision(result) == "fp8" and impl not in (None, "transformer_engine"):
         problems.append(f"FP8 runs in Transformer Engine's layers, not --transformer-impl {impl}")
+    if result.training is not None and result.training.tp_comm_overlap_cfg:
+        problems.append("the plan was priced with a tp_comm_overlap_cfg, which the export does "
+                        "not write (it passes --tp-comm-overlap with Transformer Engine's "
+                        "defaults); price it without the cfg to export, or add "
+                        "--tp-comm-overlap-cfg FILE to the arguments yourself")
     if problems:
         raise ExportError("Megatron-LM cannot run this plan: " + "; ".join(problems) +
                           ". Re-plan with pins that avoid it, or export to another target.")
@@ -255,10 +260,12 @@ def _precision_args(result: Result) -> list[str]:
 def _impl_args(result: Result) -> list[str]:
     """``--transformer-impl`` as the plan was priced (its fused element-wise kernels:
     costmodels.fused_kernels); Megatron-LM's own default, transformer_engine, for a plan that
-    does not say (priced by another runtime, or written before the key)."""
+    does not say (priced by another runtime, or written before the key); and
+    ``--tp-comm-overlap`` where the plan was priced with it."""
     training = result.training
     impl = training.transformer_impl if training is not None else None
-    return ["--transformer-impl", impl or "transformer_engine"]
+    overlap = ["--tp-comm-overlap"] if training is not None and training.tp_comm_overlap else []
+    return ["--transformer-impl", impl or "transformer_engine", *overlap]
 
 
 def needs_single_connection(result: Result) -> bool:

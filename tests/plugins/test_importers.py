@@ -188,3 +188,30 @@ def test_tp_comm_overlap_with_megatrons_own_layers_is_refused(tmp_path):
     run = read_run(_megatron_args(tmp_path, "--tp-comm-overlap --transformer-impl local"))
     with pytest.raises(autoplan.AutoplanError, match="transformer_impl"):
         autoplan.estimate(TINY, DGX1, run)
+
+
+def test_a_plan_priced_with_the_tp_overlap_exports_it_and_reads_back_the_same(tmp_path):
+    pins = {"tp": 2, "pp": 1, "mbs": 1, "sp": True}
+    planned = autoplan.estimate(TINY, DGX1, pins, seq_len=256, global_batch=16,
+                                runtime_settings={"tp_comm_overlap": True})
+    assert planned.training.tp_comm_overlap
+    export_plan(planned, "megatron", tmp_path)
+    assert "--tp-comm-overlap" in (tmp_path / "megatron_args.txt").read_text().split()
+    imported = autoplan.estimate(TINY, DGX1, read_run(tmp_path / "megatron_args.txt"))
+    assert imported.plan == planned.plan
+    assert imported.estimate.step_time_s == planned.estimate.step_time_s
+
+
+def test_a_plan_priced_with_an_overlap_config_the_export_cannot_write_is_refused(tmp_path):
+    # Without SP there is no overlap to record; with a per-op config the export would launch
+    # TE's defaults instead, so it refuses.
+    plain = autoplan.estimate(TINY, DGX1, {"tp": 2, "mbs": 1}, seq_len=256, global_batch=16,
+                              runtime_settings={"tp_comm_overlap": True})
+    assert not plain.training.tp_comm_overlap
+    tuned = autoplan.estimate(TINY, DGX1, {"tp": 2, "mbs": 1, "sp": True}, seq_len=256,
+                              global_batch=16, runtime_settings={
+                                  "tp_comm_overlap": True,
+                                  "tp_comm_overlap_cfg": {"proj_fprop": {"num_sm": 24}}})
+    assert tuned.training.tp_comm_overlap_cfg["proj_fprop"]["num_sm"] == 24
+    with pytest.raises(autoplan.AutoplanError, match="tp_comm_overlap_cfg"):
+        export_plan(tuned, "megatron", tmp_path)

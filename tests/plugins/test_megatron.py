@@ -42,7 +42,8 @@ _VALUED = {
 }
 _SWITCHES = {"--sequence-parallel": ("sequence_parallel", True), "--swiglu": ("gated_linear_unit", True),
              "--disable-bias-linear": ("add_bias_linear", False), "--bf16": ("bf16", True),
-             "--fp16": ("fp16", True), "--moe-grouped-gemm": ("moe_grouped_gemm", True)}
+             "--fp16": ("fp16", True), "--moe-grouped-gemm": ("moe_grouped_gemm", True),
+             "--tp-comm-overlap": ("tp_comm_overlap", True)}
 # Flags that configure the training loop, not the TransformerConfig.
 _ELSEWHERE = {"--micro-batch-size", "--global-batch-size", "--seq-length", "--max-position-embeddings",
               "--use-distributed-optimizer", "--group-query-attention", "--position-embedding-type",
@@ -306,3 +307,14 @@ def test_exported_fp8_command_reads_back_as_fp8(tmp_path):
     saved.write_text("torchrun pretrain_gpt.py " + " ".join(megatron_args(
         changed(result, training=training))) + "\n")
     assert read_run(saved).precision == "fp8"
+
+
+def test_a_plan_priced_with_the_tp_overlap_launches_it_with_sequence_parallelism():
+    # Megatron-LM copies --tp-comm-overlap into ModelParallelConfig.tp_comm_overlap and asserts
+    # sequence parallelism with it (arguments.py: "Tensor parallel communication/GEMM overlap
+    # can happen only when sequence parallelism is enabled").
+    result = load_plan("llama8b_3d_vpp_sp")
+    training = {**result.training.model_dump(mode="json"), "tp_comm_overlap": True}
+    config = transformer_config(megatron_args(changed(result, training=training)))
+    assert config.tp_comm_overlap and config.sequence_parallel
+    assert "--tp-comm-overlap" not in megatron_args(result)
