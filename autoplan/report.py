@@ -17,6 +17,7 @@ from autoplan.capabilities import RUNTIMES
 from autoplan.cluster.spec import load_cluster_spec, resolve
 from autoplan.costmodels.comm import network_note, slow_link_note
 from autoplan.costmodels.ranks import userbuffers_allocated
+from autoplan.costmodels.tp_overlap import cfg_mapping
 from autoplan.degrees import DEGREE
 from autoplan.errors import PlanFileError
 from autoplan.graph.layer_graph import LayerGraph
@@ -76,9 +77,8 @@ def _tp_overlap_info(problem: Problem, plan: Plan) -> dict:
     """The TrainingInfo fields of the TP overlap, where the plan was priced with it."""
     if not userbuffers_allocated(problem, plan):
         return {}
-    cfg = {op: {"num_sm": o.num_sm, "set_sm_margin": int(o.margin), "num_splits": o.splits,
-                "aggregate": int(o.aggregate)} for op, o in problem.runtime.tp_comm_overlap_cfg}
-    return {"tp_comm_overlap": True, "tp_comm_overlap_cfg": cfg or None}
+    return {"tp_comm_overlap": True,
+            "tp_comm_overlap_cfg": cfg_mapping(problem.runtime.tp_comm_overlap_cfg)}
 
 
 def moe_info(graph: LayerGraph) -> dict:

@@ -26,7 +26,7 @@ from autoplan.costmodels.problem import Problem, memo
 from autoplan.costmodels.saved_activations import megatron_saved_layer
 
 from autoplan.cluster.topology import GroupLinks
-from autoplan.graph.layer_graph import Layer, LayerKind, TpSplit
+from autoplan.graph.layer_graph import Gemm, Layer, LayerKind, TpSplit
 from autoplan.plan import Recompute
 
 
@@ -158,7 +158,7 @@ def _userbuffers_regions(problem: Problem, layer: Layer, split: Split, message: 
             for (columns, row), names in zip(grouped, tp_overlap.REGION_OPS)]
 
 
-def _column_row_regions(layer: Layer) -> list[tuple[list, object]] | None:
+def _column_row_regions(layer: Layer) -> list[tuple[list[Gemm], Gemm]] | None:
     """The block's Linears in forward order cut after each row-parallel one, if they form
     exactly the attention and MLP regions of :data:`tp_overlap.REGION_OPS`."""
     regions, columns = [], []

@@ -132,6 +132,13 @@ def _op_settings(op: str, settings: Mapping) -> OpSettings:
                       aggregate=bool(settings.get("aggregate", 0)))
 
 
+def cfg_mapping(cfg: tuple[tuple[str, OpSettings], ...]) -> dict[str, dict[str, int]] | None:
+    """A frozen config back in TE's keys (the inverse of :func:`frozen_cfg` on what it
+    prices), for the plan's record; None for TE's defaults."""
+    return {op: {"num_sm": o.num_sm, "set_sm_margin": int(o.margin), "num_splits": o.splits,
+                 "aggregate": int(o.aggregate)} for op, o in cfg} or None
+
+
 def op_settings(cfg: tuple[tuple[str, OpSettings], ...], op: str) -> OpSettings:
     """The op's settings in a frozen config, else TE's defaults."""
     return next((sms for name, sms in cfg if name == op), OpSettings())
