@@ -6,6 +6,7 @@ here loads its inputs, calls the stages in order and returns; the logic lives in
 
 from __future__ import annotations
 
+import importlib
 import time
 import types
 from pathlib import Path
@@ -19,7 +20,8 @@ from autoplan.costmodels.profiles import ComputeProfile
 from autoplan.costmodels.step import estimate as estimate_plan
 from autoplan.errors import ConstraintError, ExportError, NoPlanInTimeError
 from autoplan.files import check_writable_folder
-from autoplan.frameworks import AUTO, compare, priced_elsewhere, runtimes_to_search
+from autoplan.frameworks import (AUTO, SideBySide, compare, priced_elsewhere, runtimes_to_search,
+                                 searches_side_by_side)
 from autoplan.graph.model import Model, load_model
 from autoplan.graph.sandbox import DEFAULT_TIME_LIMIT_S as DEFAULT_TRACE_TIME_LIMIT_S
 from autoplan.inference import InferencePlacement
@@ -65,7 +67,7 @@ def solve(model: ModelLike, cluster: ClusterLike, *, seq_len: int,
           options: SolveOptions | str | Path | None = None, profile: ProfileLike = None,
           num_workers: int = 1, runners_up: bool = True, optimizer: str | None = None,
           frozen_dtype: str | None = None, headroom: float | None = None,
-          optimizer_in_backward: bool | None = None) -> Result:
+          optimizer_in_backward: bool | None = None, processes: int | None = None) -> Result:
     """The best plan that fits (fastest by default), with its estimate, the solver's status
     and the best plan of each other (TP, PP) shape.
 
@@ -84,6 +86,10 @@ def solve(model: ModelLike, cluster: ClusterLike, *, seq_len: int,
             when the solve finishes within the time limit: see README, "Determinism".
         runners_up: also find the best plan of the next best (TP, PP) shapes (exact, so it
             evaluates candidates the optimum alone did not need; sweeps turn it off).
+        processes: how many runtimes are searched side by side, each but one in a forked
+            process (default: the CPU cores this process may use); 1 searches them one after
+            another here. The plan does not depend on it (as for ``num_workers``); sweeps,
+            which solve their points side by side, set 1.
         objective: ``"time"`` (default), ``"gpus"``, ``"cost"`` or a lexicographic list
             (``["gpus", "time"]``).
         min_tokens_per_s: a throughput every plan must reach (the target of ``"gpus"``).
@@ -126,7 +132,8 @@ def solve(model: ModelLike, cluster: ClusterLike, *, seq_len: int,
         left = start + constraints.time_limit_s - time.perf_counter()
         if zero is not None and left <= 0:
             raise NoPlanInTimeError("no time left for the ZeRO-2/ZeRO-3 comparison")
-        share = left if zero is not None else left / (len(runnable) - runnable.index(one))
+        share = (left if zero is not None or side_by_side
+                 else left / (len(runnable) - runnable.index(one)))
         pinned = constraints if zero is None else constraints.model_copy(update={
             "pins": constraints.pins.model_copy(update={"zero": zero})})
         problems = batch_problems(model, cluster, batches, pinned.pins, seq_len=seq_len,
@@ -159,6 +166,12 @@ def solve(model: ModelLike, cluster: ClusterLike, *, seq_len: int,
         result = solve_for(one, zero)
         return result.plan, result.estimate
 
+    def runners_up_of(one: Runtime) -> list | None:
+        """The runners-up of runtime ``one``'s own search (None where it kept none: node
+        groups)."""
+        solution = solutions.get(one)
+        return None if solution is None else solution.table.runners_up(solution.row)
+
     start = time.perf_counter()
     solutions: dict[Runtime, Solution] = {}  # each runtime's own search, for the runners-up
     made: dict[TrainingSpec, Problem] = {}  # a ZeRO re-solve reuses its runtime's evaluations
@@ -167,13 +180,21 @@ def solve(model: ModelLike, cluster: ClusterLike, *, seq_len: int,
     features = pinned_features(constraints.pins, precision,
                                node_groups=not cluster.cluster.is_homogeneous)
     runnable = [r for r in searched if not missing(r, features)]  # they share the time limit
-    best = compare(solve_for, searched, features, objective=constraints.objective,
-                   per_token=len(batches or []) > 1, time_limit_s=constraints.time_limit_s,
-                   zero_pinned=constraints.pins.zero is not None or not runners_up,
-                   at_zero=at_zero)
-    chosen = solutions.get(Runtime(best.training.runtime))
-    if runners_up and chosen is not None:  # only the chosen runtime's are reported
-        best = best.model_copy(update={"runners_up": chosen.table.runners_up(chosen.row)})
+    side_by_side = searches_side_by_side(processes, len(runnable))
+    if side_by_side:  # here, once, before the searches fork: they inherit them
+        model.trace(seq_len, precision)
+        importlib.import_module("autoplan.search.solve" if cluster.cluster.is_homogeneous
+                                else "autoplan.search.hetero")  # CP-SAT, numpy
+    zero_pinned = constraints.pins.zero is not None or not runners_up
+    with SideBySide(runnable, solve_for, at_zero, runners_up_of if runners_up else None,
+                    zero_pinned=zero_pinned,
+                    side_by_side=side_by_side) as searches:
+        best = compare(searches.solve_for, searched, features, objective=constraints.objective,
+                       per_token=len(batches or []) > 1, time_limit_s=constraints.time_limit_s,
+                       zero_pinned=zero_pinned, at_zero=searches.at_zero)
+        found = searches.runners_up(Runtime(best.training.runtime))  # the chosen runtime's
+        if found is not None:
+            best = best.model_copy(update={"runners_up": found})
     priced = priced_elsewhere(best, model, cluster, mem_limit=mem_limit, profile=profile,
                               attention=attention)
     solver = best.solver.model_copy(update={"wall_time_s": time.perf_counter() - start})

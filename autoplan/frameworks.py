@@ -10,18 +10,26 @@ names, for each, what it lacks and who has it.
 Ties between runtimes are broken as the solver breaks ties between plans (objective key,
 then fewer GPUs, then smaller tp*pp, then less memory) and last by the order of
 ``SEARCH_ORDER``: Megatron-LM, DeepSpeed, FSDP.
+
+On a machine with more than one core the searches run side by side (:class:`SideBySide`):
+every runtime but the first in a forked child of its own (``autoplan.forked``), the first
+here. The answers are the same as one after another (a search that finishes within its time
+limit does not depend on when it ran); the wall time is the longest search's, not the sum.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from autoplan.capabilities import RUNTIMES, Feature, can_run, lack_reason, missing
 from autoplan.cluster.loaded import LoadedCluster
 from autoplan.costmodels.step import estimate
 from autoplan.errors import (AutoplanError, ConstraintError, InfeasibleError,
                              NoPlanInTimeError)
+from autoplan.forked import ForkedWorker, can_fork, usable_cores
 from autoplan.graph.model import Model
 from autoplan.plan import Estimate, Plan, Result, RuntimeOption, TrainingInfo, ZeroOption
 from autoplan.problems import Profile, make_problem, training_spec
@@ -132,6 +140,136 @@ def compare(solve_for: Callable[..., Result], runtimes: list[Runtime],
     best = min(solved, key=lambda r: order_key(r, objective, per_token))
     return best.model_copy(update={"runtimes": options, "zero_options": zeros or None,
                                    "solver": _overall_bound(best, solved, errors)})
+
+
+def searches_side_by_side(processes: int | None, runtimes: int) -> bool:
+    """Whether ``runtimes`` searches run side by side: more than one, ``processes`` (default:
+    the usable cores) more than one, and a platform that forks."""
+    processes = usable_cores() if processes is None else processes
+    return runtimes > 1 and processes > 1 and can_fork()
+
+
+class SideBySide:
+    """``compare``'s questions about each runtime, answered by searches that run side by side:
+    each runtime of ``runtimes[1:]`` is searched in a forked child started here, at once,
+    which goes on to the ZeRO-2/ZeRO-3 plans ``zero_options`` will ask for (unless
+    ``zero_pinned``) and keeps its search for the runners-up; ``runtimes[0]`` is searched in
+    this process when asked, and while this process waits for a child its runners-up are
+    found (the runtime most often chosen is first: Megatron-LM). ``solve_for(runtime,
+    zero=None)``, ``at_zero(runtime, zero)`` and ``runners_up(runtime)`` (None: none are
+    wanted) are the callables the searches run; with ``side_by_side`` False every question is
+    answered here, as they are. Use as a context manager: leaving it ends the children."""
+
+    def __init__(self, runtimes: list[Runtime], solve_for: Callable[..., Result],
+                 at_zero: Callable[[Runtime, int], tuple[Plan, Estimate]],
+                 runners_up: Callable[[Runtime], Any] | None, *, zero_pinned: bool,
+                 side_by_side: bool):
+        self._solve_for, self._at_zero, self._runners_up = solve_for, at_zero, runners_up
+        self._zero_pinned = zero_pinned
+        self._here = runtimes[0] if runtimes else None
+        self._found_here: dict[str, tuple[bool, Any]] = {}  # "solved", "runners_up"
+        self._workers: dict[Runtime, ForkedWorker] = {}
+        self._searched: dict[Runtime, int] = {}
+        self._answers: dict[Runtime, tuple] = {}
+        for one in runtimes[1:] if side_by_side else []:
+            try:
+                worker = ForkedWorker({"search": partial(self._search_and_zeros, one),
+                                       "at_zero": partial(at_zero, one),
+                                       "runners_up": partial(runners_up or _none, one)},
+                                      what=f"--runtime {one.value}")
+            except OSError:  # no process to be had (limits): the rest are searched here
+                break
+            self._workers[one] = worker
+            self._searched[one] = worker.submit("search")
+
+    def __enter__(self) -> "SideBySide":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for worker in self._workers.values():
+            worker.close()
+
+    def solve_for(self, runtime: Runtime, zero: int | None = None) -> Result:
+        if runtime not in self._workers or zero is not None:
+            result = self._solve_for(runtime, zero)
+            if runtime == self._here and zero is None:
+                self._found_here["solved"] = (True, result)
+            return result
+        found = self._answer(runtime)[0]
+        if isinstance(found, AutoplanError):
+            raise found
+        return found
+
+    def at_zero(self, runtime: Runtime, zero: int) -> tuple[Plan, Estimate]:
+        if runtime not in self._workers:
+            return self._at_zero(runtime, zero)
+        asked = self._answer(runtime)[1]
+        if zero not in asked:  # not one zero_options asks for: searched there now
+            return self._workers[runtime].call("at_zero", zero)
+        return _unwrapped(asked[zero])
+
+    def runners_up(self, runtime: Runtime) -> Any:
+        if self._runners_up is None:
+            return None
+        if runtime in self._workers:
+            return self._workers[runtime].call("runners_up")
+        if runtime == self._here:
+            self._runners_up_here()
+            return _unwrapped(self._found_here["runners_up"])
+        return self._runners_up(runtime)
+
+    def _answer(self, runtime: Runtime) -> tuple:
+        """A child's search answer, its runners-up found here first while it is not ready."""
+        if runtime not in self._answers:
+            worker, ticket = self._workers[runtime], self._searched[runtime]
+            if not worker.ready(ticket):
+                self._runners_up_here()
+            self._answers[runtime] = worker.result(ticket)
+        return self._answers[runtime]
+
+    def _runners_up_here(self) -> None:
+        """The runners-up of the runtime searched here, once it was searched (kept, with the
+        error that stopped them)."""
+        if (self._runners_up is None or "solved" not in self._found_here
+                or "runners_up" in self._found_here):
+            return
+        try:
+            self._found_here["runners_up"] = (True, self._runners_up(self._here))
+        except AutoplanError as err:
+            self._found_here["runners_up"] = (False, err)
+
+    def _search_and_zeros(self, runtime: Runtime) -> tuple:
+        """(the runtime's best plan or its error, the answers of the ZeRO-stage searches
+        ``zero_options`` asks for, by stage: (True, plan and estimate) or (False, error)),
+        run in the child."""
+        try:
+            result = self._solve_for(runtime)
+        except AutoplanError as err:
+            return err, {}
+        asked: dict[int, tuple[bool, Any]] = {}
+
+        def recorded(one: Runtime, zero: int) -> tuple[Plan, Estimate]:
+            try:
+                asked[zero] = (True, self._at_zero(one, zero))
+            except AutoplanError as err:
+                asked[zero] = (False, err)
+            return _unwrapped(asked[zero])
+
+        if not self._zero_pinned:
+            zero_options(recorded, runtime, result)
+        return result, asked
+
+
+def _unwrapped(answer: tuple[bool, Any]) -> Any:
+    """The value of an (ok, value or error) answer, or its error raised."""
+    ok, value = answer
+    if not ok:
+        raise value
+    return value
+
+
+def _none(*_: Any) -> None:
+    return None
 
 
 def _plan_and_estimate(result: Result) -> tuple[Plan, Estimate]:

@@ -225,7 +225,8 @@ def _solve_point(model, task: _Task) -> dict:
             model, task.cluster, seq_len=inputs.seq_len, global_batch=inputs.global_batch,
             pins=pins, mem_limit=inputs.mem_limit, time_limit_s=task.time_limit_s,
             precision=inputs.precision or "bf16", runtime=inputs.runtime,
-            profile=task.profile, runners_up=False)  # one plan per point (unset runtime: auto)
+            profile=task.profile, runners_up=False,  # one plan per point (unset runtime: auto)
+            processes=1)  # the points are what runs side by side
     except AutoplanError as err:
         return {"index": task.index, "plan": None, "estimate": None, "solver": None,
                 "error": str(err), "exit_code": err.exit_code}

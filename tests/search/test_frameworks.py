@@ -11,7 +11,7 @@ import autoplan
 from autoplan.api import load_cluster
 from autoplan.problems import make_problem, training_spec
 from autoplan.capabilities import RUNTIME_TARGET
-from autoplan.errors import ExportError, InfeasibleError
+from autoplan.errors import AutoplanError, ExportError, InfeasibleError
 from autoplan.search.brute import brute_force
 from autoplan.search.space import candidate_plans
 from autoplan.training import Pins, Runtime
@@ -150,7 +150,7 @@ def test_an_auto_solve_evaluates_no_plan_twice_on_one_problem(monkeypatch):
 
     monkeypatch.setattr(step, "_evaluate", counting)
     result = autoplan.solve(tiny_gpt(4, 128, 8), cluster(2, 4, False), seq_len=256,
-                            global_batch=16)
+                            global_batch=16, processes=1)  # all in this process, to count
     assert result.zero_options, "the case should compare ZeRO-2 with ZeRO-3"
     assert len(evaluated) == len(set(evaluated)) > 0
 
@@ -168,3 +168,30 @@ def test_zero_options_are_the_plans_of_searches_with_the_stage_pinned():
                                 runners_up=False)
         assert (option.plan, option.step_time_s, option.peak_memory_gib) == (
             pinned.plan, pinned.estimate.step_time_s, pinned.estimate.peak_memory_gib)
+
+
+def _answer(**kwargs) -> tuple:
+    """A solve's JSON without its wall time, or its error's (type, exit code, message)."""
+    try:
+        document = autoplan.solve(**kwargs).model_dump(mode="json")
+    except AutoplanError as err:
+        return type(err).__name__, err.exit_code, str(err)
+    document["solver"].pop("wall_time_s")
+    return document
+
+
+@pytest.mark.parametrize("case", [
+    {"pins": {}},  # every runtime, ZeRO-2/ZeRO-3 side by side, runners-up
+    {"pins": {"zero": 3}},  # Megatron-LM unsupported: two runtimes searched
+    {"pins": {}, "mem_limit": 2**20},  # nothing fits anywhere: the explained refusal
+])
+def test_runtimes_searched_side_by_side_answer_as_one_after_another(case):
+    """The runtimes searched in forked processes (processes=3: two children and this one)
+    give the same JSON, runtimes list, ZeRO options and runners-up included, or the same
+    error, as the three searched here one after another (processes=1)."""
+    kwargs = dict(model=tiny_gpt(4, 128, 8), cluster=cluster(2, 4, False), seq_len=256,
+                  global_batch=16, **case)
+    serial, side_by_side = _answer(**kwargs, processes=1), _answer(**kwargs, processes=3)
+    assert side_by_side == serial
+    if isinstance(serial, dict) and not case["pins"]:
+        assert serial["zero_options"] and serial["runners_up"]  # the case covers both
