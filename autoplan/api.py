@@ -67,7 +67,8 @@ def solve(model: ModelLike, cluster: ClusterLike, *, seq_len: int,
           options: SolveOptions | str | Path | None = None, profile: ProfileLike = None,
           num_workers: int = 1, runners_up: bool = True, optimizer: str | None = None,
           frozen_dtype: str | None = None, headroom: float | None = None,
-          optimizer_in_backward: bool | None = None, processes: int | None = None) -> Result:
+          optimizer_in_backward: bool | None = None, processes: int | None = None,
+          runtime_settings: Mapping[str, Any] | None = None) -> Result:
     """The best plan that fits (fastest by default), with its estimate, the solver's status
     and the best plan of each other (TP, PP) shape.
 
@@ -90,6 +91,10 @@ def solve(model: ModelLike, cluster: ClusterLike, *, seq_len: int,
             process (default: the CPU cores this process may use); 1 searches them one after
             another here. The plan does not depend on it (as for ``num_workers``); sweeps,
             which solve their points side by side, set 1.
+        runtime_settings: fields of the runtime's profile the search prices every plan with,
+            as :func:`estimate` takes them (e.g. ``{"tp_comm_overlap": True}``, what
+            ``solve --from`` reads from a Megatron-LM launch); one runtime's, so ``runtime``
+            must name it.
         objective: ``"time"`` (default), ``"gpus"``, ``"cost"`` or a lexicographic list
             (``["gpus", "time"]``).
         min_tokens_per_s: a throughput every plan must reach (the target of ``"gpus"``).
@@ -144,7 +149,8 @@ def solve(model: ModelLike, cluster: ClusterLike, *, seq_len: int,
                                   optimizer_in_backward=(
                                       opts.optimizer_in_backward if optimizer_in_backward is None
                                       else optimizer_in_backward),
-                                  headroom=solve_headroom(headroom, opts), made=made)
+                                  headroom=solve_headroom(headroom, opts), made=made,
+                                  runtime_settings=runtime_settings)
         result, solution = _solve_problems(problems, model, cluster, pinned,
                                            num_workers=num_workers,
                                            time_limit_s=max(share, MIN_SHARE_S),
@@ -177,6 +183,10 @@ def solve(model: ModelLike, cluster: ClusterLike, *, seq_len: int,
     made: dict[TrainingSpec, Problem] = {}  # a ZeRO re-solve reuses its runtime's evaluations
     choice(Precision, precision, "--precision")  # before the runtimes are asked for it
     searched = runtimes_to_search(runtime)
+    if runtime_settings and len(searched) > 1:
+        raise ConstraintError(
+            f"runtime settings ({', '.join(sorted(runtime_settings))}) are one runtime's: "
+            "name it (--runtime megatron, deepspeed or fsdp) or drop the settings.")
     features = pinned_features(constraints.pins, precision,
                                node_groups=not cluster.cluster.is_homogeneous)
     runnable = [r for r in searched if not missing(r, features)]  # they share the time limit

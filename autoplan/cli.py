@@ -236,23 +236,27 @@ def solve(
             _fail(_NO_OUT)
         _run(lambda: api.check_export_out(out))
     model = _model(model, trace_timeout)
-    current = None
+    current, settings = None, None
     if from_file is not None:
+        run = _read_run(from_file)
         current = _searched(lambda: api.estimate(
-            model, cluster, _read_run(from_file), seq_len=seq_len, global_batch=global_batch,
+            model, cluster, run, seq_len=seq_len, global_batch=global_batch,
             mem_limit=mem_limit, runtime=runtime, precision=precision, profile=profile,
             optimizer=optimizer, frozen_dtype=frozen_dtype,
             optimizer_in_backward=bool(optimizer_in_backward)))
         training = current.training
         seq_len, global_batch = training.seq_len, training.global_batch
         runtime, precision = training.runtime, training.precision
+        if run.runtime == runtime:  # the optimum priced with the framework flags you run
+            settings = dict(run.runtime_settings) or None
     terms = objective.split(",") if objective else None
     result = _searched(lambda: api.solve(
         model, cluster, seq_len=seq_len, global_batch=global_batch, pins=pins,
         mem_limit=mem_limit, time_limit_s=time_limit, runtime=runtime, precision=precision,
         objective=terms, min_tokens_per_s=min_tokens_per_s, price_per_gpu_hour=price,
         options=options, profile=profile, optimizer=optimizer, frozen_dtype=frozen_dtype,
-        headroom=headroom, optimizer_in_backward=optimizer_in_backward))
+        headroom=headroom, optimizer_in_backward=optimizer_in_backward,
+        runtime_settings=settings))
     if explain:
         explanation = _searched(lambda: api.explain(result, model, pins=pins, profile=profile))
     # Written (or refused) before anything is printed: a refusal leaves stdout empty.

@@ -181,10 +181,12 @@ def batch_problems(model: Model, cluster: LoadedCluster, batches: list[int] | No
                    mem_limit: str | float | None, profile: Profile | None = None,
                    optimizer: str | None = None, frozen_dtype: str | None = None,
                    headroom: float = 0.0, optimizer_in_backward: bool = False,
-                   made: dict[TrainingSpec, Problem] | None = None) -> list[Problem]:
+                   made: dict[TrainingSpec, Problem] | None = None,
+                   runtime_settings: Mapping[str, Any] | None = None) -> list[Problem]:
     """One problem per allowed global batch whose pins are legal (all checked if none is).
     ``made``: the problems of earlier calls by their training settings, reused (with the memo
-    of what was evaluated on them) rather than made again."""
+    of what was evaluated on them) rather than made again; ``runtime_settings`` as
+    :func:`make_problem` (one runtime's: ``made`` is keyed by the training settings alone)."""
     made = {} if made is None else made
     if not batches:
         raise ConstraintError("give --global-batch (or global_batch in --options).")
@@ -195,7 +197,7 @@ def batch_problems(model: Model, cluster: LoadedCluster, batches: list[int] | No
                                  frozen_dtype, optimizer_in_backward)
         if training not in made:
             made[training] = make_problem(model, cluster, training, mem_limit, profile=profile,
-                                          headroom=headroom)
+                                          headroom=headroom, runtime_settings=runtime_settings)
         problem = made[training]
         try:
             check_pins(problem.graph, world=cluster.cluster.num_gpus, training=training, pins=pins)

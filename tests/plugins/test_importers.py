@@ -215,3 +215,27 @@ def test_a_plan_priced_with_an_overlap_config_the_export_cannot_write_is_refused
     assert tuned.training.tp_comm_overlap_cfg["proj_fprop"]["num_sm"] == 24
     with pytest.raises(autoplan.AutoplanError, match="tp_comm_overlap_cfg"):
         export_plan(tuned, "megatron", tmp_path)
+
+
+def test_solve_from_searches_with_the_framework_flags_the_file_sets(tmp_path):
+    # The optimum is priced, and recorded for the export, with the overlap the current setup
+    # runs: the JSON's plan costs what estimate() says of it under the same runtime setting.
+    run = _megatron_args(tmp_path, "--tp-comm-overlap")
+    result = CliRunner().invoke(app, ["solve", TINY, DGX1, "--from", str(run), "--tp", "2",
+                                      "--sp", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["training"]["tp_comm_overlap"] is True
+    plan = autoplan.Plan.model_validate(document["plan"])
+    overlapped = autoplan.estimate(TINY, DGX1, plan, seq_len=256, global_batch=16,
+                                   runtime="megatron", runtime_settings={"tp_comm_overlap": True})
+    assert document["estimate"]["step_time_s"] == overlapped.estimate.step_time_s
+    assert document["estimate"]["peak_memory_gib"] == overlapped.estimate.peak_memory_gib
+    plain = autoplan.estimate(TINY, DGX1, plan, seq_len=256, global_batch=16, runtime="megatron")
+    assert plain.estimate.peak_memory_gib < overlapped.estimate.peak_memory_gib  # userbuffers
+
+
+def test_runtime_settings_need_one_runtime_named():
+    with pytest.raises(autoplan.AutoplanError, match="one runtime's: name it"):
+        autoplan.solve(TINY, DGX1, seq_len=256, global_batch=16,
+                       runtime_settings={"tp_comm_overlap": True})
