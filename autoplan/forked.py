@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -100,7 +101,9 @@ class ForkedWorker:
 
 
 def _serve(conn, handlers: dict[str, Callable[..., Any]]) -> None:
-    """The child: answer each call until the parent says stop (None) or closes the pipe."""
+    """The child: answer each call until the parent says stop (None) or closes the pipe.
+    Ctrl-C is the parent's to handle (it ends the children), not each child's traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
         try:
             call = conn.recv()
