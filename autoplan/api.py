@@ -192,9 +192,9 @@ def solve(model: ModelLike, cluster: ClusterLike, *, seq_len: int,
     runnable = [r for r in searched if not missing(r, features)]  # they share the time limit
     side_by_side = searches_side_by_side(processes, len(runnable))
     if side_by_side:  # here, once, before the searches fork: they inherit them
-        model.trace(seq_len, precision)
         importlib.import_module("autoplan.search.solve" if cluster.cluster.is_homogeneous
                                 else "autoplan.search.hetero")  # CP-SAT, numpy
+        model.trace(seq_len, precision)  # (a trace started earlier works on meanwhile)
     zero_pinned = constraints.pins.zero is not None or not runners_up
     with SideBySide(runnable, solve_for, at_zero, runners_up_of if runners_up else None,
                     zero_pinned=zero_pinned,

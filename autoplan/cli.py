@@ -183,13 +183,14 @@ def _read_run(path: Path) -> ImportedRun:
     return run
 
 
-def _model(path: Path, trace_timeout: Optional[float]):
-    """model.py with --trace-timeout when given; else the path (the options file's
-    trace_timeout, or the default, then applies)."""
-    from autoplan import api  # here, not at the top: --help imports no stage
-    if trace_timeout is None:
+def _model(path: Path, trace_timeout: Optional[float], options: Optional[Path] = None):
+    """model.py with --trace-timeout when given (or the default, without --options); else the
+    path (the options file's trace_timeout, or the default, then applies)."""
+    from autoplan.graph.model import load_model  # not at the top: --help imports no stage
+    if trace_timeout is None and options is not None:
         return path
-    return _run(lambda: api.load_model(path, trace_time_limit_s=trace_timeout))
+    return _run(lambda: load_model(path, trace_time_limit_s=trace_timeout
+                                   or DEFAULT_TRACE_TIME_LIMIT_S))
 
 
 @app.command()
@@ -229,13 +230,15 @@ def solve(
     """Find the fastest plan that fits in memory (or the fewest GPUs, or the cheapest, with
     --objective); given options pin those dimensions. With --from, also price the setup you run
     now and say what to change."""
-    from autoplan import api  # here, not at the top: --help imports no stage
     pins = _pins(locals())
+    model = _model(model, trace_timeout, options)
+    if seq_len is not None and from_file is None and not isinstance(model, Path):
+        model.start_trace(seq_len, precision or "bf16")  # traced while the search is imported
+    from autoplan import api  # here, not at the top: --help imports no stage
     if export is not None:  # before the solve, which may take minutes
         if out is None:
             _fail(_NO_OUT)
         _run(lambda: api.check_export_out(out))
-    model = _model(model, trace_timeout)
     current, settings = None, None
     if from_file is not None:
         run = _read_run(from_file)

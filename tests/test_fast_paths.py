@@ -59,13 +59,13 @@ def tiny(tmp_path) -> Path:
 @pytest.fixture
 def traces(monkeypatch) -> list:
     """Counts the traces that really run (in the guarded child)."""
-    calls, real = [], model_module.run_guarded
+    calls, real = [], model_module.Guarded
 
     def counting(*args, **kwargs):
         calls.append(args[1:4])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(model_module, "run_guarded", counting)
+    monkeypatch.setattr(model_module, "Guarded", counting)
     return calls
 
 
@@ -121,6 +121,44 @@ def test_no_cache_neither_reads_nor_writes(tiny, traces, monkeypatch):
     assert not trace_cache.cache_dir().exists()
     second, _ = _solve_json(tiny, "--no-cache")
     assert len(traces) == 2 and second == first
+
+
+STARTED_AHEAD = """
+import sys
+from autoplan.graph.model import load_model
+model = load_model({path!r}, cache=False)
+model.start_trace(256)
+assert "torch" not in sys.modules  # the child imports it
+graph = model.trace(256)
+assert "torch" not in sys.modules
+print(len(graph.layers), sum(layer.num_params for layer in graph.layers))
+"""
+
+
+def test_a_trace_started_ahead_is_the_trace_and_leaves_torch_to_its_child(tiny, traces):
+    """``start_trace`` (what the CLI does before importing the search) runs the one trace
+    that ``trace`` then returns, the same graph as a trace started when asked, and this
+    process never imports torch for it."""
+    ahead = model_module.load_model(tiny)
+    ahead.start_trace(256)
+    assert len(traces) == 1
+    graph = ahead.trace(256)
+    assert len(traces) == 1 and trace_cache.load(tiny, 256, "bf16") == graph  # and stored
+    assert model_module.load_model(tiny, cache=False).trace(256) == graph
+    done = subprocess.run([sys.executable, "-c", STARTED_AHEAD.format(path=str(tiny))],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(len(graph.layers)),
+                                   str(sum(layer.num_params for layer in graph.layers))]
+
+
+def test_a_trace_started_ahead_raises_its_error_when_asked(tmp_path):
+    broken = tmp_path / "model.py"
+    broken.write_text("def build_model():\n    raise RuntimeError('boom')\n")
+    model = model_module.load_model(broken, cache=False)
+    model.start_trace(256)  # nothing raised yet: the child works on
+    with pytest.raises(model_module.ModelFileError, match="build_model\\(\\) raised RuntimeError: boom"):
+        model.trace(256)
 
 
 def test_verbose_says_what_the_search_did_and_keeps_stdout(tiny, monkeypatch):

@@ -19,7 +19,7 @@ from autoplan.errors import ModelFileError
 from autoplan.graph import trace_cache
 from autoplan.graph.layer_graph import LayerGraph
 from autoplan.graph.sandbox import DEFAULT_TIME_LIMIT_S as DEFAULT_TRACE_TIME_LIMIT_S
-from autoplan.graph.sandbox import run_guarded
+from autoplan.graph.sandbox import Guarded
 from autoplan.training import Precision
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ class Model:
     trace_time_limit_s: float = DEFAULT_TRACE_TIME_LIMIT_S
     cache: bool = True
     _traces: dict[tuple[int, str], LayerGraph] = field(default_factory=dict, repr=False)
+    _started: dict[tuple[int, str], Guarded] = field(default_factory=dict, repr=False)
     _source: ModelSource | None = field(default=None, repr=False)
 
     @property
@@ -87,29 +88,59 @@ class Model:
     def trace(self, seq_len: int, precision: str = "bf16") -> LayerGraph:
         """The model traced at ``seq_len`` in ``precision``'s 16-bit storage dtype (an FP8
         run keeps its weights and activations in bf16: training.Precision.storage)."""
-        if precision == Precision.FP8.value:
-            precision = Precision.FP8.storage
-        key = (seq_len, precision)
+        key = _key(seq_len, precision)
         if key not in self._traces:
-            self._traces[key] = self._cached_trace(seq_len, precision)
+            self._traces[key] = self._cached_trace(*key)
         return self._traces[key]
+
+    def start_trace(self, seq_len: int, precision: str = "bf16") -> None:
+        """Begin the trace ``trace(seq_len, precision)`` will return, where neither memory nor
+        the disk cache has it: its child imports torch and traces while this process goes on
+        (the CLI starts it before importing the search). Errors come with ``trace``."""
+        key = _key(seq_len, precision)
+        if key in self._traces or key in self._started:
+            return
+        graph = self._from_disk(*key)
+        if graph is not None:
+            self._traces[key] = graph
+            return
+        self._started[key] = self._guarded_trace(*key)
 
     def _cached_trace(self, seq_len: int, precision: str) -> LayerGraph:
         """The disk cache's trace of a model.py path, or a fresh one (then stored there)."""
-        on_disk = self.cache and isinstance(self.origin, Path) and trace_cache.enabled()
-        if on_disk:
-            graph = trace_cache.load(self.origin, seq_len, precision)
+        started = self._started.pop((seq_len, precision), None)
+        if started is None:
+            graph = self._from_disk(seq_len, precision)
             if graph is not None:
-                logger.info("trace of %s (seq %d, %s) from the cache", self.name, seq_len,
-                            precision)
                 return graph
-        _warm_up()
-        graph, sources = run_guarded(
-            _trace_origin, self.origin, seq_len, precision, what=f"tracing {self.name}",
-            time_limit_s=self.trace_time_limit_s)
-        if on_disk:
+            _warm_up()
+            started = self._guarded_trace(seq_len, precision)
+        graph, sources = started.result()
+        if self._on_disk:
             trace_cache.store(self.origin, seq_len, precision, graph, sources)
         return graph
+
+    @property
+    def _on_disk(self) -> bool:
+        return self.cache and isinstance(self.origin, Path) and trace_cache.enabled()
+
+    def _from_disk(self, seq_len: int, precision: str) -> LayerGraph | None:
+        """The disk cache's trace (a model.py path with the cache on), or None."""
+        if not self._on_disk:
+            return None
+        graph = trace_cache.load(self.origin, seq_len, precision)
+        if graph is not None:
+            logger.info("trace of %s (seq %d, %s) from the cache", self.name, seq_len, precision)
+        return graph
+
+    def _guarded_trace(self, seq_len: int, precision: str) -> Guarded:
+        return Guarded(_trace_origin, self.origin, seq_len, precision,
+                       what=f"tracing {self.name}", time_limit_s=self.trace_time_limit_s)
+
+
+def _key(seq_len: int, precision: str) -> tuple[int, str]:
+    """A trace's (sequence length, storage precision): FP8 runs are traced in bf16."""
+    return seq_len, Precision.FP8.storage if precision == Precision.FP8.value else precision
 
 
 def load_model(path_or_module: str | Path | types.ModuleType | Model, *,

@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import resource
 import signal
+import time
 import traceback
 from typing import Any, Callable
 
@@ -42,10 +43,10 @@ def _child(conn, fn: Callable, args: tuple, headroom: int) -> None:
     os.dup2(devnull, 1)
     faulthandler.disable()  # a crash is reported by the parent, not dumped on stderr
     try:
+        import torch  # before the cap: a child started ahead (Guarded) imports it here, and a
+        torch.set_num_threads(1)  # CUDA build maps gigabytes; no OpenMP team in a forked child
         limit = _address_space_bytes() + headroom
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        import torch
-        torch.set_num_threads(1)  # no OpenMP team in a forked child
         conn.send(("ok", fn(*args)))
     except AutoplanError as err:
         conn.send(("error", err))
@@ -82,38 +83,63 @@ def run_guarded(fn: Callable, *args: Any, what: str,
     Raises:
         ModelFileError: the child timed out, ran out of memory or died.
     """
-    context = multiprocessing.get_context("fork")
-    parent, child = context.Pipe(duplex=False)
-    process = context.Process(target=_child, args=(child, fn, args, memory_headroom_bytes),
-                              daemon=True)
-    process.start()
-    child.close()
-    try:
-        if not parent.poll(time_limit_s):
-            process.kill()
+    return Guarded(fn, *args, what=what, time_limit_s=time_limit_s,
+                   memory_headroom_bytes=memory_headroom_bytes).result()
+
+
+class Guarded:
+    """``run_guarded`` started now and answered later: the child works while this process
+    goes on (``Model.start_trace``); ``result()`` waits for it, the time limit counted from
+    the start."""
+
+    def __init__(self, fn: Callable, *args: Any, what: str,
+                 time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+                 memory_headroom_bytes: int = DEFAULT_MEMORY_HEADROOM_BYTES):
+        context = multiprocessing.get_context("fork")
+        self._conn, child = context.Pipe(duplex=False)
+        self._process = context.Process(target=_child,
+                                        args=(child, fn, args, memory_headroom_bytes),
+                                        daemon=True)
+        self._deadline = time.monotonic() + time_limit_s
+        self._what, self._time_limit_s = what, time_limit_s
+        self._process.start()
+        child.close()
+
+    def result(self) -> Any:
+        """What the child returned, or its error raised here (see ``run_guarded``)."""
+        kind, payload = self._answer()
+        if kind == "ok":
+            return payload
+        if kind == "error":
+            raise payload
+        what = self._what
+        if kind == "exit":
             raise ModelFileError(
-                f"{what} did not finish within {time_limit_s:g} s and was stopped. build_model() "
-                "and the forward pass must not loop or wait; on the meta device they take "
-                "seconds even for trillion-parameter models. If yours really needs longer, raise "
-                "the limit: --trace-timeout SECONDS (options file: trace_timeout; Python: "
-                "autoplan.load_model(path, trace_time_limit_s=...)).")
-        kind, payload = parent.recv()
-    except EOFError:
-        process.join(timeout=5)
-        raise ModelFileError(_death_message(what, process.exitcode)) from None
-    finally:
-        process.join(timeout=5)
-        parent.close()
-    if kind == "ok":
-        return payload
-    if kind == "error":
-        raise payload
-    if kind == "exit":
-        raise ModelFileError(
-            f"{what} stopped: model.py called sys.exit({payload!r}). model.py must not exit: "
-            "remove the call, or put script code under `if __name__ == '__main__':`.")
-    if kind == "memory":
-        raise ModelFileError(
-            f"{what} ran out of memory: it allocates real tensors. Build the model with default "
-            "constructors only (no torch.load, no device= arguments, no .to('cpu'/'cuda')).")
-    raise ModelFileError(f"{what} failed unexpectedly: {payload}")
+                f"{what} stopped: model.py called sys.exit({payload!r}). model.py must not "
+                "exit: remove the call, or put script code under `if __name__ == '__main__':`.")
+        if kind == "memory":
+            raise ModelFileError(
+                f"{what} ran out of memory: it allocates real tensors. Build the model with "
+                "default constructors only (no torch.load, no device= arguments, no "
+                ".to('cpu'/'cuda')).")
+        raise ModelFileError(f"{what} failed unexpectedly: {payload}")
+
+    def _answer(self) -> tuple[str, Any]:
+        process, conn = self._process, self._conn
+        try:
+            if not conn.poll(max(0.0, self._deadline - time.monotonic())):
+                process.kill()
+                raise ModelFileError(
+                    f"{self._what} did not finish within {self._time_limit_s:g} s and was "
+                    "stopped. build_model() and the forward pass must not loop or wait; on the "
+                    "meta device they take seconds even for trillion-parameter models. If yours "
+                    "really needs longer, raise the limit: --trace-timeout SECONDS (options "
+                    "file: trace_timeout; Python: autoplan.load_model(path, "
+                    "trace_time_limit_s=...)).")
+            return conn.recv()
+        except EOFError:
+            process.join(timeout=5)
+            raise ModelFileError(_death_message(self._what, process.exitcode)) from None
+        finally:
+            process.join(timeout=5)
+            conn.close()
