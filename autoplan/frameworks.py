@@ -3,9 +3,9 @@ keep the best, with each runtime's own best plan or the reason it has none.
 
 One exact solve per runtime (each with its own capability table, ``autoplan.capabilities``)
 rather than one table over all of them: each runtime's best plan is then exact, as the
-``runtimes`` list promises, at the cost of the sum of three solves. Pins a runtime lacks
-(``--zero 3`` on Megatron-LM) skip it with the reason; when no runtime is left the error
-names, for each, what it lacks and who has it.
+``runtimes`` list promises, at the cost of three solves (side by side where there are
+cores: below). Pins a runtime lacks (``--zero 3`` on Megatron-LM) skip it with the reason;
+when no runtime is left the error names, for each, what it lacks and who has it.
 
 Ties between runtimes are broken as the solver breaks ties between plans (objective key,
 then fewer GPUs, then smaller tp*pp, then less memory) and last by the order of
