@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
 import signal
 import traceback
 from collections.abc import Callable, Mapping
@@ -125,8 +126,6 @@ def _serve(conn, handlers: dict[str, Callable[..., Any]]) -> None:
 def _carried(err: Exception) -> Exception:
     """A non-autoplan error (a bug) as the parent can raise it: itself with the child's
     traceback as a note where it pickles, else a RuntimeError that quotes it."""
-    import pickle
-
     where = f"raised in a forked worker:\n{traceback.format_exc()}"
     try:
         err.__notes__ = [*getattr(err, "__notes__", []), where]  # add_note, Python 3.10 too

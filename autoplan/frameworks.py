@@ -167,16 +167,18 @@ class SideBySide:
         self._solve_for, self._at_zero, self._runners_up = solve_for, at_zero, runners_up
         self._zero_pinned = zero_pinned
         self._here = runtimes[0] if runtimes else None
-        self._found_here: dict[str, tuple[bool, Any]] = {}  # "solved", "runners_up"
+        self._searched_here = False
+        self._runners_up_found: tuple[bool, Any] | None = None  # here: (ok, value or error)
         self._workers: dict[Runtime, ForkedWorker] = {}
         self._searched: dict[Runtime, int] = {}
         self._answers: dict[Runtime, tuple] = {}
         for one in runtimes[1:] if side_by_side else []:
+            handlers = {"search": partial(self._search_and_zeros, one),
+                        "at_zero": partial(at_zero, one)}
+            if runners_up is not None:
+                handlers["runners_up"] = partial(runners_up, one)
             try:
-                worker = ForkedWorker({"search": partial(self._search_and_zeros, one),
-                                       "at_zero": partial(at_zero, one),
-                                       "runners_up": partial(runners_up or _none, one)},
-                                      what=f"--runtime {one.value}")
+                worker = ForkedWorker(handlers, what=f"--runtime {one.value}")
             except OSError:  # no process to be had (limits): the rest are searched here
                 break
             self._workers[one] = worker
@@ -193,7 +195,7 @@ class SideBySide:
         if runtime not in self._workers or zero is not None:
             result = self._solve_for(runtime, zero)
             if runtime == self._here and zero is None:
-                self._found_here["solved"] = (True, result)
+                self._searched_here = True
             return result
         found = self._answer(runtime)[0]
         if isinstance(found, AutoplanError):
@@ -215,7 +217,7 @@ class SideBySide:
             return self._workers[runtime].call("runners_up")
         if runtime == self._here:
             self._runners_up_here()
-            return _unwrapped(self._found_here["runners_up"])
+            return _unwrapped(self._runners_up_found)
         return self._runners_up(runtime)
 
     def _answer(self, runtime: Runtime) -> tuple:
@@ -230,13 +232,13 @@ class SideBySide:
     def _runners_up_here(self) -> None:
         """The runners-up of the runtime searched here, once it was searched (kept, with the
         error that stopped them)."""
-        if (self._runners_up is None or "solved" not in self._found_here
-                or "runners_up" in self._found_here):
+        if (self._runners_up is None or not self._searched_here
+                or self._runners_up_found is not None):
             return
         try:
-            self._found_here["runners_up"] = (True, self._runners_up(self._here))
+            self._runners_up_found = (True, self._runners_up(self._here))
         except AutoplanError as err:
-            self._found_here["runners_up"] = (False, err)
+            self._runners_up_found = (False, err)
 
     def _search_and_zeros(self, runtime: Runtime) -> tuple:
         """(the runtime's best plan or its error, the answers of the ZeRO-stage searches
@@ -266,10 +268,6 @@ def _unwrapped(answer: tuple[bool, Any]) -> Any:
     if not ok:
         raise value
     return value
-
-
-def _none(*_: Any) -> None:
-    return None
 
 
 def _plan_and_estimate(result: Result) -> tuple[Plan, Estimate]:
