@@ -370,6 +370,10 @@ class TrainingInfo(OmitsDefaults):
     ``transformer_impl``: ``transformer_engine`` or ``local``), exported to Megatron-LM as
     ``--transformer-impl``; left out of the JSON when None (eager kernels)."""
 
+    grad_reduce_in_bf16: bool = False
+    """The plan was priced with bf16 gradients reduced in bf16 (the megatron runtime's
+    ``grad_reduce_in_bf16``, bf16 or FP8 training), exported to Megatron-LM as
+    ``--grad-reduce-in-bf16``; left out of the JSON when false."""
     tp_comm_overlap: bool = False
     """The plan was priced with Transformer Engine's userbuffers TP overlap (the runtime's
     ``tp_comm_overlap``, with SP and TP inside a node: costmodels.tp_overlap), exported to
@@ -382,6 +386,7 @@ class TrainingInfo(OmitsDefaults):
     _omitted_defaults: ClassVar[dict[str, object]] = {"optimizer_in_backward": False,
                                                       "torch_compile": False,
                                                       "transformer_impl": None,
+                                                      "grad_reduce_in_bf16": False,
                                                       "tp_comm_overlap": False,
                                                       "tp_comm_overlap_cfg": None}
 

@@ -18,7 +18,7 @@ from autoplan.costmodels.fused_kernels import check_impl
 from autoplan.costmodels.fused_softmax import check_fused_softmax
 from autoplan.costmodels.problem import Problem
 from autoplan.costmodels.profiles import (ATTENTION_KERNELS, ComputeProfile, RuntimeProfile,
-                                          compute_profile, runtime_profile)
+                                          compute_profile, runtime_profile, with_gradient_dtype)
 from autoplan.costmodels.tp_overlap import frozen_cfg
 from autoplan.errors import ConstraintError
 from autoplan.graph.model import Model
@@ -108,9 +108,14 @@ def runtime_with(runtime: RuntimeProfile, settings: Mapping[str, Any] | None) ->
     if kernel not in ATTENTION_KERNELS:
         raise ConstraintError(f"runtime setting attention_kernel {kernel!r} is not a kernel "
                               f"autoplan prices; choose from {', '.join(ATTENTION_KERNELS)}.")
+    if settings.get("grad_reduce_in_bf16") and runtime.name != "megatron":
+        raise ConstraintError(f"runtime setting grad_reduce_in_bf16 is Megatron-LM's "
+                              f"--grad-reduce-in-bf16; the {runtime.name} runtime sets its "
+                              "gradients' dtype itself. Plan with --runtime megatron or drop "
+                              "the setting.")
     if "tp_comm_overlap_cfg" in settings:
         settings = {**settings, "tp_comm_overlap_cfg": frozen_cfg(settings["tp_comm_overlap_cfg"])}
-    return dataclasses.replace(runtime, **settings)
+    return with_gradient_dtype(dataclasses.replace(runtime, **settings))
 
 
 def _compute(cluster: Cluster, profile: Profile | None) -> ComputeProfile:

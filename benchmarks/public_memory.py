@@ -1,26 +1,27 @@
-"""Memory verdicts on public runs with deep or interleaved pipelines that are not in ../shared:
-Meta's Llama 3 405B (TP 8, PP 16, DP 64 and 128 at seq 8192) and NeMo's published DGX-H100
-pre-training recipes with virtual pipeline stages (GPT-3 175B, Llama 2 13B/70B, Llama 3
-70B/405B). Every row ran, so every row must be judged to fit; no memory was published, so the
-predicted peak is printed beside the device's memory. Rows and sources:
-benchmarks/data/public_memory_runs.csv and .md. Nothing in autoplan is fitted to them.
+"""Memory verdicts on public runs that are not in ../shared: Meta's Llama 3 405B (TP 8, PP 16,
+DP 64 and 128 at seq 8192), NeMo's published DGX-H100 pre-training recipes (24.07: GPT-3
+5B/20B, Llama 2 7B, Llama 3 8B; 24.12, with virtual pipeline stages: GPT-3 175B, Llama 2
+13B/70B, Llama 3 70B) and two DGX-B200 ones (Llama 3 70B, Llama 3.1 405B). Every row ran, so
+every row must be judged to fit; no memory was published, so the predicted peak is printed
+beside the device's memory. Rows and sources: benchmarks/data/public_memory_runs.csv and .md.
+Nothing in autoplan is fitted to them.
 
-What it shows (December 2026): 6 of the 11 are refused (7 while the NeMo rows, which ran in
-FP8, were posed in bf16; 10 before the megatron runtime priced a block's activations as
-megatron-core with Transformer Engine saves them, costmodels/saved_activations.py). The traced model is the zoo's eager PyTorch Llama (RMSNorm
-upcast to fp32, eager rotary, unfused SwiGLU): Llama 3 405B at TP 8 with SP, seq 8192, saved
-1.0 GB per block and micro-batch; megatron-core with TE saves 31.75 bytes x s b h / tp (both
-norms' inputs and ln_out 2 + 2 + 2 + 2, q, k, v 2.25 with 8 KV heads, the flash output 2,
-fc1's output 13 and fc2's input 6.5 with ffn 3.25 h): 0.53 GB. L3-405B-8K now predicts 78.5
-GiB allocated, 84.5 reserved: 60 GiB of activations (16 micro-batches in flight on the first
-stage) and 11.9 GiB of fp32 gradients, which Meta's framework shards (sec. 3.3.2) and
-Megatron-LM's distributed optimizer does not. NEMO-LLAMA3-70B-H100 (TP 2) holds 63 GiB of
-model states before any activation. The NeMo rows are posed in FP8 as they ran
-(``bf16_with_fp8_mixed``: TE's hybrid FP8 with --fp8-param-gather, costmodels/fp8.py): each TE
-Linear keeps its input in 1 byte, the FP8 weights and transposes take the bf16 weights' 2
-bytes. Reserved GiB bf16 -> fp8: GPT-3 175B on 128 GPUs 70.1 -> 66.5, on 512 (mbs 2) 81.2 ->
-74.1 (now fits), Llama 2 13B 58.5 -> 55.0, Llama 2 70B 60.7 -> 57.4, Llama 3 70B 64.9 -> 61.3,
-NEMO-LLAMA3-70B-H100 117.1 -> 109.9, Llama 3.1 405B 182.9 -> 172.7 (both still refused).
+What it shows (December 2026): 4 of the 15 are refused, Meta's four. NeMo's rows are posed as
+its performance recipes run megatron-core (NEMO_PERFORMANCE: bf16 gradient reduction, TE's TP
+overlap) and in FP8 as they ran (``bf16_with_fp8_mixed``: TE's hybrid FP8 with
+--fp8-param-gather, costmodels/fp8.py). Reserved GiB with Megatron-LM's defaults (fp32 main
+grads, no TP overlap) -> NeMo's: GPT-3 175B on 128 GPUs 66.5 -> 61.4, on 512 74.1 -> 65.0,
+Llama 2 13B 55.0 -> 51.9, Llama 2 70B 57.4 -> 53.5, Llama 3 70B 61.3 -> 57.2; on B200 Llama 3
+70B 109.9 -> 97.3 and Llama 3.1 405B 172.7 (refused) -> 160.9 of 167.6. Those two were first
+posed as H100 runs (refused at 110 and 173 GiB); the .md says why they are B200 ones.
+
+Meta's rows are priced with autoplan's Megatron runtime and its distributed optimizer, whose
+fp32 main-grad buffer stays whole on every DP rank, where Meta's framework shards gradients
+(sec. 3.3.2): L3-405B-8K predicts 78.5 GiB allocated, 84.5 reserved, of it 60 GiB of
+activations (16 micro-batches in flight on the first stage; megatron-core with TE saves 31.75
+bytes x s b h / tp per block, costmodels/saved_activations.py) and 11.9 GiB of fp32 gradients
+(5.9 GiB in bf16, ``grad_reduce_in_bf16``: 78.8 reserved, 80.5 with the CUDA context, still
+over the 79.6 GiB device).
 
     .venv/bin/python benchmarks/public_memory.py
 """
@@ -32,6 +33,7 @@ import types
 from pathlib import Path
 
 import autoplan
+from autoplan.cluster.catalog import get_gpu
 from autoplan.zoo import GPT, GPTConfig, Llama, LlamaConfig, next_token_loss
 from nodes import eight_gpu_nodes
 
@@ -50,12 +52,34 @@ MODELS = {
     "llama2-13b": lambda seq: Llama(LlamaConfig(
         num_layers=40, hidden_size=5120, num_heads=40, num_kv_heads=40, ffn_hidden_size=13824,
         vocab_size=32000)),
+    "llama3-8b": lambda seq: Llama(LlamaConfig(
+        num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
+        vocab_size=128256, rope_theta=500000.0)),
+    "llama2-7b": lambda seq: Llama(LlamaConfig(
+        num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=32, ffn_hidden_size=11008,
+        vocab_size=32000)),
     "gpt3-175b": lambda seq: GPT(GPTConfig(num_layers=96, hidden_size=12288, num_heads=96,
                                            vocab_size=51200, max_seq_len=seq, dropout=0.0)),
+    "gpt3-20b": lambda seq: GPT(GPTConfig(num_layers=44, hidden_size=6144, num_heads=48,
+                                          vocab_size=51200, max_seq_len=seq)),
+    "gpt3-5b": lambda seq: GPT(GPTConfig(num_layers=24, hidden_size=4096, num_heads=32,
+                                         vocab_size=51200, max_seq_len=seq)),
 }
 """Llama 3/3.1 (Dubey et al. 2024, Table 3), Llama 2 (Touvron et al. 2023, Table 1 and the
 released configs), GPT-3 175B (Brown et al. 2020, Table 2.1; NeMo's GPTConfig175B: no
-dropout)."""
+dropout), NeMo's GPTConfig5B and GPTConfig20B (nemo/collections/llm/gpt/model/base.py: 24
+layers x 4096, 32 heads; 44 x 6144, 48 heads; FFN 4h)."""
+
+NEMO_PERFORMANCE = {"grad_reduce_in_bf16": True, "tp_comm_overlap": True,
+                    "transformer_impl": "transformer_engine"}
+"""How NeMo's performance recipes run megatron-core: gradients reduced in bf16
+(``recipe.trainer.plugins.grad_reduce_in_fp32 = False`` in scripts/performance/llm/*.py and the
+recipes' ``pretrain_performance_optimizations``; the 24.07 launcher's ``grad_sync_dtype=bf16``)
+and Transformer Engine's userbuffers TP overlap (MegatronCommOverlapCallback
+``tp_comm_overlap=True``), priced with TE's default per-op settings."""
+
+GPUS = {"h100": ("h100-sxm5-80gb", "450GB/s"), "b200": ("b200", "900GB/s")}
+"""The row's ``gpu``: catalog GPU and NVLink bandwidth per GPU of its DGX node."""
 
 
 def _model(name: str, seq: int) -> types.ModuleType:
@@ -65,9 +89,16 @@ def _model(name: str, seq: int) -> types.ModuleType:
     return module
 
 
-def _cluster(gpus: int) -> dict:
-    """DGX H100 nodes (80 GB H100 SXM, NVSwitch, 8 x 400 Gb/s NDR)."""
-    return eight_gpu_nodes(f"dgx-h100-{gpus}", "h100-sxm5-80gb", gpus)
+def _cluster(gpu: str, gpus: int) -> dict:
+    """DGX H100 nodes (80 GB H100 SXM, NVSwitch, 8 x 400 Gb/s NDR) or DGX B200 nodes (180 GB
+    B200, NVLink5)."""
+    name, nvlink = GPUS[gpu]
+    return eight_gpu_nodes(f"dgx-{gpu}-{gpus}", name, gpus, nvlink=nvlink)
+
+
+def _settings(row: dict) -> dict | None:
+    """NeMo's rows as its performance recipes ran them; Meta's with Megatron-LM's defaults."""
+    return NEMO_PERFORMANCE if row["source"].startswith("nemo") else None
 
 
 def _pins(row: dict) -> dict:
@@ -85,16 +116,18 @@ def main() -> None:
     refused = 0
     for row in rows:
         seq = int(row["seq_len"])
-        result = autoplan.estimate(_model(row["model"], seq), _cluster(int(row["gpus"])),
-                                   _pins(row), seq_len=seq,
+        cluster = _cluster(row["gpu"], int(row["gpus"]))
+        result = autoplan.estimate(_model(row["model"], seq), cluster, _pins(row), seq_len=seq,
                                    global_batch=int(row["global_batch"]), runtime="megatron",
-                                   precision=row["precision_run"])
+                                   precision=row["precision_run"],
+                                   runtime_settings=_settings(row))
         e = result.estimate
         refused += not e.feasible
         plan = " ".join(f"{k}{v}" for k, v in _pins(row).items())
         worst = max(range(len(e.stage_memory_gib)), key=lambda r: e.stage_memory_gib[r])
+        device = get_gpu(GPUS[row["gpu"]][0]).memory_bytes / 2**30
         print(f"{row['row_id']:26} {plan:40} {row['precision_run']:4} {e.peak_allocated_gib:6.1f} "
-              f"{e.peak_reserved_gib:6.1f} {80.0:6.1f} {'fits' if e.feasible else 'REFUSED':8} "
+              f"{e.peak_reserved_gib:6.1f} {device:6.1f} {'fits' if e.feasible else 'REFUSED':8} "
               f"{worst:>4}")
     print(f"\n{len(rows)} runs that ran: refused {refused} (false refusals)")
 

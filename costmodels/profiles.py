@@ -6,7 +6,7 @@ calibrate``) can replace the compute part for one GPU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cache
 
 from autoplan.packaged import read_yaml
@@ -190,6 +190,15 @@ class RuntimeProfile:
     """Megatron-LM's ``--tp-comm-overlap``: Transformer Engine's userbuffers overlap a block's
     sequence-parallel collectives with its GEMMs (costmodels.tp_overlap); needs
     ``transformer_impl: transformer_engine``. Off in every runtime, as in Megatron-LM."""
+    grad_reduce_in_bf16: bool = False
+    """Megatron-LM's ``--grad-reduce-in-bf16`` (megatron-core's DDP ``grad_reduce_in_fp32``
+    off, as NeMo's performance recipes run): under bf16 or FP8 the gradient buffer and its
+    data-parallel reduction are bf16 (``param_and_grad_buffer.py``: ``grad_dtype = torch.float
+    if grad_reduce_in_fp32 else param.dtype``), and the optimizer step copies the gradients of
+    its shard to fp32 for the fp32 master weights (``distrib_optimizer.py``
+    ``_copy_model_grads_to_main_grads``: ``shard_model_grad.float()``), kept until the next
+    step's ``zero_grad``: :func:`with_gradient_dtype`. Off, as Megatron-LM's bf16 default
+    (fp32 main grads)."""
     tp_comm_overlap_cfg: tuple = ()
     """Its per-op settings (``--tp-comm-overlap-cfg``; given as TE's mapping of op name to
     num_sm / set_sm_margin / num_splits, kept as tp_overlap.frozen_cfg has it); (): TE's
@@ -215,6 +224,10 @@ FITTED = ("compute.gemm_efficiency", "compute.attention_efficiency", "compute.bm
 """The [Empirical] constants a refit may change, all global: ``compute.<field>`` scales that
 field of every GPU's profile by one factor (1 = as profiles.yaml states it), ``<runtime>.<field>``
 sets one runtime's value. benchmarks/accuracy.py refits them leaving one source out."""
+
+BF16_BYTES = 2
+FP32_BYTES = 4
+"""Bytes per element of a bf16 and an fp32 gradient (with_gradient_dtype)."""
 
 SCALE_GRID = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.35, 1.5)
 OVERLAP_GRID = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
@@ -251,6 +264,18 @@ def compute_profile(gpu_name: str) -> ComputeProfile:
     entry = dict(table.get(gpu_name, table["default"]))
     entry["attention_kernels"] = _kernel_table(entry.get("attention_kernels", {}))
     return _build(ComputeProfile, entry)
+
+
+def with_gradient_dtype(runtime: RuntimeProfile) -> RuntimeProfile:
+    """The runtime with ``grad_reduce_in_bf16`` applied: a bf16 gradient buffer (2 bytes per
+    parameter, reduced in bf16) and the step's fp32 copy of the optimizer shard's gradients
+    (4 bytes per parameter, sharded like the optimizer state: ``fp32_grad_bytes``). The copy
+    is counted all step, which holds it at the optimizer step and overstates the backward by
+    4/dp bytes per parameter. A runtime whose gradients are already 16-bit (fp16 training)
+    is left as it is, as Megatron-LM reads the flag only under bf16."""
+    if not runtime.grad_reduce_in_bf16 or runtime.grad_bytes <= BF16_BYTES:
+        return runtime
+    return replace(runtime, grad_bytes=BF16_BYTES, fp32_grad_bytes=FP32_BYTES)
 
 
 def runtime_profile(name: str, precision: str = "bf16") -> RuntimeProfile:

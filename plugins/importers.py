@@ -100,13 +100,16 @@ def _megatron(flags: dict) -> ImportedRun:
 
 
 def _megatron_settings(flags: dict) -> tuple[dict, tuple[str, ...]]:
-    """The megatron runtime's fields the arguments set, and notes: ``--transformer-impl`` and
-    ``--tp-comm-overlap`` (Transformer Engine's userbuffers, costmodels.tp_overlap). A
+    """The megatron runtime's fields the arguments set, and notes: ``--transformer-impl``,
+    ``--grad-reduce-in-bf16`` and ``--tp-comm-overlap`` (Transformer Engine's userbuffers,
+    costmodels.tp_overlap). A
     ``--tp-comm-overlap-cfg`` file is not read: the overlap is priced with TE's defaults."""
     settings, notes = {}, []
     impl = flags.get("transformer-impl")
     if isinstance(impl, str):
         settings["transformer_impl"] = impl
+    if flags.get("grad-reduce-in-bf16"):
+        settings["grad_reduce_in_bf16"] = True
     if flags.get("tp-comm-overlap"):
         settings["tp_comm_overlap"] = True
         if flags.get("tp-comm-overlap-cfg"):

@@ -249,12 +249,15 @@ examples/llama/train_llama3_8b_h100_fp8.sh runs it (TransformerConfig ``fp8``,
 def _precision_args(result: Result) -> list[str]:
     """``--bf16`` or ``--fp16``; FP8 trains bf16 with TE's FP8 GEMMs (FP8_ARGS), its weights
     FP8 parameters where the distributed optimizer (or Megatron-FSDP) runs
-    (``--fp8-param-gather``, as NeMo's bf16_with_fp8_mixed; costmodels.fp8)."""
+    (``--fp8-param-gather``, as NeMo's bf16_with_fp8_mixed; costmodels.fp8);
+    ``--grad-reduce-in-bf16`` where the plan was priced with bf16 gradients."""
+    bf16_grads = (["--grad-reduce-in-bf16"] if result.training is not None
+                  and result.training.grad_reduce_in_bf16 else [])
     if precision(result) != "fp8":
-        return [f"--{precision(result)}"]
+        return [f"--{precision(result)}", *bf16_grads]
     # Megatron refuses --fp8-param-gather without the distributed optimizer (arguments.py)
     param_gather = ["--fp8-param-gather"] if result.plan.zero_stage >= 1 else []
-    return ["--bf16", *FP8_ARGS, *param_gather]
+    return ["--bf16", *bf16_grads, *FP8_ARGS, *param_gather]
 
 
 def _impl_args(result: Result) -> list[str]:

@@ -202,6 +202,32 @@ def test_a_plan_priced_with_the_tp_overlap_exports_it_and_reads_back_the_same(tm
     assert imported.estimate.step_time_s == planned.estimate.step_time_s
 
 
+def test_bf16_gradient_reduction_exports_and_reads_back_the_same(tmp_path):
+    # Megatron-LM's --grad-reduce-in-bf16 (arguments.py: accumulate_allreduce_grads_in_fp32
+    # off under --bf16) is the runtime setting grad_reduce_in_bf16 both ways.
+    pins = {"tp": 2, "pp": 1, "mbs": 1, "zero": 1}
+    planned = autoplan.estimate(TINY, DGX1, pins, seq_len=256, global_batch=16,
+                                runtime_settings={"grad_reduce_in_bf16": True})
+    assert planned.training.grad_reduce_in_bf16
+    export_plan(planned, "megatron", tmp_path)
+    args = (tmp_path / "megatron_args.txt").read_text().split()
+    assert "--grad-reduce-in-bf16" in args and "--bf16" in args
+    run = read_run(tmp_path / "megatron_args.txt")
+    assert run.runtime_settings["grad_reduce_in_bf16"] is True
+    imported = autoplan.estimate(TINY, DGX1, run)
+    assert imported.plan == planned.plan
+    assert imported.estimate.peak_memory_gib == planned.estimate.peak_memory_gib
+    plain = autoplan.estimate(TINY, DGX1, pins, seq_len=256, global_batch=16)
+    assert "--grad-reduce-in-bf16" not in _exported_args(plain, tmp_path / "plain")
+    assert plain.estimate.memory_breakdown_gib["gradients"] > (
+        imported.estimate.memory_breakdown_gib["gradients"])
+
+
+def _exported_args(result, folder) -> list[str]:
+    export_plan(result, "megatron", folder)
+    return (folder / "megatron_args.txt").read_text().split()
+
+
 def test_a_plan_priced_with_an_overlap_config_the_export_cannot_write_is_refused(tmp_path):
     # Without SP there is no overlap to record; with a per-op config the export would launch
     # TE's defaults instead, so it refuses.

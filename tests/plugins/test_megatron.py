@@ -55,6 +55,7 @@ _ELSEWHERE = {"--micro-batch-size", "--global-batch-size", "--seq-length", "--ma
               "--use-tp-pp-dp-mapping",  # parallel_state's rank order, not the TransformerConfig
               "--overlap-grad-reduce", "--overlap-param-gather",  # DistributedDataParallelConfig
               "--fp8-param-gather",  # DistributedDataParallelConfig / TE's fp8_model_init
+              "--grad-reduce-in-bf16",  # DistributedDataParallelConfig.grad_reduce_in_fp32 off
               "--rotary-base", "--use-rope-scaling", "--rope-scaling-factor"}  # GPTModel's
 
 
