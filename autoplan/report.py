@@ -68,16 +68,10 @@ def build_result(problem: Problem, model: Model, cluster: LoadedCluster, plan: P
                             optimizer_in_backward=problem.training.optimizer_in_backward,
                             torch_compile=problem.runtime.compile,
                             transformer_impl=problem.runtime.transformer_impl,
-                            grad_reduce_in_bf16=_bf16_gradients_priced(problem),
+                            grad_reduce_in_bf16=problem.runtime.grad_reduce_in_bf16,
                             **_tp_overlap_info(problem, plan))
     return Result(plan=plan, estimate=est, solver=info, model=model_info, cluster=cluster.spec,
                   training=training, calibration=calibration_note(profile, problem, plan))
-
-
-def _bf16_gradients_priced(problem: Problem) -> bool:
-    """The runtime's ``grad_reduce_in_bf16`` changed the plan's price: bf16 or FP8 training
-    (fp16 keeps 16-bit gradients anyway, and Megatron-LM reads the flag only under bf16)."""
-    return problem.runtime.grad_reduce_in_bf16 and problem.training.precision.value != "fp16"
 
 
 def _tp_overlap_info(problem: Problem, plan: Plan) -> dict:

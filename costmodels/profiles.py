@@ -271,10 +271,12 @@ def with_gradient_dtype(runtime: RuntimeProfile) -> RuntimeProfile:
     parameter, reduced in bf16) and the step's fp32 copy of the optimizer shard's gradients
     (4 bytes per parameter, sharded like the optimizer state: ``fp32_grad_bytes``). The copy
     is counted all step, which holds it at the optimizer step and overstates the backward by
-    4/dp bytes per parameter. A runtime whose gradients are already 16-bit (fp16 training)
-    is left as it is, as Megatron-LM reads the flag only under bf16."""
-    if not runtime.grad_reduce_in_bf16 or runtime.grad_bytes <= BF16_BYTES:
+    4/dp bytes per parameter. Where the gradients are already 16-bit (fp16 training) the flag
+    is turned off, as Megatron-LM reads it only under bf16: on the result it means priced."""
+    if not runtime.grad_reduce_in_bf16:
         return runtime
+    if runtime.grad_bytes <= BF16_BYTES:
+        return replace(runtime, grad_reduce_in_bf16=False)
     return replace(runtime, grad_bytes=BF16_BYTES, fp32_grad_bytes=FP32_BYTES)
 
 

@@ -102,8 +102,8 @@ def _megatron(flags: dict) -> ImportedRun:
 def _megatron_settings(flags: dict) -> tuple[dict, tuple[str, ...]]:
     """The megatron runtime's fields the arguments set, and notes: ``--transformer-impl``,
     ``--grad-reduce-in-bf16`` and ``--tp-comm-overlap`` (Transformer Engine's userbuffers,
-    costmodels.tp_overlap). A
-    ``--tp-comm-overlap-cfg`` file is not read: the overlap is priced with TE's defaults."""
+    costmodels.tp_overlap). A ``--tp-comm-overlap-cfg`` file is not read: the overlap is
+    priced with TE's defaults."""
     settings, notes = {}, []
     impl = flags.get("transformer-impl")
     if isinstance(impl, str):
