@@ -23,7 +23,8 @@ Facts, from the frameworks' own code (the versions installed as test dependencie
   (``schedules.py``: "n_microbatches < self._num_stages"); CP, EP (experts not TP-split, EP
   ranks borrowed from the FSDP shards), TP with sequence parallel; mixed precision bf16 only.
 - Megatron-LM (megatron-core 0.16): distributed optimizer (ZeRO-1), Megatron-FSDP
-  (``--use-megatron-fsdp``, ZeRO-3), interleaving (``--num-virtual-stages-per-pipeline-rank``)
+  (``--use-megatron-fsdp``: ``--data-parallel-sharding-strategy optim_grads`` is ZeRO-2,
+  ``optim_grads_params`` ZeRO-3), interleaving (``--num-virtual-stages-per-pipeline-rank``)
   and uneven layouts, both rank orders, CP, EP (needs SP with TP), partial recompute; no
   parameter offload (``--optimizer-cpu-offload`` moves optimizer state only). FP8 through
   Transformer Engine (``--fp8-format hybrid``); the FSDP runtime runs FP8 as llm-foundry's
@@ -89,6 +90,9 @@ class Capabilities:
     """Runs replicated data parallelism (DDP: dp > 1 at ZeRO-0)."""
     selective_recompute: bool = True
     """Recomputes parts of a block (selective), not only whole blocks."""
+    asked_zero_stages: tuple[int, ...] = ()
+    """ZeRO stages the runtime runs and prices that the search proposes only when asked for
+    (pins ``zero``, ``--zero``)."""
 
 
 MEGATRON_TARGET = Capabilities(
@@ -221,15 +225,19 @@ torch.distributed.pipelining, like torchtitan; torchtune's recipes are FSDP2). a
 Colossal-AI has no cost model of its own."""
 
 RUNTIMES: dict[Runtime, Capabilities] = {
-    Runtime.MEGATRON: replace(MEGATRON_TARGET, zero_stages=(0, 1), pipeline_zero_stages=(0, 1)),
+    Runtime.MEGATRON: replace(MEGATRON_TARGET, zero_stages=(0, 1, 2),
+                              pipeline_zero_stages=(0, 1, 2), asked_zero_stages=(2,)),
     Runtime.DEEPSPEED: DEEPSPEED_TARGET,
     Runtime.FSDP: replace(TORCHTITAN_TARGET, name="FSDP", zero_stages=(0, 2, 3),
                           offloads=(Offload.PARAMS,), uneven_interleaving=False,
                           optimizer_in_backward=True, precisions=("bf16", "fp8")),
 }
 """What the search proposes per runtime: its target's table, narrowed to what the cost model
-prices. Megatron-LM's ZeRO is its distributed optimizer (ZeRO-1; Megatron-FSDP is not
-modelled); FSDP's ZeRO is SHARD_GRAD_OP (2) and FULL_SHARD (3), its offload CPUOffloadPolicy
+prices. Megatron-LM's ZeRO is its distributed optimizer (ZeRO-1) and Megatron-FSDP's
+optim_grads (ZeRO-2: gradients reduce-scattered every micro-batch, parameters whole; its
+ZeRO-3 is not modelled), searched only when asked for (``asked_zero_stages``): it moves a
+Megatron-LM launch to Megatron-FSDP (fsdp_dtensor checkpoints, no fused gradient
+accumulation), and no published run it was checked on ran it; FSDP's ZeRO is SHARD_GRAD_OP (2) and FULL_SHARD (3), its offload CPUOffloadPolicy
 (parameters too, so ZeRO-3 with parameter offload); sequence parallelism comes with every TP
 plan of FSDP (``tp_implies_sp``) and is a searched choice on Megatron-LM only; uneven
 interleaving is searched for Megatron-LM only. The optimizer in backward is priced on FSDP only:

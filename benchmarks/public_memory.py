@@ -6,22 +6,24 @@ every row must be judged to fit; no memory was published, so the predicted peak 
 beside the device's memory. Rows and sources: benchmarks/data/public_memory_runs.csv and .md.
 Nothing in autoplan is fitted to them.
 
-What it shows (December 2026): 4 of the 15 are refused, Meta's four. NeMo's rows are posed as
-its performance recipes run megatron-core (NEMO_PERFORMANCE: bf16 gradient reduction, TE's TP
-overlap) and in FP8 as they ran (``bf16_with_fp8_mixed``: TE's hybrid FP8 with
+What it shows (December 2026): 2 of the 15 are refused, Meta's two interleaved variants.
+NeMo's rows are posed as its performance recipes run megatron-core (NEMO_PERFORMANCE: bf16
+gradient reduction, TE's TP overlap) and in FP8 as they ran (``bf16_with_fp8_mixed``: TE's hybrid FP8 with
 --fp8-param-gather, costmodels/fp8.py). Reserved GiB with Megatron-LM's defaults (fp32 main
 grads, no TP overlap) -> NeMo's: GPT-3 175B on 128 GPUs 66.5 -> 61.4, on 512 74.1 -> 65.0,
 Llama 2 13B 55.0 -> 51.9, Llama 2 70B 57.4 -> 53.5, Llama 3 70B 61.3 -> 57.2; on B200 Llama 3
 70B 109.9 -> 97.3 and Llama 3.1 405B 172.7 (refused) -> 160.9 of 167.6. Those two were first
 posed as H100 runs (refused at 110 and 173 GiB); the .md says why they are B200 ones.
 
-Meta's rows are priced with autoplan's Megatron runtime and its distributed optimizer, whose
-fp32 main-grad buffer stays whole on every DP rank, where Meta's framework shards gradients
-(sec. 3.3.2): L3-405B-8K predicts 78.5 GiB allocated, 84.5 reserved, of it 60 GiB of
-activations (16 micro-batches in flight on the first stage; megatron-core with TE saves 31.75
-bytes x s b h / tp per block, costmodels/saved_activations.py) and 11.9 GiB of fp32 gradients
-(5.9 GiB in bf16, ``grad_reduce_in_bf16``: 78.8 reserved, 80.5 with the CUDA context, still
-over the 79.6 GiB device).
+Meta's rows are posed as ZeRO-2 with fp32 gradients, as Meta ran them (sec. 3.3.2), on the
+megatron runtime: Megatron-FSDP's optim_grads. L3-405B-8K, priced at ZeRO-1 (the distributed
+optimizer's whole fp32 gradient buffer, 11.9 GiB) 84.5 GiB reserved, refused; at ZeRO-2 77.7
+reserved, 79.5 with the CUDA context and NCCL's buffers against the device's 79.6: it fits,
+with 60 GiB of activations (15 micro-batches in flight on the second stage; megatron-core
+with TE saves 31.75 bytes x s b h / tp per block, costmodels/saved_activations.py) and 4.5 GiB
+of Megatron-FSDP's reduce-scatter queue beyond what the backward frees. With 2 chunks per rank
+Megatron's interleaved schedule holds 47 chunk-micro-batches on the first rank, and those two
+rows (the paper does not give the chunks) are refused at 110.5 and 81.7 GiB.
 
     .venv/bin/python benchmarks/public_memory.py
 """
@@ -97,7 +99,8 @@ def _cluster(gpu: str, gpus: int) -> dict:
 
 
 def _settings(row: dict) -> dict | None:
-    """NeMo's rows as its performance recipes ran them; Meta's with Megatron-LM's defaults."""
+    """NeMo's rows as its performance recipes ran them; Meta's with Megatron-LM's defaults
+    (fp32 gradients, as Meta reduced them)."""
     return NEMO_PERFORMANCE if row["source"].startswith("nemo") else None
 
 

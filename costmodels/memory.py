@@ -344,6 +344,28 @@ def zero3_buffer_bytes(largest_gathered: float, rank_params: float, *, bytes_per
     return bytes_per_param * largest_gathered
 
 
+def reduce_queue_bytes(unit_params: float, units: int, *, queue_params: float,
+                       grad_bytes: float, freed_per_unit: float) -> float:
+    """The most that the unsharded gradient buckets of a ZeRO-2 that reduce-scatters every
+    micro-batch (Megatron-FSDP's ``optim_grads``, profiles ``zero2_reduce_queue_params``) add
+    to a chunk's backward beyond the saved activations that backward has freed.
+
+    The backward fills one bucket per FSDP unit (``units`` of ``unit_params`` parameters,
+    ``grad_bytes`` each), and each full bucket is issued as GradReducePipeline does
+    (``reduce_gradients``): first ``wait_for_previous_grad_reduce`` frees the oldest queued
+    buckets while the queue holds more than ``queue_params`` elements, then the bucket joins
+    the queue. While unit k fills, the queue and unit k's bucket are held and the k units
+    before it have freed ``freed_per_unit`` bytes each of the micro-batch's activations; the
+    queue drains when the chunk's backward ends (``finish_grad_sync``)."""
+    queued, peak = 0, 0.0
+    for k in range(units):
+        peak = max(peak, grad_bytes * (queued + 1) * unit_params - k * freed_per_unit)
+        while queued * unit_params > queue_params:
+            queued -= 1
+        queued += 1
+    return peak
+
+
 CUBLAS_WORKSPACE_SM90 = 4096 * 8 * 1024
 CUBLAS_WORKSPACE_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8
 """torch's cuBLAS workspace per handle and stream (aten/src/ATen/cuda/CublasHandlePool.cpp

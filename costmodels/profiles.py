@@ -57,6 +57,14 @@ class RuntimeProfile:
     """ZeRO-2 as FSDP1's SHARD_GRAD_OP runs it: every micro-batch all-gathers each unit's
     parameters for its forward (kept through the backward) and reduce-scatters its gradients,
     one collective per unit each, like ZeRO-3 less the backward re-gather (profiles.yaml)."""
+    zero2_reduce_queue_params: float = 0.0
+    """ZeRO-2 as Megatron-FSDP's ``optim_grads`` runs it (megatron-core 0.16
+    ``megatron_fsdp.py``): every micro-batch's backward reduce-scatters each FSDP unit's
+    gradients from an unsharded bucket (``no_sync``: "for grads shard mode there will actually
+    always be gradient sync"), and a bucket is freed only once the reductions issued before it
+    exceed this many elements (``suggested_RS_queue_capacity``, at least 1e9): the unsharded
+    gradients of that many parameters plus two units live in the backward
+    (memory.reduce_queue_bytes, costmodels.sync). 0: the runtime's ZeRO-2 is not this."""
     zero3_prefetch_bucket_params: float = 0.0
     zero3_max_live_params: float = 0.0
     reduce_bucket_params: float = 0.0

@@ -3,6 +3,7 @@ and model states it holds, the memory besides them, and which ranks cost the sam
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from operator import mul
@@ -28,6 +29,7 @@ from autoplan.costmodels.memory import (
     last_stage_output_slots,
     model_state_bytes,
     nvls_buffer_bytes,
+    reduce_queue_bytes,
     reduction_copy_bytes,
     upcast_grad_moment_bytes,
     zero3_buffer_bytes,
@@ -346,19 +348,34 @@ def chunk_memories(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], 
                    split: Split, links: dict[str, GroupLinks]) -> tuple[ChunkMemory, ...]:
     """:class:`ChunkMemory` of each chunk of a rank running ``stages``: an interleaved rank's
     chunks differ where one holds the embedding or the head and loss, or the split is
-    uneven."""
+    uneven. Under Megatron-FSDP's ZeRO-2 a chunk's backward also holds its queue of unsharded
+    gradients (:func:`_reduce_queue_bytes`)."""
     key = ("chunk memories", stages, split, plan.recompute, plan.recompute_num_layers,
-           links["tp"], links["cp"])
+           links["tp"], links["cp"], plan.zero_stage)
     found = memo(problem).get(key)
     if found is None:
         chunks = []
         for composition, stage in zip(chunk_compositions(problem, plan, stages), stages):
             sums = chunk_sums(problem, (composition,), split, links["tp"], links["cp"])
-            chunks.append(ChunkMemory(
-                sums.acts_per_chunk + _held_output_bytes(problem, plan, (stage,), split),
-                sums.working, sums.working_kind))
+            kept = sums.acts_per_chunk + _held_output_bytes(problem, plan, (stage,), split)
+            queue = _reduce_queue_bytes(problem, plan, sums, kept)
+            chunks.append(ChunkMemory(kept, sums.working + queue, sums.working_kind))
         found = memo(problem)[key] = tuple(chunks)
     return found
+
+
+def _reduce_queue_bytes(problem: Problem, plan: Plan, sums: ChunkSums, kept: float) -> float:
+    """What a chunk's unsharded gradient buckets add to its backward where the runtime's
+    ZeRO-2 reduce-scatters them every micro-batch (memory.reduce_queue_bytes): its trained
+    parameters in units of its largest layer, each freeing an even share of the ``kept``
+    activations; 0 otherwise."""
+    queue = problem.runtime.zero2_reduce_queue_params
+    if plan.zero_stage != 2 or not queue or sums.trained <= 0:
+        return 0.0
+    units = math.ceil(sums.trained / sums.largest)
+    return reduce_queue_bytes(sums.largest, units, queue_params=queue,
+                              grad_bytes=problem.runtime.grad_bytes,
+                              freed_per_unit=kept / units)
 
 
 @dataclass(frozen=True, slots=True)

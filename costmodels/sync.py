@@ -96,6 +96,16 @@ def dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
     if experts is not None and experts[0]:
         groups = [(params - experts[0], trained - experts[0], links),
                   (experts[0], experts[0], experts[1])]
+    if _reduces_per_microbatch(runtime, plan) and _bucketed(runtime, plan):
+        forward_s = compute_s / plan.num_microbatches - backward_s
+        units = max(gathers, 1)
+        key = ("per_microbatch_dp", plan.num_microbatches, units,
+               tuple((t, l) for _, t, l in groups), backward_s, forward_s)
+        cached = memo(problem).get(key)
+        if cached is None:
+            cached = memo(problem)[key] = _per_microbatch_dp_time(
+                problem, plan, groups, backward_s, forward_s, trained / units)
+        return cached
     if plan.zero_stage < 3 and _bucketed(runtime, plan):
         forward_s = compute_s / plan.num_microbatches - backward_s
         key = ("bucketed_dp", plan.vpp, plan.pp, plan.zero_stage,
@@ -131,6 +141,11 @@ def least_dp_time(problem: Problem, plan: Plan, params: float, trained: float,
         return 0.0
     runtime = problem.runtime
     window = float("inf") if window_s is None else window_s
+    if _reduces_per_microbatch(runtime, plan) and _bucketed(runtime, plan):
+        # the last micro-batch's reductions are all ready within its backward; one collective
+        # over them all costs no more than the units' one by one
+        grads = (runtime.reduce_bytes or runtime.grad_bytes) * trained
+        return max(0.0, comm.reduce_scatter_time(grads, links) - window)
     if plan.zero_stage < 3 and _bucketed(runtime, plan):
         grad_bytes = runtime.reduce_bytes or runtime.grad_bytes
         reduce = comm.all_reduce_time if plan.zero_stage == 0 else comm.reduce_scatter_time
@@ -171,6 +186,12 @@ def _gathers_per_microbatch(runtime, plan: Plan) -> bool:
     """Whether the runtime's ZeRO-2 gathers and reduces per unit every micro-batch (FSDP1
     SHARD_GRAD_OP), priced and overlapped as ZeRO-3 is."""
     return plan.zero_stage == 2 and runtime.zero2_gathers_per_microbatch
+
+
+def _reduces_per_microbatch(runtime, plan: Plan) -> bool:
+    """Whether the runtime's ZeRO-2 reduce-scatters the gradients after every micro-batch's
+    backward and keeps the parameters whole (Megatron-FSDP's optim_grads)."""
+    return plan.zero_stage == 2 and runtime.zero2_reduce_queue_params > 0
 
 
 def _bucketed(runtime, plan: Plan) -> bool:
@@ -309,6 +330,38 @@ def _bucketed_dp_time(problem: Problem, plan: Plan, groups: list, backward_s: fl
     return exposed + sum(gather_s)
 
 
+def _per_microbatch_dp_time(problem: Problem, plan: Plan, groups: list, backward_s: float,
+                            forward_s: float, unit: float) -> float:
+    """Megatron-FSDP's ZeRO-2 (``optim_grads``) with --overlap-grad-reduce: each micro-batch's
+    backward reduce-scatters its gradients one FSDP unit (``unit`` parameters, a block) at a
+    time on one side stream, each launched once the backward has filled it; the backwards are
+    a forward apart (1F1B's steady state), so a reduction still running goes on under the
+    next forward, and what runs past the last backward is exposed. The updated parameters
+    are all-gathered unit by unit after the step, under the next step's first forward with
+    --overlap-param-gather (``overlap_param_gather``), else exposed."""
+    runtime = problem.runtime
+    grad_bytes = runtime.reduce_bytes or runtime.grad_bytes
+    period = forward_s + backward_s
+    ready, reduce_s, needed, gather_s = [], [], [], []
+    for _, trained, links in groups:
+        sizes = bucket_sizes(trained, unit)
+        reduced = {size: _price(problem, comm.reduce_scatter_time, grad_bytes * size, links)
+                   for size in set(sizes)}
+        filled = filled_at(sizes, 0.0, backward_s)
+        for micro_batch in range(plan.num_microbatches):
+            ready += [micro_batch * period + done for done in filled]
+            reduce_s += [reduced[size] for size in sizes]
+        forward_order = sizes[::-1]
+        gather_s += [_price(problem, comm.all_gather_time, WEIGHT_BYTES * size, links)
+                     for size in forward_order]
+        needed += begun_at(forward_order, 0.0, forward_s)
+    end = (plan.num_microbatches - 1) * period + backward_s
+    exposed = reduced_as_ready(*_in_order(ready, reduce_s), end)
+    if runtime.overlap_param_gather:
+        return exposed + gathered_ahead(*_in_order(needed, gather_s))
+    return exposed + sum(gather_s)
+
+
 def _in_order(times: list[float], costs: list[float]) -> tuple[list[float], list[float]]:
     """Both lists sorted by ``times`` (the order the collectives are issued in; most often
     they already are: the chunks' buckets fill one chunk after another)."""
@@ -337,6 +390,9 @@ def _dp_collectives(problem: Problem, plan: Plan, params: float, trained: float,
     grads = (runtime.reduce_bytes or runtime.grad_bytes) * trained
     if plan.zero_stage == 0:
         return bucketed_reduction(runtime, comm.all_reduce_time, trained, grads, links)
+    if _reduces_per_microbatch(runtime, plan):
+        return (plan.num_microbatches * comm.reduce_scatter_time(grads, links)
+                + comm.all_gather_time(WEIGHT_BYTES * trained, links))
     if _gathers_per_microbatch(runtime, plan):
         volume = (comm.all_gather_time(WEIGHT_BYTES * params, links)
                   + comm.reduce_scatter_time(grads, links))

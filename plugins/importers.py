@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autoplan.errors import PlanFileError
+from autoplan.plugins.megatron import MEGATRON_FSDP_STRATEGIES
 from autoplan.training import PIPELINE_INSIDE_PLACEMENT
 
 
@@ -74,13 +75,29 @@ def _recompute_num_layers(flags: dict) -> int | None:
     return _int(flags, "recompute-num-layers")
 
 
+def _megatron_zero(flags: dict) -> int:
+    """ZeRO stage of a Megatron-LM run: Megatron-FSDP's sharding strategy (its default
+    optim_grads_params where the flag is absent), else the distributed optimizer's 1. A
+    strategy that shards no gradients (no_shard, optim) is priced as the stage below its
+    sharding: 0 or 1."""
+    if flags.get("use-megatron-fsdp"):
+        strategy = flags.get("data-parallel-sharding-strategy") or "optim_grads_params"
+        stages = {"no_shard": 0, "optim": 1,
+                  **{name: zero for zero, name in MEGATRON_FSDP_STRATEGIES.items()}}
+        if strategy not in stages:
+            raise PlanFileError(f"--data-parallel-sharding-strategy {strategy!r} is not one of "
+                                f"Megatron-LM's choices: {', '.join(stages)}.")
+        return stages[strategy]
+    return 1 if flags.get("use-distributed-optimizer") else 0
+
+
 def _megatron(flags: dict) -> ImportedRun:
     pins = {"tp": _int(flags, "tensor-model-parallel-size"),
             "pp": _int(flags, "pipeline-model-parallel-size"),
             "cp": _int(flags, "context-parallel-size"), "mbs": _int(flags, "micro-batch-size"),
             "vpp": _int(flags, "num-virtual-stages-per-pipeline-rank"),
             "sp": True if flags.get("sequence-parallel") else None,
-            "zero": 1 if flags.get("use-distributed-optimizer") else 0,
+            "zero": _megatron_zero(flags),
             "recompute": flags.get("recompute-granularity") or "none",
             "recompute_num_layers": _recompute_num_layers(flags),
             "offload": "optimizer" if flags.get("optimizer-cpu-offload") else None,

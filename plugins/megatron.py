@@ -140,24 +140,31 @@ def _recompute_args(result: Result) -> list[str]:
     return []
 
 
+MEGATRON_FSDP_STRATEGIES = {2: "optim_grads", 3: "optim_grads_params"}
+"""Megatron-FSDP's ``--data-parallel-sharding-strategy`` for ZeRO-2 (optimizer state and
+gradients sharded, parameters whole) and ZeRO-3 (parameters too)."""
+
+
 def _optimizer_args(result: Result) -> list[str]:
-    """ZeRO 1-2 is Megatron's distributed optimizer (it reduce-scatters gradients); ZeRO-3 is
-    Megatron-FSDP sharding optimizer state, gradients and parameters."""
+    """ZeRO-1 is Megatron's distributed optimizer (it reduce-scatters gradients); ZeRO-2 and
+    ZeRO-3 are Megatron-FSDP (v1, over the distributed optimizer) sharding gradients too, and
+    parameters at ZeRO-3."""
     plan = result.plan
     args = []
     if plan.zero_stage >= 1 or plan.offload == Offload.OPTIMIZER:
         args.append("--use-distributed-optimizer")
     if plan.zero_stage < 3:
-        # The cost model's megatron runtime prices gradient buckets reduced under the last
-        # micro-batch's backward and, with the distributed optimizer, parameters gathered
-        # under the next forward: both are off in Megatron-LM unless asked for.
+        # The cost model's megatron runtime prices gradient buckets reduced under the backward
+        # and, with the distributed optimizer, parameters gathered under the next forward:
+        # both are off in Megatron-LM unless asked for.
         args.append("--overlap-grad-reduce")
         if "--use-distributed-optimizer" in args:
             args.append("--overlap-param-gather")
-    if plan.zero_stage == 3:
+    if plan.zero_stage in MEGATRON_FSDP_STRATEGIES:
         # Megatron-FSDP saves only fsdp_dtensor checkpoints and has no fused grad accumulation.
-        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params",
-                 "--no-gradient-accumulation-fusion", "--ckpt-format", "fsdp_dtensor"]
+        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+                 MEGATRON_FSDP_STRATEGIES[plan.zero_stage], "--no-gradient-accumulation-fusion",
+                 "--ckpt-format", "fsdp_dtensor"]
     if plan.offload == Offload.OPTIMIZER:
         # The hybrid CPU optimizer reuses the precision-aware optimizer's code path.
         args += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0",
@@ -273,9 +280,9 @@ def _impl_args(result: Result) -> list[str]:
 
 def needs_single_connection(result: Result) -> bool:
     """Megatron asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with TP or CP > 1 (pre-Blackwell), except
-    under Megatron-FSDP, which wants more connections."""
+    under Megatron-FSDP (ZeRO-2 and 3), which wants more connections."""
     plan = result.plan
-    return (plan.tp > 1 or plan.cp > 1) and plan.zero_stage < 3
+    return (plan.tp > 1 or plan.cp > 1) and plan.zero_stage not in MEGATRON_FSDP_STRATEGIES
 
 
 def _notes(result: Result) -> tuple[str, ...]:

@@ -455,10 +455,12 @@ def _switches(tensor_parallel: bool, pipelined: bool, runtime: Runtime, pins: Pi
               blocks_per_chunk: int, expert_parallel: bool = False) -> list[Switches]:
     """switches(), which depends on the shape only through these (cached: called per stage
     layout of every shape): what the runtime's capability table allows (Megatron needs SP
-    with both TP and EP, torchtitan's EP sharded data parallelism)."""
+    with both TP and EP, torchtitan's EP sharded data parallelism; a ZeRO stage proposed only
+    when asked for, when pinned)."""
     caps = RUNTIMES[runtime]
     zeros = caps.pipeline_zero_stages if pipelined else caps.zero_stages
     zeros = tuple(z for z in zeros if z in caps.zero_stages and (
+        z not in caps.asked_zero_stages or pins.zero == z) and (
         z < 3 or caps.zero3_with_tp or not tensor_parallel) and (
         z > 0 or not expert_parallel or not caps.expert_parallel_needs_sharding))
     options = []

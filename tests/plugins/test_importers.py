@@ -223,6 +223,30 @@ def test_bf16_gradient_reduction_exports_and_reads_back_the_same(tmp_path):
         imported.estimate.memory_breakdown_gib["gradients"])
 
 
+def test_megatron_fsdp_zero2_exports_and_reads_back_the_same(tmp_path):
+    # ZeRO-2 on the megatron runtime is Megatron-FSDP's optim_grads both ways; the strategy
+    # absent means Megatron-LM's default, optim_grads_params (ZeRO-3); a strategy that is not
+    # one of Megatron-LM's choices is refused with the choices.
+    pins = {"tp": 2, "pp": 1, "mbs": 1, "zero": 2}
+    planned = autoplan.estimate(TINY, DGX1, pins, seq_len=256, global_batch=16,
+                                runtime="megatron")
+    assert planned.plan.zero_stage == 2
+    export_plan(planned, "megatron", tmp_path)
+    run = read_run(tmp_path / "megatron_args.txt")
+    assert run.pins["zero"] == 2
+    imported = autoplan.estimate(TINY, DGX1, run)
+    assert imported.plan == planned.plan
+    assert imported.estimate.peak_memory_gib == planned.estimate.peak_memory_gib
+    args = tmp_path / "fsdp_default.txt"
+    args.write_text("--use-megatron-fsdp --tensor-model-parallel-size 2 --micro-batch-size 1 "
+                    "--global-batch-size 16 --seq-length 256 --bf16")
+    assert read_run(args).pins["zero"] == 3
+    args.write_text("--use-megatron-fsdp --data-parallel-sharding-strategy optim_grad "
+                    "--tensor-model-parallel-size 2 --micro-batch-size 1")
+    with pytest.raises(PlanFileError, match="optim_grads_params"):
+        read_run(args)
+
+
 def _exported_args(result, folder) -> list[str]:
     export_plan(result, "megatron", folder)
     return (folder / "megatron_args.txt").read_text().split()

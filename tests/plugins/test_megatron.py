@@ -208,6 +208,24 @@ def test_zero3_is_megatron_fsdp_without_single_cuda_connection():
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in render(result)["launch_megatron.sh"]
 
 
+def test_zero2_is_megatron_fsdp_sharding_optimizer_and_gradients():
+    # megatron-core's own config takes the strategy, and Megatron-FSDP (not the distributed
+    # optimizer's DDP, which asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with TP) runs it.
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    result = changed(load_plan("llama8b_3d_vpp_sp"), plan={"zero_stage": 2})
+    args = megatron_args(result)
+    strategy = args[args.index("--data-parallel-sharding-strategy") + 1]
+    assert strategy == "optim_grads"
+    assert {"--use-megatron-fsdp", "--use-distributed-optimizer", "--overlap-grad-reduce",
+            "--overlap-param-gather"} <= set(args)
+    config = DistributedDataParallelConfig(use_megatron_fsdp=True, use_distributed_optimizer=True,
+                                           data_parallel_sharding_strategy=strategy)
+    assert config.data_parallel_sharding_strategy == "optim_grads"
+    transformer_config(args)
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in render(result)["launch_megatron.sh"]
+
+
 def test_context_parallelism_is_exported():
     result = changed(load_plan("llama8b_3d_vpp_sp"),
                      plan={"cp": 2, "dp": 1, "num_microbatches": 64})
