@@ -8,24 +8,32 @@ joins the next non-block layer; what runs after the model returns is the ``loss`
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
 
 from torch import nn
 
+from autoplan.graph.blocks import Chain
 from autoplan.graph.layer_graph import (
     Gemm, Layer, LayerGraph, LayerKind, LoraSpec, ModelDims, OpSacBytes, TpSplit,
 )
-from autoplan.graph.provenance import LayerStats, SacSave
-
-if TYPE_CHECKING:
-    from autoplan.graph.trace import TraceRun
+from autoplan.graph.provenance import LayerStats, SacSave, Tracker
 
 START_SEGMENT = "<start>"
 LOSS_SEGMENT = "loss"
 EMBEDDING_LAYER = "embedding"
 _SUMMED = ("saved_sharded", "saved_replicated", "attention_internal", "traffic_sharded",
            "traffic_replicated")
+
+
+@dataclass
+class TraceRun:
+    """What one traced pass observed (``trace.py``), the input of the assembly."""
+
+    model: nn.Module
+    chain: Chain
+    tracker: Tracker
+    flops_fwd: dict[str, float]
+    flops_total: dict[str, float]
 
 
 def group_chain(run: TraceRun) -> list[tuple[str, list[str], str]]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,7 +27,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from autoplan.errors import ModelFileError
-from autoplan.graph.assemble import LOSS_SEGMENT, START_SEGMENT, build_graph
+from autoplan.graph.assemble import LOSS_SEGMENT, START_SEGMENT, TraceRun, build_graph
 from autoplan.graph.blocks import Chain, find_chain, replay
 from autoplan.graph.inputs import default_inputs
 from autoplan.graph.layer_graph import LayerGraph
@@ -40,17 +39,6 @@ from autoplan.graph.provenance import ProvenanceMode, Tracker, Weight, nbytes, s
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-@dataclass
-class TraceRun:
-    """What one traced pass observed."""
-
-    model: nn.Module
-    chain: Chain
-    tracker: Tracker
-    flops_fwd: dict[str, float]
-    flops_total: dict[str, float]
 
 
 def matmul_weights(model: nn.Module) -> dict[int, Weight]:
