@@ -92,7 +92,7 @@ class Capabilities:
     """Recomputes parts of a block (selective), not only whole blocks."""
     asked_zero_stages: tuple[int, ...] = ()
     """ZeRO stages the runtime runs and prices that the search proposes only when asked for
-    (pins ``zero``, ``--zero``)."""
+    (pins ``zero``, ``--zero``) or when no other stage fits (search.solve.solve_search)."""
 
 
 MEGATRON_TARGET = Capabilities(
@@ -235,7 +235,8 @@ RUNTIMES: dict[Runtime, Capabilities] = {
 """What the search proposes per runtime: its target's table, narrowed to what the cost model
 prices. Megatron-LM's ZeRO is its distributed optimizer (ZeRO-1) and Megatron-FSDP's
 optim_grads (ZeRO-2: gradients reduce-scattered every micro-batch, parameters whole; its
-ZeRO-3 is not modelled), searched only when asked for (``asked_zero_stages``): it moves a
+ZeRO-3 is not modelled), searched only when asked for or when nothing else fits
+(``asked_zero_stages``): it moves a
 Megatron-LM launch to Megatron-FSDP (fsdp_dtensor checkpoints, no fused gradient
 accumulation), and no published run it was checked on ran it; FSDP's ZeRO is SHARD_GRAD_OP (2) and FULL_SHARD (3), its offload CPUOffloadPolicy
 (parameters too, so ZeRO-3 with parameter offload); sequence parallelism comes with every TP

@@ -3,7 +3,8 @@ DP 64 and 128 at seq 8192), NeMo's published DGX-H100 pre-training recipes (24.0
 5B/20B, Llama 2 7B, Llama 3 8B; 24.12, with virtual pipeline stages: GPT-3 175B, Llama 2
 13B/70B, Llama 3 70B) and two DGX-B200 ones (Llama 3 70B, Llama 3.1 405B). Every row ran, so
 every row must be judged to fit; no memory was published, so the predicted peak is printed
-beside the device's memory. Rows and sources: benchmarks/data/public_memory_runs.csv and .md.
+beside the device's memory: allocated and reserved by PyTorch's allocator, and judged (what
+"fits" is decided on: reserved plus the CUDA context and NCCL's buffers). Rows and sources: benchmarks/data/public_memory_runs.csv and .md.
 Nothing in autoplan is fitted to them.
 
 What it shows (December 2026): 2 of the 15 are refused, Meta's two interleaved variants.
@@ -22,8 +23,8 @@ reserved, 79.5 with the CUDA context and NCCL's buffers against the device's 79.
 with 60 GiB of activations (15 micro-batches in flight on the second stage; megatron-core
 with TE saves 31.75 bytes x s b h / tp per block, costmodels/saved_activations.py) and 4.5 GiB
 of Megatron-FSDP's reduce-scatter queue beyond what the backward frees. With 2 chunks per rank
-Megatron's interleaved schedule holds 47 chunk-micro-batches on the first rank, and those two
-rows (the paper does not give the chunks) are refused at 110.5 and 81.7 GiB.
+Megatron's interleaved schedule holds up to 47 chunk-micro-batches on a rank, and those two
+rows (the paper does not give the chunks) are refused at 112.3 and 83.5 GiB judged.
 
     .venv/bin/python benchmarks/public_memory.py
 """
@@ -114,8 +115,8 @@ def _pins(row: dict) -> dict:
 def main() -> None:
     with DATA.open() as f:
         rows = list(csv.DictReader(f))
-    print(f"{'row':26} {'plan':40} {'prec':4} {'alloc':>6} {'reserv':>6} {'device':>6} verdict  "
-          "peak rank")
+    print(f"{'row':26} {'plan':40} {'prec':4} {'alloc':>6} {'reserv':>6} {'judged':>6} "
+          f"{'device':>6} verdict  peak rank")
     refused = 0
     for row in rows:
         seq = int(row["seq_len"])
@@ -130,7 +131,8 @@ def main() -> None:
         worst = max(range(len(e.stage_memory_gib)), key=lambda r: e.stage_memory_gib[r])
         device = get_gpu(GPUS[row["gpu"]][0]).memory_bytes / 2**30
         print(f"{row['row_id']:26} {plan:40} {row['precision_run']:4} {e.peak_allocated_gib:6.1f} "
-              f"{e.peak_reserved_gib:6.1f} {device:6.1f} {'fits' if e.feasible else 'REFUSED':8} "
+              f"{e.peak_reserved_gib:6.1f} {e.peak_memory_gib:6.1f} {device:6.1f} "
+              f"{'fits' if e.feasible else 'REFUSED':8} "
               f"{worst:>4}")
     print(f"\n{len(rows)} runs that ran: refused {refused} (false refusals)")
 

@@ -111,6 +111,10 @@ class ChunkSums:
     weight_bytes: float
     working_kind: str = ""  # the kind of layer whose backward (or loss) holds ``working``
     fp8_workspace_bytes: float = 0.0  # TE's cached FP8 weights (costmodels.fp8)
+    backward_working: float = 0.0
+    """The largest transient of a layer's backward, the loss's apart (the loss runs before
+    the backward, when no gradient is held yet)."""
+    backward_kind: str = ""  # the kind of layer that holds ``backward_working``
 
 
 def chunk_compositions(problem: Problem, plan: Plan,
@@ -155,9 +159,9 @@ def chunk_sums(problem: Problem, compositions: tuple, split: Split,
     if cached is not None:
         return cached
     compute_s = backward_s = tp_comm_s = cp_comm_s = wgrad_s = params = acts = working = 0.0
-    largest = trained = weight_bytes = fp8_workspace = 0.0
+    largest = trained = weight_bytes = fp8_workspace = backward_working = 0.0
     gathers = 0
-    working_kind = ""
+    working_kind = backward_kind = ""
     for composition in compositions:
         for class_id, count, recompute in composition:
             layer = problem.layer_class(class_id)
@@ -176,11 +180,13 @@ def chunk_sums(problem: Problem, compositions: tuple, split: Split,
             acts += count * cost.act_bytes
             if cost.working_bytes > working:
                 working, working_kind = cost.working_bytes, layer.kind.value
+            if layer.kind is not LayerKind.LOSS and cost.working_bytes > backward_working:
+                backward_working, backward_kind = cost.working_bytes, layer.kind.value
             largest = max(largest, cost.gathered)
             gathers += count * cost.gathers
     sums = ChunkSums(compute_s, backward_s, tp_comm_s, cp_comm_s, wgrad_s, params,
                       acts / len(compositions), working, largest, gathers, trained, weight_bytes,
-                      working_kind, fp8_workspace)
+                      working_kind, fp8_workspace, backward_working, backward_kind)
     memo(problem)[key] = sums
     return sums
 
@@ -349,7 +355,8 @@ def chunk_memories(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], 
     """:class:`ChunkMemory` of each chunk of a rank running ``stages``: an interleaved rank's
     chunks differ where one holds the embedding or the head and loss, or the split is
     uneven. Under Megatron-FSDP's ZeRO-2 a chunk's backward also holds its queue of unsharded
-    gradients (:func:`_reduce_queue_bytes`)."""
+    gradients (:func:`_reduce_queue_bytes`) beside a layer's backward transient (not the
+    loss's, which comes before any gradient)."""
     key = ("chunk memories", stages, split, plan.recompute, plan.recompute_num_layers,
            links["tp"], links["cp"], plan.zero_stage)
     found = memo(problem).get(key)
@@ -359,7 +366,11 @@ def chunk_memories(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], 
             sums = chunk_sums(problem, (composition,), split, links["tp"], links["cp"])
             kept = sums.acts_per_chunk + _held_output_bytes(problem, plan, (stage,), split)
             queue = _reduce_queue_bytes(problem, plan, sums, kept)
-            chunks.append(ChunkMemory(kept, sums.working + queue, sums.working_kind))
+            if queue and sums.backward_working + queue > sums.working:
+                chunks.append(ChunkMemory(kept, sums.backward_working + queue,
+                                          sums.backward_kind))
+            else:
+                chunks.append(ChunkMemory(kept, sums.working, sums.working_kind))
         found = memo(problem)[key] = tuple(chunks)
     return found
 

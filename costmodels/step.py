@@ -277,6 +277,8 @@ def peak_moments(problem: Problem, plan: Plan) -> list[str]:
             kind = peak.working_kind
             what = ("the loss (cross-entropy over the logits) of the newest micro-batch"
                     if kind == "loss" else f"the backward of a {kind}" if kind else "the backward")
+            if kind != "loss" and plan.zero_stage == 2 and problem.runtime.zero2_reduce_queue_params:
+                what += " beside the unsharded gradients queued for its reduce-scatters"
             moments[rank] = f"{what}, with {peak.held} micro-batch chunk(s) of activations in flight"
     return moments
 

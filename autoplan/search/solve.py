@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 
 from autoplan.search.cpsat import cp_model  # first: before anything imports it with pandas
+from autoplan.capabilities import RUNTIMES
 from autoplan.costmodels.problem import Problem
 from autoplan.errors import InfeasibleError, NoPlanInTimeError
 from autoplan.plan import Estimate, Plan, SolverInfo
@@ -58,10 +59,37 @@ def solve_search(problems: Problem | list[Problem], pins: Pins, *, time_limit_s:
     objective with ``num_workers`` CP-SAT workers, and return the chosen row with its table
     (for runners-up). ``explain=False`` when only whether a plan exists matters (the ZeRO-2 /
     ZeRO-3 comparison): the infeasible error then says so without naming the conflict, which
-    takes more searches."""
+    takes more searches.
+
+    Where nothing fits, the ZeRO stages the runtime searches only when asked for
+    (capabilities ``asked_zero_stages``: Megatron-FSDP's ZeRO-2) are searched before the
+    refusal stands, unless ``pins`` fix the stage: a setup that runs is not refused for a mode
+    the search holds back."""
     start = time.perf_counter()
-    objective = objective or Objective()
     problems = [problems] if isinstance(problems, Problem) else list(problems)
+    search = dict(objective=objective or Objective(), bounds=bounds, max_gpus=max_gpus,
+                  num_workers=num_workers, explain=explain)
+    try:
+        return _search(problems, pins, time_limit_s=time_limit_s, **search)
+    except InfeasibleError as refused:
+        asked = () if pins.zero is not None else (
+            RUNTIMES[problems[0].training.runtime].asked_zero_stages)
+        for zero in asked:
+            left = time_limit_s - (time.perf_counter() - start)
+            logger.info("nothing fits at the ZeRO stages searched; searching ZeRO-%d", zero)
+            try:
+                return _search(problems, pins.model_copy(update={"zero": zero}),
+                               time_limit_s=left, **search)
+            except InfeasibleError:
+                continue
+        raise refused
+
+
+def _search(problems: list[Problem], pins: Pins, *, time_limit_s: float, objective: Objective,
+            bounds: Bounds | None, max_gpus: int | None, num_workers: int,
+            explain: bool) -> Solution:
+    """:func:`solve_search` over the ZeRO stages the runtime searches (or ``pins`` fix)."""
+    start = time.perf_counter()
     conflict = conflict_if_nothing_fits(problems, pins, objective=objective, bounds=bounds,
                                         max_gpus=max_gpus, explain=explain)
     if conflict is not None:  # from memory lower bounds alone, before any step-time search

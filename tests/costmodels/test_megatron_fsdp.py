@@ -11,7 +11,12 @@ from __future__ import annotations
 import pytest
 
 import autoplan
+from autoplan.api import load_cluster, load_model
 from autoplan.costmodels.memory import reduce_queue_bytes
+from autoplan.costmodels.step import peak_moments
+from autoplan.problems import make_problem, training_spec
+from autoplan.search.defaults import plan_from_pins
+from autoplan.training import Pins
 
 TINY = "examples/models/tiny_gpt.py"
 LLAMA = "examples/models/llama2_7b.py"
@@ -73,6 +78,20 @@ def test_the_backward_holds_at_most_every_gradient_of_the_gpu_unsharded():
     assert 0 < with_queue - without <= 4 * params / GIB
 
 
+def test_the_peak_moment_names_the_queue():
+    # Llama 2 7B at 256 tokens: at ZeRO-1 the loss (32,000 logits per token in fp32) sets the
+    # peak; ZeRO-2's queue of unsharded gradients (gigabytes) moves it into a block's
+    # backward, where the queue sits, not the loss, which runs before any gradient exists.
+    problem = make_problem(load_model(LLAMA), load_cluster(DGX1),
+                           training_spec(256, 16, "bf16", "megatron", "flash"))
+    moments = [peak_moments(problem, plan_from_pins(problem, Pins(tp=1, pp=1, dp=8, zero=zero,
+                                                                  mbs=1)))[0]
+               for zero in (1, 2)]
+    assert moments[0].startswith("the loss") and "queued" not in moments[0]
+    assert moments[1].startswith(
+        "the backward of a block beside the unsharded gradients queued for its reduce-scatters")
+
+
 def test_every_micro_batch_reduce_scatters_its_gradients():
     # No overlap: ZeRO-1 reduce-scatters the fp32 gradients (4 bytes) once and all-gathers the
     # bf16 parameters (2 bytes) once; ZeRO-2 reduce-scatters after each of the 4 micro-batches.
@@ -93,10 +112,27 @@ def test_overlapped_reductions_expose_no_more_than_run_one_after_another():
 
 def test_the_search_proposes_zero2_only_when_asked():
     # It moves a Megatron-LM launch to Megatron-FSDP (fsdp_dtensor checkpoints): asked for
-    # with --zero 2, never chosen on its own.
+    # with --zero 2, not chosen on its own where another stage fits (ZeRO-1 fits here).
     cluster = "examples/clusters/dgx-a100-x1.yaml"
     plain = autoplan.solve(TINY, cluster, seq_len=256, global_batch=16, runtime="megatron")
     asked = autoplan.solve(TINY, cluster, seq_len=256, global_batch=16, runtime="megatron",
                            pins={"zero": 2})
     assert plain.plan.zero_stage != 2
     assert asked.plan.zero_stage == 2 and asked.estimate.feasible
+
+
+def test_where_nothing_else_fits_zero2_is_searched():
+    # Llama 2 7B on one node of A100 40GB at TP 1, PP 1: ZeRO-1 holds 2 + 4 + 12/8 bytes per
+    # parameter, 47 GiB before any activation; ZeRO-2 2 + (4 + 12)/8 = 4 bytes, 25 GiB.
+    cluster = {"gpu": "a100-sxm4-40gb", "nodes": 1, "gpus_per_node": 8,
+               "intra_node": {"link": "nvswitch", "bandwidth": "300GB/s"}}
+    kwargs = dict(seq_len=256, global_batch=16, runtime="megatron")
+    found = autoplan.solve(LLAMA, cluster, pins={"tp": 1, "pp": 1}, **kwargs)
+    params = found.model.num_params
+    assert (2 + 4 + 12 / 8) * params / GIB > 40
+    assert found.plan.zero_stage == 2 and found.estimate.feasible
+    memory = found.estimate.memory_breakdown_gib
+    assert memory["weights"] + memory["gradients"] + memory["optimizer"] == pytest.approx(
+        4 * params / GIB)
+    with pytest.raises(autoplan.InfeasibleError):
+        autoplan.solve(LLAMA, cluster, pins={"tp": 1, "pp": 1, "zero": 1}, **kwargs)
