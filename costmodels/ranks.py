@@ -365,7 +365,8 @@ def chunk_memories(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], 
         for composition, stage in zip(chunk_compositions(problem, plan, stages), stages):
             sums = chunk_sums(problem, (composition,), split, links["tp"], links["cp"])
             kept = sums.acts_per_chunk + _held_output_bytes(problem, plan, (stage,), split)
-            queue = _reduce_queue_bytes(problem, plan, sums, kept)
+            experts = _rank_experts(problem, plan, split, links, (stage,))[0]
+            queue = _reduce_queue_bytes(problem, plan, sums, kept, experts)
             if queue and sums.backward_working + queue > sums.working:
                 chunks.append(ChunkMemory(kept, sums.backward_working + queue,
                                           sums.backward_kind))
@@ -375,16 +376,19 @@ def chunk_memories(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], 
     return found
 
 
-def _reduce_queue_bytes(problem: Problem, plan: Plan, sums: ChunkSums, kept: float) -> float:
+def _reduce_queue_bytes(problem: Problem, plan: Plan, sums: ChunkSums, kept: float,
+                        experts: float) -> float:
     """What a chunk's unsharded gradient buckets add to its backward where the runtime's
-    ZeRO-2 reduce-scatters them every micro-batch (memory.reduce_queue_bytes): its trained
-    parameters in units of its largest layer, each freeing an even share of the ``kept``
+    ZeRO-2 reduce-scatters them every micro-batch (memory.reduce_queue_bytes): the trained
+    parameters the GPU holds (``sums`` count every expert; the GPU, ``experts`` of them, its
+    1/ep) in units of its largest layer, each freeing an even share of the ``kept``
     activations; 0 otherwise."""
     queue = problem.runtime.zero2_reduce_queue_params
     if plan.zero_stage != 2 or not queue or sums.trained <= 0:
         return 0.0
+    held = sums.trained - experts * (plan.ep - 1)
     units = math.ceil(sums.trained / sums.largest)
-    return reduce_queue_bytes(sums.largest, units, queue_params=queue,
+    return reduce_queue_bytes(held / units, units, queue_params=queue,
                               grad_bytes=problem.runtime.grad_bytes,
                               freed_per_unit=kept / units)
 
