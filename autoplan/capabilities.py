@@ -225,8 +225,12 @@ torch.distributed.pipelining, like torchtitan; torchtune's recipes are FSDP2). a
 Colossal-AI has no cost model of its own."""
 
 RUNTIMES: dict[Runtime, Capabilities] = {
-    Runtime.MEGATRON: replace(MEGATRON_TARGET, zero_stages=(0, 1, 2),
-                              pipeline_zero_stages=(0, 1, 2), asked_zero_stages=(2,)),
+    Runtime.MEGATRON: replace(
+        MEGATRON_TARGET, zero_stages=(0, 1, 2), pipeline_zero_stages=(0, 1, 2),
+        asked_zero_stages=(2,),
+        notes={**MEGATRON_TARGET.notes,
+               "zero3": "Megatron-LM runs ZeRO-3 as Megatron-FSDP's optim_grads_params, which "
+                        "autoplan does not price"}),
     Runtime.DEEPSPEED: DEEPSPEED_TARGET,
     Runtime.FSDP: replace(TORCHTITAN_TARGET, name="FSDP", zero_stages=(0, 2, 3),
                           offloads=(Offload.PARAMS,), uneven_interleaving=False,
@@ -379,11 +383,13 @@ def can_run(caps: Capabilities, plan: Plan, precision: str = "bf16", *,
 @dataclass(frozen=True)
 class Feature:
     """Something the pins ask of a runtime: ``label`` as a sentence names it, ``flags`` the
-    options that ask for it, ``has`` whether a table has it."""
+    options that ask for it, ``has`` whether a table has it, ``key`` the gap key (as
+    :func:`plan_gaps` keys them) under which a table's ``notes`` say why it lacks it."""
 
     label: str
     flags: str
     has: Callable[[Capabilities], bool]
+    key: str = ""
 
 
 def pinned_features(pins: Pins, precision: str = "bf16", *,
@@ -391,7 +397,8 @@ def pinned_features(pins: Pins, precision: str = "bf16", *,
     """The features the pins (and the precision and cluster) need of a runtime."""
     out, zero, tp, pp = [], pins.zero, pins.tp or 1, pins.pp or 1
     if zero is not None:
-        out.append(Feature(f"ZeRO-{zero}", f"--zero {zero}", lambda c: zero in c.zero_stages))
+        out.append(Feature(f"ZeRO-{zero}", f"--zero {zero}", lambda c: zero in c.zero_stages,
+                           key=f"zero{zero}"))
         if pp > 1:
             out.append(Feature(f"ZeRO-{zero} with pipeline parallelism", f"--zero {zero} --pp {pp}",
                                lambda c: zero in c.pipeline_zero_stages))
@@ -444,15 +451,17 @@ def names(runtimes) -> str:
 
 
 def lack_reason(runtime: Runtime, lacking: list[Feature]) -> str:
-    """``--zero 3 --runtime megatron: Megatron-LM has no ZeRO-3; DeepSpeed and FSDP do``:
-    what ``runtime`` lacks for which options, and which runtimes have each."""
+    """``--vpp 2 --runtime deepspeed: DeepSpeed has no interleaved pipeline schedule; Megatron-LM
+    and FSDP do``: what ``runtime`` lacks for which options (in its table's ``notes`` where
+    they say why), and which runtimes have each."""
     parts = []
+    caps = RUNTIMES[runtime]
     for feature in lacking:
         others = [r for r in Runtime if r is not runtime and feature.has(RUNTIMES[r])]
         have = (f"{names(others)} {'does' if len(others) == 1 else 'do'}" if others
                 else "no runtime does")
-        parts.append(f"{feature.flags} --runtime {runtime.value}: {RUNTIMES[runtime].name} has "
-                     f"no {feature.label}; {have}")
+        why = caps.notes.get(feature.key) or f"{caps.name} has no {feature.label}"
+        parts.append(f"{feature.flags} --runtime {runtime.value}: {why}; {have}")
     return "; ".join(parts)
 
 

@@ -569,8 +569,8 @@ def check_runtime(training: TrainingSpec, pins: Pins, *, node_groups: bool = Fal
     naming the runtimes that have them.
 
     Raises:
-        InfeasibleError: e.g. "--zero 3 --runtime megatron: Megatron-LM has no ZeRO-3;
-            DeepSpeed and FSDP do".
+        InfeasibleError: e.g. "--vpp 2 --runtime deepspeed: DeepSpeed has no interleaved
+            pipeline schedule; Megatron-LM and FSDP do".
     """
     lacking = missing(training.runtime, pinned_features(pins, training.precision.value,
                                                         node_groups=node_groups))

@@ -107,7 +107,8 @@ def test_a_pin_one_runtime_lacks_names_those_that_have_it():
         autoplan.solve(model, cluster(1, 4, False), seq_len=256, global_batch=8,
                        pins={"zero": 3}, runtime="megatron", runners_up=False)
     assert err.value.exit_code == 3
-    assert "--zero 3 --runtime megatron: Megatron-LM has no ZeRO-3; DeepSpeed and FSDP do" \
+    assert ("--zero 3 --runtime megatron: Megatron-LM runs ZeRO-3 as Megatron-FSDP's "
+            "optim_grads_params, which autoplan does not price; DeepSpeed and FSDP do") \
         in str(err.value)
 
 
