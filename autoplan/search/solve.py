@@ -77,9 +77,9 @@ def solve_search(problems: Problem | list[Problem], pins: Pins, *, time_limit_s:
         for zero in asked:
             left = time_limit_s - (time.perf_counter() - start)
             logger.info("nothing fits at the ZeRO stages searched; searching ZeRO-%d", zero)
-            try:
+            try:  # its own refusal is not reported: no explanation to search for
                 return _search(problems, pins.model_copy(update={"zero": zero}),
-                               time_limit_s=left, **search)
+                               time_limit_s=left, **(search | {"explain": False}))
             except InfeasibleError:
                 continue
         raise refused
