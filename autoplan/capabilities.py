@@ -240,9 +240,9 @@ RUNTIMES: dict[Runtime, Capabilities] = {
 prices. Megatron-LM's ZeRO is its distributed optimizer (ZeRO-1) and Megatron-FSDP's
 optim_grads (ZeRO-2: gradients reduce-scattered every micro-batch, parameters whole; its
 ZeRO-3 is not modelled), searched only when asked for or when nothing else fits
-(``asked_zero_stages``): it moves a
-Megatron-LM launch to Megatron-FSDP (fsdp_dtensor checkpoints, no fused gradient
-accumulation), and no published run it was checked on ran it; FSDP's ZeRO is SHARD_GRAD_OP (2) and FULL_SHARD (3), its offload CPUOffloadPolicy
+(``asked_zero_stages``): it moves a Megatron-LM launch to Megatron-FSDP (fsdp_dtensor
+checkpoints, no fused gradient accumulation), and no published run it was checked on ran it.
+FSDP's ZeRO is SHARD_GRAD_OP (2) and FULL_SHARD (3), its offload CPUOffloadPolicy
 (parameters too, so ZeRO-3 with parameter offload); sequence parallelism comes with every TP
 plan of FSDP (``tp_implies_sp``) and is a searched choice on Megatron-LM only; uneven
 interleaving is searched for Megatron-LM only. The optimizer in backward is priced on FSDP only:

@@ -365,8 +365,7 @@ def chunk_memories(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], 
         for composition, stage in zip(chunk_compositions(problem, plan, stages), stages):
             sums = chunk_sums(problem, (composition,), split, links["tp"], links["cp"])
             kept = sums.acts_per_chunk + _held_output_bytes(problem, plan, (stage,), split)
-            experts = _rank_experts(problem, plan, split, links, (stage,))[0]
-            queue = _reduce_queue_bytes(problem, plan, sums, kept, experts)
+            queue = _reduce_queue_bytes(problem, plan, sums, kept, split, links, stage)
             if queue and sums.backward_working + queue > sums.working:
                 chunks.append(ChunkMemory(kept, sums.backward_working + queue,
                                           sums.backward_kind))
@@ -377,15 +376,17 @@ def chunk_memories(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], 
 
 
 def _reduce_queue_bytes(problem: Problem, plan: Plan, sums: ChunkSums, kept: float,
-                        experts: float) -> float:
-    """What a chunk's unsharded gradient buckets add to its backward where the runtime's
-    ZeRO-2 reduce-scatters them every micro-batch (memory.reduce_queue_bytes): the trained
-    parameters the GPU holds (``sums`` count every expert; the GPU, ``experts`` of them, its
-    1/ep) in units of its largest layer, each freeing an even share of the ``kept``
-    activations; 0 otherwise."""
+                        split: Split, links: dict[str, GroupLinks],
+                        stage: tuple[int, int]) -> float:
+    """What the unsharded gradient buckets of chunk ``stage`` (its layer ``sums``) add to its
+    backward where the runtime's ZeRO-2 reduce-scatters them every micro-batch
+    (memory.reduce_queue_bytes): the trained parameters the GPU holds (``sums`` count every
+    expert, the GPU holds 1/ep of them) in units of its largest layer, each freeing an even
+    share of the ``kept`` activations; 0 otherwise."""
     queue = problem.runtime.zero2_reduce_queue_params
     if plan.zero_stage != 2 or not queue or sums.trained <= 0:
         return 0.0
+    experts = _rank_experts(problem, plan, split, links, (stage,))[0]
     held = sums.trained - experts * (plan.ep - 1)
     units = math.ceil(sums.trained / sums.largest)
     return reduce_queue_bytes(held / units, units, queue_params=queue,

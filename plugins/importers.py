@@ -77,9 +77,9 @@ def _recompute_num_layers(flags: dict) -> int | None:
 
 def _megatron_zero(flags: dict) -> int:
     """ZeRO stage of a Megatron-LM run: Megatron-FSDP's sharding strategy (its default
-    optim_grads_params where the flag is absent), else the distributed optimizer's 1. A
-    strategy that shards no gradients (no_shard, optim) is priced as the stage below its
-    sharding: 0 or 1."""
+    optim_grads_params where the flag is absent; no_shard and optim, which keep gradients
+    whole, are priced as ZeRO-0 and ZeRO-1), else 1 with the distributed optimizer, 0
+    without."""
     if flags.get("use-megatron-fsdp"):
         strategy = flags.get("data-parallel-sharding-strategy") or "optim_grads_params"
         stages = {"no_shard": 0, "optim": 1,
