@@ -222,6 +222,13 @@ class RuntimeProfile:
     source: str = ""
 
 
+def reduces_every_microbatch(runtime: RuntimeProfile, zero_stage: int) -> bool:
+    """Whether ``zero_stage`` is a ZeRO-2 that reduce-scatters the gradients after every
+    micro-batch's backward and keeps the parameters whole, through a queue of unsharded
+    buckets (Megatron-FSDP's optim_grads: ``zero2_reduce_queue_params``)."""
+    return zero_stage == 2 and runtime.zero2_reduce_queue_params > 0
+
+
 ATTENTION_KERNELS = ("flash2", "cudnn", "flash3", "triton")
 """The fused attention kernels a runtime's ``attention_kernel`` may name (profiles.yaml;
 ``triton`` is priced from flash2's rates, costmodels.compute.RELATIVE_KERNELS)."""

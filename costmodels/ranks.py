@@ -42,6 +42,7 @@ from autoplan.costmodels.pipeline import (
 )
 from autoplan.costmodels.placement import plan_links
 from autoplan.costmodels.problem import Problem, memo
+from autoplan.costmodels.profiles import reduces_every_microbatch
 from autoplan.costmodels.step_allocations import (
     LayerTensors,
     StageOutput,
@@ -383,13 +384,13 @@ def _reduce_queue_bytes(problem: Problem, plan: Plan, sums: ChunkSums, kept: flo
     (memory.reduce_queue_bytes): the trained parameters the GPU holds (``sums`` count every
     expert, the GPU holds 1/ep of them) in units of its largest layer, each freeing an even
     share of the ``kept`` activations; 0 otherwise."""
-    queue = problem.runtime.zero2_reduce_queue_params
-    if plan.zero_stage != 2 or not queue or sums.trained <= 0:
+    if not reduces_every_microbatch(problem.runtime, plan.zero_stage) or sums.trained <= 0:
         return 0.0
     experts = _rank_experts(problem, plan, split, links, (stage,))[0]
     held = sums.trained - experts * (plan.ep - 1)
     units = math.ceil(sums.trained / sums.largest)
-    return reduce_queue_bytes(held / units, units, queue_params=queue,
+    return reduce_queue_bytes(held / units, units,
+                              queue_params=problem.runtime.zero2_reduce_queue_params,
                               grad_bytes=problem.runtime.grad_bytes,
                               freed_per_unit=kept / units)
 

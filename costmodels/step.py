@@ -23,6 +23,7 @@ from autoplan.costmodels.groups import estimate_on_groups, step_and_peak_on_grou
 from autoplan.costmodels.pipeline import pipeline_time
 from autoplan.costmodels.placement import plan_links
 from autoplan.costmodels.problem import Problem, memo
+from autoplan.costmodels.profiles import reduces_every_microbatch
 from autoplan.costmodels.ranks import (
     RankCost,
     activation_peak,
@@ -277,7 +278,7 @@ def peak_moments(problem: Problem, plan: Plan) -> list[str]:
             kind = peak.working_kind
             what = ("the loss (cross-entropy over the logits) of the newest micro-batch"
                     if kind == "loss" else f"the backward of a {kind}" if kind else "the backward")
-            if kind != "loss" and plan.zero_stage == 2 and problem.runtime.zero2_reduce_queue_params:
+            if kind != "loss" and reduces_every_microbatch(problem.runtime, plan.zero_stage):
                 what += " beside the unsharded gradients queued for its reduce-scatters"
             moments[rank] = f"{what}, with {peak.held} micro-batch chunk(s) of activations in flight"
     return moments

@@ -15,6 +15,7 @@ from autoplan.costmodels.memory import (
     optimizer_step_bytes,
 )
 from autoplan.costmodels.problem import Problem, memo
+from autoplan.costmodels.profiles import reduces_every_microbatch
 
 from autoplan.cluster.topology import GroupLinks
 from autoplan.plan import Offload, Plan
@@ -96,7 +97,7 @@ def dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
     if experts is not None and experts[0]:
         groups = [(params - experts[0], trained - experts[0], links),
                   (experts[0], experts[0], experts[1])]
-    if _reduces_per_microbatch(runtime, plan) and _bucketed(runtime, plan):
+    if reduces_every_microbatch(runtime, plan.zero_stage) and _bucketed(runtime, plan):
         forward_s = compute_s / plan.num_microbatches - backward_s
         units = max(gathers, 1)
         key = ("per_microbatch_dp", plan.num_microbatches, units,
@@ -141,7 +142,7 @@ def least_dp_time(problem: Problem, plan: Plan, params: float, trained: float,
         return 0.0
     runtime = problem.runtime
     window = float("inf") if window_s is None else window_s
-    if _reduces_per_microbatch(runtime, plan) and _bucketed(runtime, plan):
+    if reduces_every_microbatch(runtime, plan.zero_stage) and _bucketed(runtime, plan):
         # the last micro-batch's reductions are all ready within its backward; one collective
         # over them all costs no more than the units' one by one
         grads = (runtime.reduce_bytes or runtime.grad_bytes) * trained
@@ -186,12 +187,6 @@ def _gathers_per_microbatch(runtime, plan: Plan) -> bool:
     """Whether the runtime's ZeRO-2 gathers and reduces per unit every micro-batch (FSDP1
     SHARD_GRAD_OP), priced and overlapped as ZeRO-3 is."""
     return plan.zero_stage == 2 and runtime.zero2_gathers_per_microbatch
-
-
-def _reduces_per_microbatch(runtime, plan: Plan) -> bool:
-    """Whether the runtime's ZeRO-2 reduce-scatters the gradients after every micro-batch's
-    backward and keeps the parameters whole (Megatron-FSDP's optim_grads)."""
-    return plan.zero_stage == 2 and runtime.zero2_reduce_queue_params > 0
 
 
 def _bucketed(runtime, plan: Plan) -> bool:
@@ -390,7 +385,7 @@ def _dp_collectives(problem: Problem, plan: Plan, params: float, trained: float,
     grads = (runtime.reduce_bytes or runtime.grad_bytes) * trained
     if plan.zero_stage == 0:
         return bucketed_reduction(runtime, comm.all_reduce_time, trained, grads, links)
-    if _reduces_per_microbatch(runtime, plan):
+    if reduces_every_microbatch(runtime, plan.zero_stage):
         return (plan.num_microbatches * comm.reduce_scatter_time(grads, links)
                 + comm.all_gather_time(WEIGHT_BYTES * trained, links))
     if _gathers_per_microbatch(runtime, plan):
