@@ -712,14 +712,20 @@ def rank_groups(problem: Problem, plan: Plan) -> list[list[int]]:
     groups = memo(problem).get(key)
     if groups is None:
         by_signature: dict[tuple, list[int]] = {}
-        end = len(problem.graph.layers)
         for rank in range(plan.pp):
-            stages = rank_stages(plan, rank)
-            signature = (rank == plan.pp - 1,) + chunk_compositions(problem, plan, stages) + tuple(
-                (first == 0, first + num == end) for first, num in stages)
-            by_signature.setdefault(signature, []).append(rank)
+            by_signature.setdefault(rank_signature(problem, plan, rank), []).append(rank)
         groups = memo(problem)[key] = list(by_signature.values())
     return groups
+
+
+def rank_signature(problem: Problem, plan: Plan, rank: int) -> tuple:
+    """What a rank's cost depends on in the plan's layout: whether it is the last rank, the
+    layer classes of each of its chunks in order, and which chunks hold the model's first or
+    last layer; not where in the model its layers sit (alike layers cost the same anywhere)."""
+    stages = rank_stages(plan, rank)
+    end = len(problem.graph.layers)
+    return ((rank == plan.pp - 1,) + chunk_compositions(problem, plan, stages)
+            + tuple((first == 0, first + num == end) for first, num in stages))
 
 
 def step_transients(problem: Problem, plan: Plan, largest_module: float,

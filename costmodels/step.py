@@ -33,6 +33,7 @@ from autoplan.costmodels.ranks import (
     rank_base,
     rank_cost,
     rank_groups,
+    rank_signature,
     rank_stages,
     stage_tensors,
     step_transients,
@@ -90,9 +91,26 @@ def _rank_costs(problem: Problem, plan: Plan) -> _RankCosts:
     if last is None or last[0] != plan:
         links = plan_links(problem, plan)
         groups = rank_groups(problem, plan)
-        costs = [rank_cost(problem, plan, ranks[0], links) for ranks in groups]
+        costs = [_chunks_rank_cost(problem, plan, ranks[0], links) for ranks in groups]
         last = memo(problem)["last_rank_costs"] = plan, _RankCosts(links, groups, costs)
     return last[1]
+
+
+def _chunks_rank_cost(problem: Problem, plan: Plan, rank: int, links: dict) -> RankCost:
+    """``rank_cost`` of the rank running its chunks of the plan, kept per problem by what it
+    depends on (the plan's degrees and switches, the rank, and its ``rank_signature``): the
+    splits the partition model re-evaluates differ in a few ranks' counts, and permutations
+    of interchangeable stages give each rank a count another split gave it."""
+    key = ("chunks_rank_cost", tuple(getattr(plan, name) for name in _PLAN_BUT_STAGES), rank,
+           rank_signature(problem, plan, rank))
+    cost = memo(problem).get(key)
+    if cost is None:
+        cost = memo(problem)[key] = rank_cost(problem, plan, rank, links)
+    return cost
+
+
+_PLAN_BUT_STAGES = tuple(name for name in Plan.model_fields if name != "stages")
+"""Every field of a plan but its stages: what a rank's cost reads besides its chunks."""
 
 
 def _evaluate(problem: Problem, plan: Plan) -> _Evaluation:
