@@ -1,7 +1,7 @@
 """What CP-SAT's choice of the stage split gains over the old menu (balanced, or the first/last
 stage 1-2 blocks lighter for pp >= 3): the best plan's step time with each, on the example
-models on a cluster of their scale, and on a large-vocabulary pp = 2 case (Llama-3-8B-like,
-128,256-token vocabulary, pp pinned to 2).
+models on a cluster of their scale, and on large-vocabulary cases (Llama-3-8B-like, 128,256-token
+vocabulary, pp pinned to 2; Llama-3-70B-like, pp pinned to 8).
 
     .venv/bin/python benchmarks/partition_gain.py
 
@@ -42,9 +42,16 @@ LLAMA3_8B = LlamaConfig(num_layers=32, hidden_size=4096, num_heads=32, num_kv_he
 FFN 14336, vocabulary 128,256."""
 
 
-def llama3_8b():
-    module = types.ModuleType("llama3_8b_like")
-    module.build_model = lambda: Llama(LLAMA3_8B)
+LLAMA3_70B = LlamaConfig(num_layers=80, hidden_size=8192, num_heads=64, num_kv_heads=8,
+                         ffn_hidden_size=28672, vocab_size=128256)
+"""Llama 3 70B (Dubey et al. 2024, table 3): 80 layers, hidden 8192, 64 heads and 8 KV heads,
+FFN 28672, vocabulary 128,256: its head is about 1.2 blocks, and 80 blocks over 8 stages leave
+the menu no lighter first or last stage (the rest never divides evenly over the middles)."""
+
+
+def llama(config: LlamaConfig, name: str):
+    module = types.ModuleType(name)
+    module.build_model = lambda: Llama(config)
     module.loss = next_token_loss
     return autoplan.load_model(module)
 
@@ -80,8 +87,10 @@ def main() -> None:
         compare(model_file, autoplan.load_model(EXAMPLES / "models" / model_file), cluster_file,
                 seq, batch, pins)
     for tp in (1, 2):
-        compare(f"llama3-8b-like pp2 tp{tp}", llama3_8b(), "dgx-a100-x1.yaml", 8192, 64,
-                {"pp": 2, "tp": tp})
+        compare(f"llama3-8b-like pp2 tp{tp}", llama(LLAMA3_8B, "llama3_8b_like"),
+                "dgx-a100-x1.yaml", 8192, 64, {"pp": 2, "tp": tp})
+    compare("llama3-70b-like pp8 tp8", llama(LLAMA3_70B, "llama3_70b_like"),
+            "dgx-a100-x16.yaml", 4096, 512, {"pp": 8, "tp": 8})
 
 
 if __name__ == "__main__":

@@ -40,8 +40,9 @@ Constraints (one ``add_<family>`` each, every constraint named)
     4. slowest: ``T == max_s sum_c t[s][c] x[s][c]``, ``E == max_s sum_c e[s][c] x[s][c]``
                                                                          → add_slowest()
     5. symmetry: ``sum_c c x[s][c] <= sum_c c x[s'][c]`` for consecutive members s < s' of
-       each class of stages with equal rows (the objective is symmetric in the stages, so
-       their permutations are equal; node groups' middle stages of one group)  → add_symmetry()
+       each class of interchangeable stages (rows that agree where both have a count, their
+       intervals of counts ascending: permuting their counts leaves the objective as it is;
+       the middle stages of one kind of GPU, or of one group)             → add_symmetry()
 
 Objective
     ``(m - 1) T + sum_s sum_c t[s][c] x[s][c] + E``: 1F1B (``costmodels.pipeline``) plus the
@@ -57,8 +58,10 @@ Solve and re-evaluate
     one kind of GPU, by the post-drain term (which ``estimate()`` takes from the rank with
     most parameters rather than stage by stage), so every solution within the window of the
     optimum (``window_top``: ``WINDOW`` of it on one kind of GPU, m + p + 1 ns on node
-    groups) is enumerated (at most ``POOL`` of them), the permutations of equal-row stages'
-    counts put back (``permutations_of_equal_rows``), and each re-evaluated in floats: with
+    groups) is enumerated (at most ``POOL`` of them), on node groups the permutations of
+    interchangeable stages' counts put back (``permutations_of_interchangeable``; on one kind of
+    GPU the ascending order stands for them: ``StageCosts.permuted``), and each re-evaluated in
+    floats: with
     ``step_and_peak`` on one kind of GPU, the fastest in whole µs, then least memory, then
     the lexicographically first counts (the table's and the brute force's order); with
     ``groups.step_time`` on node groups, the least step, then the first counts.
@@ -109,12 +112,15 @@ class StageTable:
     share: float = WINDOW
     rounding: int = 0
     """``StageCosts.share`` and ``rounding``: what the window around the optimum spans."""
+    permuted: bool = True
+    """``StageCosts.permuted``: whether the pool lists every order of interchangeable stages'
+    counts or the ascending one stands for them."""
 
     @property
     def key(self) -> tuple:
         """The table's content, hashable (what its pool depends on)."""
         return (tuple(tuple(row.items()) for row in self.costs), self.num_blocks,
-                self.num_microbatches, self.share, self.rounding)
+                self.num_microbatches, self.share, self.rounding, self.permuted)
 
     def window_top(self, best: int) -> int:
         return window_top(best, self.share, self.rounding)
@@ -178,6 +184,12 @@ class StageCosts:
 
     share = WINDOW
     """Share of the optimum within which splits are re-evaluated (see WINDOW)."""
+    permuted = False
+    """Interchangeable stages' counts ascending stand for their other orders: the splits are
+    compared in whole µs, where those have the same step (the same stage times in another
+    order), then by peak memory, least for the ascending one (each stage holds no more
+    micro-batches in flight than the one before, so the larger counts go where they cost
+    least), then by counts, of which it is the lexicographically first."""
 
     def __init__(self, problem: Problem, plan: Plan, memory: bool = True):
         self.problem, self.plan, self.memory = problem, plan, memory
@@ -239,6 +251,9 @@ class GroupStageCosts(StageCosts):
     could be the least is in it."""
 
     share = 0.0
+    permuted = True
+    """Steps are compared in floats here, whose last bits depend on the order of the stage
+    times' sum: every order of interchangeable stages' counts is re-evaluated."""
 
     def __init__(self, problem: Problem, plan: Plan, groups: tuple[str, ...], beaten=None):
         self.groups, self.beaten = groups, beaten
@@ -393,7 +408,7 @@ def read_problem(costs: StageCosts) -> StageTable:
         lowest = max(1, total - (sum(highest) - highest[s]))
         rows.append({c: costs.cost(s, c) for c in range(lowest, highest[s] + 1)})
     return StageTable(tuple(rows), total, costs.plan.num_microbatches, costs.share,
-                      costs.rounding())
+                      costs.rounding(), costs.permuted)
 
 
 def _largest(admissible, most: int, least: int = 0) -> int:
@@ -481,11 +496,11 @@ class PartitionModel:
         return cp_model.LinearExpr.weighted_sum(list(self.x[s].values()), list(self.x[s]))
 
     def add_symmetry(self) -> None:
-        """Stages with equal rows (the same counts, times and post-drain terms: middle stages
-        of one group) are interchangeable, the objective being symmetric in the stages; their
-        counts ascend in pipeline order (the lexicographically first of the permutations),
-        and ``solve`` puts the permutations back for re-evaluation."""
-        for members in equal_row_classes(self.table.costs):
+        """Interchangeable stages (``interchangeable_classes``: middle stages of one kind of
+        GPU, or of one group) are permutable without changing the objective; their counts
+        ascend in pipeline order (the lexicographically first of the permutations), and
+        ``solve`` puts the permutations back where the table asks (``StageTable.permuted``)."""
+        for members in interchangeable_classes(self.table.costs):
             for first, second in zip(members, members[1:]):
                 self.model.add(self.count(first) <= self.count(second)
                                ).with_name(f"symmetry_{first}_{second}")
@@ -538,9 +553,10 @@ class PartitionModel:
         enumerate_.parameters.enumerate_all_solutions = True
         enumerate_.solve(self.model, pool)
         found = pool.found | {self.counts(solver)}
-        return Solved(best, sorted({c for counts in found
-                                    for c in permutations_of_equal_rows(self.table.costs, counts)}),
-                      floor)
+        if self.table.permuted:
+            found = {c for counts in found
+                     for c in permutations_of_interchangeable(self.table.costs, counts)}
+        return Solved(best, sorted(found), floor)
 
 
 @dataclass(frozen=True)
@@ -559,26 +575,54 @@ class Solved:
         return None if self.floor is None else max(0.0, (self.floor - rounding) / NS)
 
 
-def equal_row_classes(rows: tuple[dict, ...]) -> list[list[int]]:
-    """The stages of each class of two or more with equal rows of more than one count, in
-    pipeline order."""
-    classes: dict[tuple, list[int]] = {}
+def interchangeable_classes(rows: tuple[dict, ...]) -> list[list[int]]:
+    """Classes of two or more stages, each in pipeline order, whose counts can be permuted
+    among them without changing the objective: consecutive members agree on the (t, e) of
+    every count both may run, and their admissible counts (an interval each) start and end
+    no lower than the previous member's. Then any split's counts on a class, sorted
+    ascending, are admissible (the k-th smallest of them is within the k-th member's
+    interval) and give the stages the same multiset of (t, e): the objective is unchanged.
+    Middle stages on one kind of GPU are the usual class: equal times and post-drain terms,
+    and under 1F1B each holds fewer micro-batches in flight than the one before, so its
+    largest count that fits is no smaller. A stage joins the first class whose last member
+    it extends, else starts one."""
+    classes: list[list[int]] = []
     for s, row in enumerate(rows):
-        if len(row) > 1:
-            classes.setdefault(tuple(row.items()), []).append(s)
-    return [members for members in classes.values() if len(members) > 1]
+        if len(row) < 2:
+            continue
+        joined = next((members for members in classes
+                       if _extends(rows[members[-1]], row)), None)
+        if joined is None:
+            classes.append([s])
+        else:
+            joined.append(s)
+    return [members for members in classes if len(members) > 1]
 
 
-def permutations_of_equal_rows(rows: tuple[dict, ...], counts: tuple[int, ...]
+def _extends(before: dict, row: dict) -> bool:
+    """``row`` may follow ``before`` in a class of interchangeable stages: its interval of
+    counts starts and ends no lower, and the two agree on every count both have."""
+    if min(row) < min(before) or max(row) < max(before):
+        return False
+    return all(before[c] == row[c] for c in range(min(row), max(before) + 1))
+
+
+def permutations_of_interchangeable(rows: tuple[dict, ...], counts: tuple[int, ...]
                                ) -> list[tuple[int, ...]]:
-    """``counts`` with the counts of each class of equal-row stages permuted every distinct
-    way (their integer objectives are equal, their float steps may differ in the last bits),
-    when there are at most POOL of them; else ``counts`` alone stands for them."""
+    """``counts`` with the counts of each class of interchangeable stages permuted every
+    distinct way that keeps each stage's count admissible (their integer objectives are
+    equal, their float steps may differ in the last bits and their memory does), when there
+    are at most POOL of them; else ``counts`` alone stands for them."""
     out = [tuple(counts)]
-    for members in equal_row_classes(rows):
+    for members in interchangeable_classes(rows):
         arranged = []
         for base in out:
-            for values in _distinct_permutations([base[s] for s in members]):
+            values_here = [base[s] for s in members]
+            if _arrangements(values_here) > POOL:
+                return [tuple(counts)]
+            for values in _distinct_permutations(values_here):
+                if any(value not in rows[s] for s, value in zip(members, values)):
+                    continue
                 split = list(base)
                 for s, value in zip(members, values):
                     split[s] = value
@@ -587,6 +631,14 @@ def permutations_of_equal_rows(rows: tuple[dict, ...], counts: tuple[int, ...]
                     return [tuple(counts)]
         out = arranged
     return out
+
+
+def _arrangements(values: list[int]) -> int:
+    """How many distinct orderings ``values`` has (the multinomial coefficient)."""
+    total = math.factorial(len(values))
+    for value in set(values):
+        total //= math.factorial(values.count(value))
+    return total
 
 
 def _distinct_permutations(values: list[int]):

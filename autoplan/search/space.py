@@ -206,12 +206,14 @@ def uniform_blocks(graph: LayerGraph) -> bool:
     return all(replace(graph.layers[i], name="", modules=()) == same for i in blocks)
 
 
-CHOSEN_SPLIT_MAX_PP = 4
-"""Deepest pipeline whose split CP-SAT chooses. Where the menu has least (pp = 2: balanced
-only) the model pays (5% on a 128K-vocabulary pp = 2 case) and solves in milliseconds; on
-deep pipelines of alike middle stages the window's near-optimal splits are many symmetric
-compositions, hundreds of solves took minutes on the 175B-530B searches (README, "What
-CP-SAT solves"), and the menu's lighter first/last stages are what a split there moves."""
+CHOSEN_SPLIT_MAX_PP = 8
+"""Deepest pipeline whose split CP-SAT chooses. Its middle stages are one class of
+interchangeable rows (``search.partition.interchangeable_classes``), so the model searches
+their counts in one order; up to 8 ranks the searches stay within their time (530B GPT on 5,128
+A100: 1.1 s warm against 0.8 s at 4 ranks). Deeper, where memory caps every stage near the
+same count, the window around the optimum holds dozens of splits a few ns apart and each table
+took 0.1-0.9 s to enumerate (16 ranks: 3.7 s; 64: 16 s on that job), so deeper pipelines keep
+the menu, whose lighter first/last stages are what a split there moves."""
 
 
 def split_is_chosen(graph: LayerGraph, pp: int, vpp: int) -> bool:

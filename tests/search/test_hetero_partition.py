@@ -12,7 +12,7 @@ from autoplan.search.groups_space import (
     assignments, capacity, group_plan, group_shapes, shape_switches, stage_groups,
 )
 from autoplan.search.partition import (
-    GroupStageCosts, PartitionModel, StageTable, best_split_on_groups, equal_row_classes,
+    GroupStageCosts, PartitionModel, StageTable, best_split_on_groups, interchangeable_classes,
     read_problem,
 )
 from autoplan.search.space import balanced_stages, compositions, make_plan
@@ -59,6 +59,35 @@ def test_stages_with_equal_rows_are_searched_once_and_every_order_is_returned():
     names = {c.name for c in model.model.proto.constraints}
     assert "symmetry_1_2" in names and "symmetry_0_3" in names
     assert model.solve().pool == [(1, 1, 3, 1), (1, 2, 2, 1), (1, 3, 1, 1)]
+
+
+def test_middle_stages_that_fit_more_blocks_the_later_they_run_are_one_class():
+    """Middle stages of one kind of GPU under 1F1B: equal times, and each holds fewer
+    micro-batches in flight than the one before, so it fits no fewer blocks. Five stages, 11
+    blocks, the ends fitting 1 block and the middles 2, 3 and 4 (10 a block): only (1, 2, 3,
+    4, 1) adds up, so a symmetry that ordered the middles any other way than ascending would
+    leave the model no split. A row whose time differs at a count both have, or whose
+    interval ends lower, starts a class of its own."""
+    end = linear_row(30, [1])
+    middles = [linear_row(10, range(1, top + 1)) for top in (2, 3, 4)]
+    rows = (end, *middles, end)
+    assert interchangeable_classes(rows) == [[1, 2, 3]]
+    assert pool(rows, 11, 2) == [(1, 2, 3, 4, 1)]
+    slower = linear_row(11, range(1, 5))
+    assert interchangeable_classes((middles[1], slower, middles[2])) == [[0, 2]]
+    assert interchangeable_classes((middles[2], middles[1])) == []
+
+
+def test_permutations_put_back_keep_every_count_admissible():
+    """12 blocks over the same ends and middles fitting 3, 4 and 4 blocks (ascending
+    intervals): T + S is 30 + 100 + 30 = 160 for every split of 10 blocks over the middles,
+    and T = 40 wherever one middle runs 4. The optimal middles are the orderings of
+    {3, 3, 4}, {2, 4, 4} that fit: (3, 3, 4), (3, 4, 3); (2, 4, 4) only, as the first middle
+    fits at most 3 blocks (4, 2, 4 and 4, 4, 2 do not fit)."""
+    end = linear_row(30, [1])
+    rows = (end, linear_row(10, range(1, 4)), linear_row(10, range(1, 5)),
+            linear_row(10, range(1, 5)), end)
+    assert pool(rows, 12, 2) == [(1, 2, 4, 4, 1), (1, 3, 3, 4, 1), (1, 3, 4, 3, 1)]
 
 
 # --- the model on node groups against every composition ---------------------------------------
@@ -133,7 +162,7 @@ def test_five_stages_with_equal_middles_on_one_group():
             expected = every_composition(problem, shape, sw, assignment)
             assert best_split_on_groups(problem, plan, groups) == expected
             costs = GroupStageCosts(problem, plan, groups)
-            symmetric += bool(costs.hint and equal_row_classes(read_problem(costs).costs))
+            symmetric += bool(costs.hint and interchangeable_classes(read_problem(costs).costs))
     assert symmetric
 
 

@@ -58,6 +58,9 @@ CASES = [  # layers, vocab, pp, batch, runtime, memory above the CUDA context (M
     (8, 32768, 4, 16, "deepspeed", 4096),
     (6, 32768, 3, 12, "megatron", 140),  # tight: the first stage holds most micro-batches
     (8, 16384, 4, 8, "fsdp", 121),
+    (10, 16384, 6, 12, "megatron", 4096),  # deep: the middle stages are interchangeable
+    (12, 8192, 6, 24, "megatron", 40),  # ... and fit fewer blocks the earlier they run
+    (11, 32768, 8, 16, "deepspeed", 4096),
 ]
 
 
