@@ -143,12 +143,13 @@ class RankProfile:
     memory_bytes: float
 
 
-def rank_profile(problem: Problem, plan: Plan, rank: int, stage: tuple[int, int]) -> RankProfile:
-    """Costs of pipeline rank ``rank`` running the one chunk ``stage = (first, num)`` under the
-    plan's degrees and switches (``plan``'s own stages are not read): the terms ``_evaluate``
-    takes the max or sum of over ranks."""
+def rank_profile(problem: Problem, plan: Plan, rank: int,
+                 chunks: tuple[tuple[int, int], ...]) -> RankProfile:
+    """Costs of pipeline rank ``rank`` running ``chunks``, its ``(first, num)`` layers of each
+    model chunk, under the plan's degrees and switches (``plan``'s own stages are not read):
+    the terms ``_evaluate`` takes the max or sum of over ranks."""
     links = plan_links(problem, plan)
-    cost = _stage_rank_cost(problem, plan, rank, stage)
+    cost = _stage_rank_cost(problem, plan, rank, chunks)
     experts = cost.expert_params
     sync_s = dp_time(problem, plan, cost.params, links["dp"], backward_s=cost.backward_s,
                      compute_s=plan.num_microbatches * cost.compute_s, gathers=cost.gathers,
@@ -159,43 +160,46 @@ def rank_profile(problem: Problem, plan: Plan, rank: int, stage: tuple[int, int]
     return RankProfile(cost.micro_batch_s, sync_s + optimizer_s, cost.memory)
 
 
-def rank_memory_bytes(problem: Problem, plan: Plan, rank: int, stage: tuple[int, int]) -> float:
+def rank_memory_bytes(problem: Problem, plan: Plan, rank: int,
+                      chunks: tuple[tuple[int, int], ...]) -> float:
     """``rank_profile``'s memory alone: the partition screens a stage's memory before its
     times, which a stage over the limit does not need."""
-    return _stage_rank_cost(problem, plan, rank, stage).memory
+    return _stage_rank_cost(problem, plan, rank, chunks).memory
 
 
-def _stage_rank_cost(problem: Problem, plan: Plan, rank: int, stage: tuple[int, int]) -> RankCost:
-    """``rank_cost`` of a rank running the one chunk ``stage``, kept per problem (its memory is
-    asked for first, its times where it fits)."""
-    key = ("stage_rank_cost", plan, rank, stage)
+def _stage_rank_cost(problem: Problem, plan: Plan, rank: int,
+                     chunks: tuple[tuple[int, int], ...]) -> RankCost:
+    """``rank_cost`` of a rank running ``chunks``, kept per problem (its memory is asked for
+    first, its times where it fits)."""
+    key = ("stage_rank_cost", plan, rank, chunks)
     cost = memo(problem).get(key)
     if cost is None:
         cost = memo(problem)[key] = rank_cost(problem, plan, rank, plan_links(problem, plan),
-                                              (stage,))
+                                              chunks)
     return cost
 
 
 def split_floor_s(problem: Problem, plan: Plan) -> float:
-    """A step time no split of the blocks over ``plan``'s pipeline stages beats under its
-    degrees and switches, for blocks all alike and one chunk per rank (``plan``'s own stages
-    balanced, as ``space.balanced_stages`` cuts them: each rank runs at most ceil(B/p) blocks).
+    """A step time no split of the blocks over ``plan``'s pipeline ranks beats under its
+    degrees and switches, for blocks all alike (``plan``'s own stages balanced, as
+    ``space.balanced_stages`` cuts them: each rank runs at most ceil(B/p) blocks).
 
     The ranks' micro-batch times sum to the same S whatever the split (alike blocks; the ends
-    and each rank's sends fixed), so the slowest takes T >= S/p and 1F1B (m - 1) T + S. Some
-    rank of any split runs at least ceil(B/p) blocks, so its largest parameter count is at
-    least the least of the balanced ranks' (trained ones likewise), and what follows the drain
-    is at least ``least_dp_time`` of those, under a window of T (the slowest rank's backward and
-    forward are within its micro-batch), plus their optimizer step and offload. Below ZeRO-3
-    that floor falls by at most 1 s per second T grows, so with m >= 2 the sum is least at
-    T = S/p; with ZeRO-3 or m = 1 the window is left unbounded. EP-split experts: the pipeline
-    term alone."""
+    and each chunk's sends fixed), so the slowest takes T >= S/p and the schedule m T +
+    (S - T)/v (1F1B at v = 1: (m - 1) T + S), which grows with T. Some rank of any split runs
+    at least ceil(B/p) blocks, so its largest parameter count is at least the least of the
+    balanced ranks' (trained ones likewise), and what follows the drain is at least
+    ``least_dp_time`` of those, under a window of T (the slowest rank's backward and forward
+    are within its micro-batch), plus their optimizer step and offload. Below ZeRO-3 that
+    floor falls by at most 1 s per second T grows, so with m >= 2 the sum is least at
+    T = S/p; with ZeRO-3 or m = 1 the window is left unbounded. EP-split experts: the
+    pipeline term alone."""
     evaluation = _rank_costs(problem, plan)
     total = sum(c.micro_batch_s * len(ranks)
                 for ranks, c in zip(evaluation.groups, evaluation.costs))
     m = plan.num_microbatches
     slowest = total / plan.pp
-    pipe = (m - 1) * slowest + total
+    pipe = pipeline_time(slowest_s=slowest, total_s=total, num_microbatches=m, vpp=plan.vpp)
     if any(c.expert_params for c in evaluation.costs):
         return pipe
     params = min(c.params for c in evaluation.costs)

@@ -5,8 +5,10 @@ re-evaluate the answer). One model serves a cluster of one kind of GPU (``StageC
 the node groups of a heterogeneous one (``GroupStageCosts``): they differ only in the table.
 
 Read problem
-    B blocks over p stages (one chunk per rank, vpp = 1), m micro-batches. For stage s running c
-    blocks (the embedding with the first, the final norm, head and loss with the last) the cost
+    B blocks over p stages (pipeline ranks), m micro-batches, v chunks a rank (interleaved when
+    v > 1: stage s's c blocks spread evenly over its chunks, ``space.stages_of_rank_totals``;
+    node groups v = 1). For stage s running c blocks (the embedding with its first chunk on
+    rank 0, the final norm, head and loss with the last rank's last) the cost
     model gives, in whole ns, its micro-batch time ``t[s][c]`` and what it adds after the
     pipeline drains ``e[s][c]`` (its gradient reduction and optimizer step), and its memory
     against its limit (whole MiB, as the table compares): ``costmodels.step.rank_profile``
@@ -21,9 +23,9 @@ Read problem
     leave.
 Greedy hint
     One kind of GPU: the balanced split (``space.balanced_stages``). Its objective caps the
-    slowest stage: (m - 1) T + S + E <= hint + rounding, with S = sum t the same for every
-    split (alike blocks), gives T <= (hint - S + rounding) / (m - 1) (m > 1), so larger counts
-    cannot be in the window. Node groups: the split of least slowest stage T*
+    slowest stage: (m v - 1) T + S + v E <= hint + rounding, with S = sum t the same for every
+    split (alike blocks), gives T <= (hint - S + rounding) / (m v - 1) (m v > 1), so larger
+    counts cannot be in the window. Node groups: the split of least slowest stage T*
     (``GroupStageCosts.first_hint``: a greedy or a binary search), and since S there is at
     least t[s][c] plus the other stages' one-block times, m t[s][c] <= hint + rounding -
     sum_r t[r][1] + t[s][1] caps each stage; (m - 1) T* + sum_r t[r][1] bounds every split,
@@ -45,8 +47,9 @@ Constraints (one ``add_<family>`` each, every constraint named)
        the middle stages of one kind of GPU, or of one group)             → add_symmetry()
 
 Objective
-    ``(m - 1) T + sum_s sum_c t[s][c] x[s][c] + E``: 1F1B (``costmodels.pipeline``) plus the
-    slowest post-drain term, the step as ``costmodels.groups`` writes it for node groups.
+    ``(m v - 1) T + sum_s sum_c t[s][c] x[s][c] + v E``: v times the schedule's step
+    (``costmodels.pipeline``: interleaved m T + (S - T) / v, 1F1B at v = 1) plus the slowest
+    post-drain term, the step as ``costmodels.groups`` writes it for node groups.
 
 Solve and re-evaluate
     Skipped where the hint is provably alone in the window (``hint_is_alone``: any other
@@ -82,7 +85,7 @@ from autoplan.costmodels.step import rank_memory_bytes, rank_profile
 from autoplan.graph.layer_graph import LayerGraph
 from autoplan.plan import Plan, Stage
 from autoplan.search.space import (
-    balanced_stages, block_counts, split_is_chosen, stages_of_counts,
+    balanced_stages, rank_block_totals, rank_chunk_counts, split_is_chosen, stages_of_rank_totals,
 )
 
 NS = 1e9
@@ -115,12 +118,18 @@ class StageTable:
     permuted: bool = True
     """``StageCosts.permuted``: whether the pool lists every order of interchangeable stages'
     counts or the ascending one stands for them."""
+    vpp: int = 1
+    """Chunks per rank: the objective is the interleaved step times vpp (``objective``)."""
 
     @property
     def key(self) -> tuple:
         """The table's content, hashable (what its pool depends on)."""
         return (tuple(tuple(row.items()) for row in self.costs), self.num_blocks,
-                self.num_microbatches, self.share, self.rounding, self.permuted)
+                self.num_microbatches, self.share, self.rounding, self.permuted, self.vpp)
+
+    def seconds(self, objective: float) -> float:
+        """The step in seconds an objective value stands for, less the rounding."""
+        return (objective - self.rounding) / (NS * self.vpp)
 
     def window_top(self, best: int) -> int:
         return window_top(best, self.share, self.rounding)
@@ -132,16 +141,23 @@ def window_top(best: int, share: float, rounding: int) -> int:
     return best + int(best * share) + rounding
 
 
-def _canonical_stage(graph: LayerGraph, rank: int, pp: int, count: int) -> tuple[int, int]:
-    """Layers of a stage at ``rank`` with ``count`` blocks: the first from layer 0, the last to
-    the end, a middle one from the second block (alike blocks cost the same anywhere)."""
+def _canonical_chunks(graph: LayerGraph, rank: int, pp: int, vpp: int,
+                      count: int) -> tuple[tuple[int, int], ...]:
+    """Layers ``(first, num)`` of each chunk of the rank running ``count`` blocks, spread over
+    its ``vpp`` chunks as ``space.chunk_counts`` spreads them: the model's first chunk from
+    layer 0, its last to the end, any other from the second block (alike blocks cost the same
+    anywhere)."""
     blocks, end = graph.block_indices(), len(graph.layers)
-    if rank == 0:
-        return 0, blocks[0] + count if pp > 1 else end
-    if rank == pp - 1:
-        first = blocks[-1] - count + 1
-        return first, end - first
-    return blocks[1], count
+    chunks = []
+    for chunk, size in enumerate(rank_chunk_counts(count, vpp)):
+        if rank == 0 and chunk == 0:
+            chunks.append((0, blocks[0] + size))
+        elif rank == pp - 1 and chunk == vpp - 1:
+            first = blocks[-1] - size + 1
+            chunks.append((first, end - first))
+        else:
+            chunks.append((blocks[1], size))
+    return tuple(chunks)
 
 
 def _stage_cost(problem: Problem, plan: Plan, rank: int, count: int,
@@ -159,8 +175,8 @@ def _stage_mib(problem: Problem, plan: Plan, rank: int, count: int) -> int:
     key = ("partition_stage_mib", plan, rank, count)
     table = memo(problem)
     if key not in table:
-        stage = _canonical_stage(problem.graph, rank, plan.pp, count)
-        table[key] = memory_mib(rank_memory_bytes(problem, plan, rank, stage))
+        chunks = _canonical_chunks(problem.graph, rank, plan.pp, plan.vpp, count)
+        table[key] = memory_mib(rank_memory_bytes(problem, plan, rank, chunks))
     return table[key]
 
 
@@ -170,8 +186,8 @@ def _stage_profile(problem: Problem, plan: Plan, rank: int, count: int) -> tuple
     key = ("partition_stage", plan, rank, count)
     table = memo(problem)
     if key not in table:
-        stage = _canonical_stage(problem.graph, rank, plan.pp, count)
-        profile = rank_profile(problem, plan, rank, stage)
+        chunks = _canonical_chunks(problem.graph, rank, plan.pp, plan.vpp, count)
+        profile = rank_profile(problem, plan, rank, chunks)
         table[key] = (round(profile.micro_batch_s * NS), round(profile.after_s * NS),
                       memory_mib(profile.memory_bytes))
     return table[key]
@@ -208,13 +224,14 @@ class StageCosts:
         return self._known[s, c]
 
     def first_hint(self) -> tuple[int, ...] | None:
-        graph = self.problem.graph
-        return block_counts(graph, balanced_stages(graph, self.plan.pp))
+        """The ranks' blocks in the balanced layout."""
+        graph, plan = self.problem.graph, self.plan
+        return rank_block_totals(graph, balanced_stages(graph, plan.pp, plan.vpp), plan.pp)
 
     def rounding(self) -> int:
         """Integer units the objective of a split may differ by between tables: one per stage
-        time (each rounded), and one more (the share covers the post-drain term's)."""
-        return self.plan.pp + 1
+        time (each rounded), and one more a chunk (the share covers the post-drain term's)."""
+        return self.plan.pp + self.plan.vpp
 
     def times_floor(self) -> int:
         """The least sum of stage times a split can have (the hint fits): alike blocks on one
@@ -222,19 +239,21 @@ class StageCosts:
         return sum(self.cost(s, c)[0] for s, c in enumerate(self.hint))
 
     def slowest_cap(self) -> tuple[float, ...] | None:
-        """Per stage, the slowest it can be in a split within the window of the hint: (m - 1) T
-        + S + E <= hint + rounding, with E >= 0 and S >= ``times_floor``. None with m = 1 or a
-        hint that does not fit."""
-        m = self.plan.num_microbatches
+        """Per stage, the slowest it can be in a split within the window of the hint:
+        (m v - 1) T + S + v E <= hint + rounding (``objective``), with E >= 0 and S >=
+        ``times_floor``. None with m v = 1 or a hint that does not fit."""
+        m, vpp = self.plan.num_microbatches, self.plan.vpp
         hinted = [self.cost(s, c) for s, c in enumerate(self.hint or ())]
-        if m == 1 or not self.hint or not all(hinted):
+        if m * vpp == 1 or not self.hint or not all(hinted):
             return None
-        cap = (_objective(hinted, m) - self.times_floor() + self.rounding()) / (m - 1)
+        cap = ((_objective(hinted, m, vpp) - self.times_floor() + self.rounding())
+               / (m * vpp - 1))
         return (cap,) * self.plan.pp
 
     def admissible(self, s: int, c: int) -> bool:
         """Stage s may run c blocks: it fits and is not slower than its cap."""
-        if not 1 <= c <= self.total - (self.plan.pp - 1):
+        vpp = self.plan.vpp
+        if not vpp <= c <= self.total - (self.plan.pp - 1) * vpp:
             return False
         cost = self.cost(s, c)
         return cost is not None and (self.cap is None or cost[0] <= self.cap[s])
@@ -263,7 +282,7 @@ class GroupStageCosts(StageCosts):
     def floats(self, s: int, c: int) -> tuple[float, float, bool]:
         """(t s, e s, fits) of stage s with c blocks, as ``estimate()`` has them."""
         if (s, c) not in self._floats:
-            stage = _canonical_stage(self.problem.graph, s, self.plan.pp, c)
+            (stage,) = _canonical_chunks(self.problem.graph, s, self.plan.pp, 1, c)
             cost = stage_cost(self.problem, self.plan, s, self.groups, stage)
             self._floats[s, c] = (cost.cost.micro_batch_s, cost.after_s, cost.fits)
         return self._floats[s, c]
@@ -400,22 +419,24 @@ def read_problem(costs: StageCosts) -> StageTable:
     """Tabulate each stage's costs per block count (see the module docstring). A stage's time
     and memory grow with its count, so its largest admissible count is found by binary search
     (from the hint's), and its smallest is what the other stages' largest leave."""
-    pp, total, hint = costs.plan.pp, costs.total, costs.hint
-    highest = [_largest_from(lambda c, s=s: costs.admissible(s, c), hint[s], total - (pp - 1))
+    pp, vpp, total, hint = costs.plan.pp, costs.plan.vpp, costs.total, costs.hint
+    highest = [_largest_from(lambda c, s=s: costs.admissible(s, c), hint[s],
+                             total - (pp - 1) * vpp, fewest=vpp)
                for s in range(pp)]
     rows = []
     for s in range(pp):
-        lowest = max(1, total - (sum(highest) - highest[s]))
+        lowest = max(vpp, total - (sum(highest) - highest[s]))
         rows.append({c: costs.cost(s, c) for c in range(lowest, highest[s] + 1)})
     return StageTable(tuple(rows), total, costs.plan.num_microbatches, costs.share,
-                      costs.rounding(), costs.permuted)
+                      costs.rounding(), costs.permuted, vpp)
 
 
-def _largest(admissible, most: int, least: int = 0) -> int:
-    """The largest c in 1..most with ``admissible(c)`` (a predicate true up to some count),
-    0 when none; ``least`` is a count known admissible (the search starts above it)."""
-    low, high = max(least, 1), most
-    if not least and not admissible(1):
+def _largest(admissible, most: int, least: int = 0, fewest: int = 1) -> int:
+    """The largest c in fewest..most with ``admissible(c)`` (a predicate true from ``fewest``
+    up to some count: a block a chunk), 0 when none; ``least`` is a count known admissible
+    (the search starts above it)."""
+    low, high = max(least, fewest), most
+    if not least and (fewest > most or not admissible(fewest)):
         return 0
     while low < high:
         middle = (low + high + 1) // 2
@@ -426,17 +447,34 @@ def _largest(admissible, most: int, least: int = 0) -> int:
     return low
 
 
-def _largest_from(admissible, hinted: int, most: int) -> int:
-    """``_largest`` searched from the hint's count: above it where it is admissible, below
-    it where not (the largest count is usually near the balanced one)."""
-    if hinted <= most and admissible(hinted):
-        return _largest(admissible, most, hinted)
-    return _largest(admissible, min(hinted, most + 1) - 1)
+def _largest_from(admissible, hinted: int, most: int, fewest: int = 1) -> int:
+    """``_largest`` searched from the hint's count, the largest count being usually within a
+    block or two of the balanced one: probes 1, 2, 4, ... counts above the hint where it is
+    admissible (below it where not) until they cross the boundary, then bisects what is
+    left between the last two probes."""
+    if fewest > most:
+        return 0
+    hinted = min(max(hinted, fewest), most)
+    if admissible(hinted):
+        low, step = hinted, 1
+        while low + step <= most:
+            if not admissible(low + step):
+                return _largest(admissible, low + step - 1, low, fewest)
+            low, step = low + step, 2 * step
+        return _largest(admissible, most, low, fewest)
+    failed, step = hinted, 1
+    while failed - step >= fewest:
+        probe = failed - step
+        if admissible(probe):
+            return _largest(admissible, failed - 1, probe, fewest)
+        failed, step = probe, 2 * step
+    return _largest(admissible, failed - 1, fewest=fewest)
 
 
-def _objective(costs: list[tuple[int, int]], m: int) -> int:
+def _objective(costs: list[tuple[int, int]], m: int, vpp: int = 1) -> int:
+    """The model's objective of a split whose stages cost ``costs`` (``PartitionModel``)."""
     times = [t for t, _ in costs]
-    return (m - 1) * max(times) + sum(times) + max(e for _, e in costs)
+    return (m * vpp - 1) * max(times) + sum(times) + vpp * max(e for _, e in costs)
 
 
 class PartitionModel:
@@ -506,8 +544,8 @@ class PartitionModel:
                                ).with_name(f"symmetry_{first}_{second}")
 
     def add_objective(self) -> cp_model.LinearExpr:
-        m = self.table.num_microbatches
-        objective = ((m - 1) * self.slowest + self.after
+        m, vpp = self.table.num_microbatches, self.table.vpp
+        objective = ((m * vpp - 1) * self.slowest + vpp * self.after
                      + sum(self.stage_time(s) for s in range(len(self.x))))
         self.model.minimize(objective)
         return objective
@@ -542,8 +580,7 @@ class PartitionModel:
             return Solved(0, [hint] if hint else [], floor=0)
         best = round(solver.objective_value)
         floor = None if status == cp_model.OPTIMAL else math.floor(solver.best_objective_bound)
-        if beaten is not None and beaten(
-                (round(solver.best_objective_bound) - self.table.rounding) / NS):
+        if beaten is not None and beaten(self.table.seconds(round(solver.best_objective_bound))):
             return Solved(best, None, floor)
         self.model.clear_objective()
         self.model.clear_hints()
@@ -569,10 +606,10 @@ class Solved:
     pool: list[tuple[int, ...]] | None
     floor: int | None = None
 
-    def floor_s(self, rounding: int) -> float | None:
+    def floor_s(self, table: StageTable) -> float | None:
         """The proven bound on any split's step in seconds (less the rounding); None when
         the optimum was proven."""
-        return None if self.floor is None else max(0.0, (self.floor - rounding) / NS)
+        return None if self.floor is None else max(0.0, table.seconds(self.floor))
 
 
 def interchangeable_classes(rows: tuple[dict, ...]) -> list[list[int]]:
@@ -690,8 +727,9 @@ def _solver() -> cp_model.CpSolver:
 
 
 def applies(problem: Problem, pp: int, vpp: int) -> bool:
-    """Whether the model chooses this shape's split: a pipeline of one chunk per rank over
-    blocks that are all alike, on a homogeneous cluster (node groups: ``best_split_on_groups``)."""
+    """Whether the model chooses this shape's split (``space.split_is_chosen``: blocks all
+    alike, a pipeline no deeper than the limits there) on a homogeneous cluster (node groups:
+    ``best_split_on_groups``)."""
     return problem.cluster.is_homogeneous and split_is_chosen(problem.graph, pp, vpp)
 
 
@@ -705,7 +743,7 @@ def near_optimal_splits(problem: Problem, plan: Plan, *, memory: bool = True,
     ZeRO stages that change no stage's time, post-drain term or fit, have equal answers).
     ``unproven(floor_s)`` is called where CP-SAT's deterministic limit left the optimum
     unproven, with the step no split is below."""
-    return [stages_of_counts(problem.graph, counts)
+    return [stages_of_rank_totals(problem.graph, counts, plan.vpp)
             for counts in _near_optimal_counts(StageCosts(problem, plan, memory), cache,
                                                unproven=unproven)]
 
@@ -725,7 +763,7 @@ def _near_optimal_counts(costs: StageCosts, cache: dict | None, beaten=None, unp
         solved = _solve_pool(table, costs.hint, beaten)
         if solved.pool is not None and cache is not None:
             cache[table.key] = solved
-    floor_s = solved.floor_s(table.rounding)
+    floor_s = solved.floor_s(table)
     if solved.pool is not None and floor_s is not None and unproven is not None:
         unproven(floor_s)
     return solved.pool or []
@@ -743,7 +781,7 @@ def hint_is_alone(costs: StageCosts, m: int) -> bool:
     """Whether the hint is admissible and every other split is outside the window above it,
     so the model's pool would be the hint alone; asks for 2p stage costs, not the table. Any
     other split gives some stage s more blocks than the hint (the counts sum to the same B),
-    so its objective is at least (m - 1) t[s][hint_s + 1] + F - p (T at least that stage's
+    so its objective is at least (m v - 1) t[s][hint_s + 1] + F - p (T at least that stage's
     time, post-drain term at least 0, and F = ``times_floor``, on one kind of GPU the S every
     split has, less one unit of rounding per stage); a stage whose next count is not
     admissible (over its memory limit or its cap) cannot grow. The usual case for alike
@@ -752,12 +790,13 @@ def hint_is_alone(costs: StageCosts, m: int) -> bool:
     hint = costs.hint
     if not hint or not all(costs.admissible(s, c) for s, c in enumerate(hint)):
         return False
+    vpp = costs.plan.vpp
     hinted = [costs.cost(s, c) for s, c in enumerate(hint)]
-    best = _objective(hinted, m)
+    best = _objective(hinted, m, vpp)
     grown = [costs.cost(s, c + 1)[0] for s, c in enumerate(hint) if costs.admissible(s, c + 1)]
     if not grown:
         return True
-    lower = (m - 1) * min(grown) + costs.times_floor() - len(hint)
+    lower = (m * vpp - 1) * min(grown) + costs.times_floor() - len(hint)
     return lower > window_top(best, costs.share, costs.rounding())
 
 
@@ -768,8 +807,8 @@ def split_fits(problem: Problem, plan: Plan) -> bool:
     reach the blocks. Searched from the balanced split: the stages over the limit there give
     up blocks (binary search below their balanced count), and the others are asked only
     whether they take up what those gave up."""
-    graph = problem.graph
-    hint = block_counts(graph, balanced_stages(graph, plan.pp))
+    graph, vpp = problem.graph, plan.vpp
+    hint = rank_block_totals(graph, balanced_stages(graph, plan.pp, vpp), plan.pp)
     fits = [lambda c, s=s: _stage_cost(problem, plan, s, c) is not None
             for s in range(plan.pp)]
     short, spare = 0, []
@@ -777,12 +816,12 @@ def split_fits(problem: Problem, plan: Plan) -> bool:
         if fits[s](count):
             spare.append(s)
             continue
-        largest = _largest(fits[s], count - 1)
+        largest = _largest_from(fits[s], count - 1, count - 1, vpp)
         if not largest:
             return False
         short += count - largest
     for s in spare:
         if short <= 0:
             break
-        short -= _largest(fits[s], hint[s] + short, hint[s]) - hint[s]
+        short -= _largest_from(fits[s], hint[s], hint[s] + short, vpp) - hint[s]
     return short <= 0

@@ -179,11 +179,36 @@ def _interleaved_counts(num_blocks: int, pp: int, vpp: int) -> list[int]:
     """Blocks of each chunk (pipeline order; chunk c runs on rank c % pp) when interleaving:
     the ranks' totals as even as possible with the spare blocks on the middle ranks (rank 0
     and the last also run embedding and head), each rank's total spread over its chunks."""
+    return list(chunk_counts(_block_counts(num_blocks, pp, None, None), vpp))
+
+
+def chunk_counts(rank_totals, vpp: int) -> tuple[int, ...]:
+    """Blocks of each chunk in pipeline order (chunk c runs on rank c % pp) from each rank's
+    total, spread over its ``vpp`` chunks as evenly as possible (``rank_chunk_counts``)."""
+    pp = len(rank_totals)
     counts = [0] * (pp * vpp)
-    for rank, total in enumerate(_block_counts(num_blocks, pp, None, None)):
-        for chunk, count in enumerate(_block_counts(total, vpp, None, None)):
+    for rank, total in enumerate(rank_totals):
+        for chunk, count in enumerate(rank_chunk_counts(total, vpp)):
             counts[chunk * pp + rank] = count
-    return counts
+    return tuple(counts)
+
+
+def rank_chunk_counts(total: int, vpp: int) -> list[int]:
+    """One rank's ``total`` blocks over its ``vpp`` chunks, as even as possible, the spare
+    ones on the middle chunks."""
+    return _block_counts(total, vpp, None, None)
+
+
+def stages_of_rank_totals(graph: LayerGraph, rank_totals, vpp: int) -> tuple[Stage, ...]:
+    """The layout whose ranks run ``rank_totals`` blocks, each spread over its chunks
+    (``chunk_counts``): the splits CP-SAT chooses, interleaved or not."""
+    return stages_of_counts(graph, chunk_counts(tuple(rank_totals), vpp))
+
+
+def rank_block_totals(graph: LayerGraph, stages: tuple[Stage, ...], pp: int) -> tuple[int, ...]:
+    """Blocks each pipeline rank runs over its chunks of ``stages`` (chunk c on rank c % pp)."""
+    counts = block_counts(graph, stages)
+    return tuple(sum(counts[rank::pp]) for rank in range(pp))
 
 
 def _split_chain(num_layers: int, chunks: int) -> tuple[Stage, ...]:
@@ -215,22 +240,34 @@ same count, the window around the optimum holds dozens of splits a few ns apart 
 took 0.1-0.9 s to enumerate (16 ranks: 3.7 s; 64: 16 s on that job), so deeper pipelines keep
 the menu, whose lighter first/last stages are what a split there moves."""
 
+CHOSEN_INTERLEAVED_SPLIT_MAX_PP = 4
+"""Deepest interleaved pipeline (vpp > 1) whose split CP-SAT chooses: every vpp a shape
+allows is a table of its own per switch setting, and the stage costs of each (a rank's
+chunks priced at each count) are most of a search's work. Up to 4 ranks, BLOOM 176B on 1,024
+A100 takes 6.6 s (3.6 s with the menu alone) and gains 1.1%; up to 8, 9.4 s for 2.4%, GPT-3
+175B 5.4 s against 2.4 s for nothing (benchmarks/partition_gain.py, README)."""
+
 
 def split_is_chosen(graph: LayerGraph, pp: int, vpp: int) -> bool:
-    """Whether any split of the blocks over the stages is a candidate (CP-SAT chooses it,
-    ``search.partition``): one chunk per rank, at most CHOSEN_SPLIT_MAX_PP of them, over
-    blocks that are all alike. Otherwise the candidates are ``stage_variants``."""
-    return 1 < pp <= CHOSEN_SPLIT_MAX_PP and vpp == 1 and uniform_blocks(graph)
+    """Whether any split of the blocks over the ranks is a candidate (CP-SAT chooses it,
+    ``search.partition``): at most CHOSEN_SPLIT_MAX_PP ranks (CHOSEN_INTERLEAVED_SPLIT_MAX_PP
+    interleaved) over blocks that are all alike, each rank's blocks spread evenly over its
+    chunks (``stages_of_rank_totals``). Otherwise the candidates are ``stage_variants``."""
+    deepest = CHOSEN_SPLIT_MAX_PP if vpp == 1 else CHOSEN_INTERLEAVED_SPLIT_MAX_PP
+    return 1 < pp <= deepest and uniform_blocks(graph)
 
 
 def split_plans(graph: LayerGraph, shape: Shape, training: TrainingSpec, pins: Pins):
-    """Every split of the blocks (``compositions``, lexicographically) with the switches of the
-    balanced layout (partial recompute up to its largest stage), for the brute force."""
-    balanced = balanced_stages(graph, shape.pp)
+    """Every split of the blocks over the ranks (``compositions`` of at least one block a
+    chunk, lexicographically; each rank's spread over its chunks) with the switches of the
+    balanced layout (partial recompute up to its largest chunk), for the brute force."""
+    balanced = balanced_stages(graph, shape.pp, shape.vpp)
     options = switches(shape, runtime=training.runtime, pins=pins,
                        blocks_per_chunk=max_chunk_blocks(graph, balanced))
-    for counts in compositions(len(graph.block_indices()), shape.pp):
-        stages = stages_of_counts(graph, counts)
+    for totals in compositions(len(graph.block_indices()), shape.pp):
+        if min(totals) < shape.vpp:
+            continue
+        stages = stages_of_rank_totals(graph, totals, shape.vpp)
         for sw in options:
             yield make_plan(shape, sw, stages, training)
 

@@ -10,10 +10,11 @@ bound on a shape's step time bounds its keys, for every objective. Work is taken
 from one queue:
 1. a shape, bounded by physics alone (``shape_lower_bound_s``: its layers' compute and TP
    collectives spread evenly over the pipeline with the schedule's bubble), is split into its
-   stage layouts. Where the partition model applies (``partition.applies``: one chunk per rank,
-   blocks alike) the split is not a menu: for every switch setting CP-SAT chooses the blocks of
-   each stage (``partition.near_optimal_splits``; the best of its near-optimal splits by this
-   table's order is the row), and the shape has one layout group whose bound is the fastest
+   stage layouts. Where the partition model applies (``partition.applies``: blocks alike, a
+   pipeline of at most 8 ranks, 4 interleaved) the split is not a menu: for every switch
+   setting CP-SAT chooses the blocks of each rank, spread over its chunks
+   (``partition.near_optimal_splits``; the best of its near-optimal splits by this table's
+   order is the row), and the shape has one layout group whose bound is the fastest
    split of its fast switches with the memory limit ignored. Otherwise the layouts are
    ``space.stage_variants``;
 2. a stage layout is bounded by its switches that cannot be slower than the others (no
@@ -289,13 +290,14 @@ class Table:
     def _split_switches(self, problem: Problem, shape: Shape) -> list:
         """The switches of a shape whose split CP-SAT chooses: those of its balanced layout
         (the partial-recompute counts up to its largest stage), as ``space.split_plans``."""
-        balanced = balanced_stages(problem.graph, shape.pp)
+        balanced = balanced_stages(problem.graph, shape.pp, shape.vpp)
         return switches(shape, runtime=problem.training.runtime, pins=self.pins,
                         blocks_per_chunk=max_chunk_blocks(problem.graph, balanced))
 
     def _template(self, shape: Shape, sw, source: int) -> Plan:
         problem = self.problems[source]
-        return make_plan(shape, sw, balanced_stages(problem.graph, shape.pp), problem.training)
+        return make_plan(shape, sw, balanced_stages(problem.graph, shape.pp, shape.vpp),
+                         problem.training)
 
     def split_bound(self, shape: Shape, sw, source: int) -> float:
         """Least step of ``shape`` and ``sw`` over every split, memory aside
@@ -388,7 +390,8 @@ class Table:
         key = (source, family_of(shape), stages)
         if key not in self._family_fits:
             problem = self.problems[source]
-            layout = balanced_stages(problem.graph, shape.pp) if stages is SPLIT else stages
+            layout = (balanced_stages(problem.graph, shape.pp, shape.vpp) if stages is SPLIT
+                      else stages)
             lean = leanest_plans(self.families[(source, family_of(shape))], layout,
                                  graph=problem.graph, training=problem.training, pins=self.pins)
             fits = any(self._may_fit(problem, plan, stages is SPLIT) for plan in lean)

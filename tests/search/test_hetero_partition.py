@@ -78,6 +78,19 @@ def test_middle_stages_that_fit_more_blocks_the_later_they_run_are_one_class():
     assert interchangeable_classes((middles[2], middles[1])) == []
 
 
+def test_interleaving_weighs_the_slowest_rank_by_its_chunks():
+    """Interleaved with v chunks a rank, the step is m T + (S - T) / v (costmodels.pipeline);
+    the model minimizes v times it, (m v - 1) T + S + v E. Two ranks, 6 blocks, at least 2 a
+    rank, m = 1, v = 2, a block 10 on rank 0 and 12 on rank 1: (4, 2) T 40 S 64, step 52;
+    (3, 3) T 36 S 66, step 51; (2, 4) T 48 S 68, step 58. (3, 3) wins, where S alone (the
+    1F1B weights at m = 1) would take (4, 2)."""
+    rows = (linear_row(10, range(2, 5)), linear_row(12, range(2, 5)))
+    interleaved = PartitionModel(StageTable(rows, 6, 1, 0.0, 0, vpp=2)).solve()
+    assert interleaved.pool == [(3, 3)]
+    assert interleaved.best == 2 * 51
+    assert pool(rows, 6, 1) == [(4, 2)]
+
+
 def test_permutations_put_back_keep_every_count_admissible():
     """12 blocks over the same ends and middles fitting 3, 4 and 4 blocks (ascending
     intervals): T + S is 30 + 100 + 30 = 160 for every split of 10 blocks over the middles,

@@ -2,6 +2,7 @@
 with the cost model itself: for one shape and switch setting, and for a whole solve with pp
 pinned, where the head's weight makes uneven stages win."""
 
+import itertools
 import types
 
 import pytest
@@ -15,7 +16,7 @@ from autoplan.search import partition
 from autoplan.search.partition import applies, near_optimal_splits
 from autoplan.search.solve import solve_search, solve_table
 from autoplan.search.space import (Shape, Switches, balanced_stages, block_counts, compositions,
-                                   make_plan, max_chunk_blocks, stages_of_counts, switches)
+                                   make_plan, max_chunk_blocks, stages_of_rank_totals, switches)
 from autoplan.training import Objective, ObjectiveTerm, Pins
 from autoplan.zoo import GPT, GPTConfig, next_token_loss
 from tests.search.test_solver import cluster
@@ -51,7 +52,7 @@ def _order(problem, plan):
     return memory_mib(peak) > limit_mib(problem), round(step_s * 1e6), peak
 
 
-CASES = [  # layers, vocab, pp, batch, runtime, memory above the CUDA context (MiB)
+CASES = [  # layers, vocab, pp, batch, runtime, memory above the CUDA context (MiB), vpp
     (6, 8192, 2, 8, "megatron", 4096),
     (6, 32768, 2, 16, "megatron", 4096),
     (8, 32768, 3, 12, "megatron", 4096),
@@ -61,24 +62,30 @@ CASES = [  # layers, vocab, pp, batch, runtime, memory above the CUDA context (M
     (10, 16384, 6, 12, "megatron", 4096),  # deep: the middle stages are interchangeable
     (12, 8192, 6, 24, "megatron", 40),  # ... and fit fewer blocks the earlier they run
     (11, 32768, 8, 16, "deepspeed", 4096),
+    (8, 32768, 2, 8, "megatron", 4096, 2),  # interleaved: each rank's blocks over its chunks
+    (12, 32768, 3, 12, "megatron", 4096, 2),
+    (12, 8192, 4, 16, "megatron", 90, 2),  # tight
+    (9, 16384, 3, 12, "fsdp", 4096, 3),
 ]
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_cp_sat_split_equals_every_composition(case):
-    layers, vocab, pp, batch, runtime, headroom = case
+    """Every split of the blocks over the ranks (each rank's spread over its chunks where
+    interleaved), priced one by one, against the model's near-optimal splits."""
+    layers, vocab, pp, batch, runtime, headroom, vpp = (*case, 1)[:7]
     problem = _problem(layers, vocab, 8, batch, runtime, headroom)
     graph, training = problem.graph, problem.training
-    shape = Shape(tp=1, pp=pp, dp=1, cp=1, mbs=1, vpp=1)
-    assert applies(problem, pp, 1)
-    blocks = max_chunk_blocks(graph, balanced_stages(graph, pp))
+    shape = Shape(tp=1, pp=pp, dp=1, cp=1, mbs=1, vpp=vpp)
+    assert applies(problem, pp, vpp)
+    balanced = balanced_stages(graph, pp, vpp)
     checked = 0
-    for sw in switches(shape, runtime=training.runtime, pins=Pins(), blocks_per_chunk=blocks):
-        plans = [make_plan(shape, sw, stages_of_counts(graph, counts), training)
-                 for counts in compositions(layers, pp)]
+    for sw in switches(shape, runtime=training.runtime, pins=Pins(),
+                       blocks_per_chunk=max_chunk_blocks(graph, balanced)):
+        plans = [make_plan(shape, sw, stages_of_rank_totals(graph, totals, vpp), training)
+                 for totals in compositions(layers, pp) if min(totals) >= vpp]
         best = min(plans, key=lambda plan: _order(problem, plan))  # first of equals: lexicographic
-        splits = near_optimal_splits(problem, make_plan(shape, sw, balanced_stages(graph, pp),
-                                                        training))
+        splits = near_optimal_splits(problem, make_plan(shape, sw, balanced, training))
         if _order(problem, best)[0]:  # nothing fits
             assert splits == []
             continue
@@ -150,3 +157,20 @@ def test_the_partition_model_states_its_floor_only_when_the_optimum_is_unproven(
     model.add_hint((2, 2))
     cut = model.solve((2, 2))
     assert cut.floor is not None and cut.floor <= 110
+
+
+def test_the_largest_admissible_count_is_found_from_any_hint():
+    """A stage's largest count that fits, searched outward from the balanced count, against
+    the largest of every count tried one by one: every boundary, hint and bound on small
+    ranges, with a block a chunk at least (``fewest``)."""
+    for fewest, most, boundary, hint in itertools.product(range(1, 4), range(14), range(15),
+                                                          range(-1, 16)):
+        tried = []
+
+        def fits(c, boundary=boundary, fewest=fewest, tried=tried):
+            tried.append(c)
+            return fewest <= c <= boundary
+
+        expected = max((c for c in range(fewest, most + 1) if c <= boundary), default=0)
+        assert partition._largest_from(fits, hint, most, fewest) == expected
+        assert all(fewest <= c <= most for c in tried)  # never a count outside the range
