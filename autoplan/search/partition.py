@@ -19,8 +19,8 @@ Read problem
     model is built for those; other models keep the menu of ``space.stage_variants``
     (``space.split_is_chosen``; ``hetero`` on node groups). A stage's counts run up to the
     largest that fits and whose ``t[s][c]`` is at most the cap the hint's objective allows
-    (below; binary search, both grow with c), and down to what the other stages' largest
-    leave.
+    (below; searched outward from the hint's count, both grow with c), and down to what the
+    other stages' largest leave.
 Greedy hint
     One kind of GPU: the balanced split (``space.balanced_stages``). Its objective caps the
     slowest stage: (m v - 1) T + S + v E <= hint + rounding, with S = sum t the same for every
