@@ -85,18 +85,6 @@ def test_search_runs_without_the_cyclic_collector_and_turns_it_back_on(monkeypat
     assert gc.isenabled()
 
 
-def test_interleaving_two_ranks_says_what_to_pin():
-    """--vpp 2 with --pp 2 is refused with the framework's reason and the fix, not as pins
-    that 'cannot all hold' (Megatron-core's parallel_state: "pipeline-model-parallel size
-    should be greater than 2 with interleaved schedule")."""
-    result = run("solve", TINY, DGX1, "--seq-len", 256, "--global-batch", 16, "--pp", 2,
-                 "--vpp", 2, "--runtime", "megatron")
-    assert result.exit_code == 2, result.output  # pins no plan can take: bad input
-    assert "greater than 2 with interleaved schedule" in result.output
-    assert "--pp 3 or more" in result.output
-    assert "cannot all hold" not in result.output
-
-
 def test_mem_limit_without_unit_is_exit_2():
     result = run("solve", TINY, DGX1, "--seq-len", 256, "--global-batch", 16, "--mem-limit", 80)
     assert result.exit_code == 2

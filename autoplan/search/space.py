@@ -668,12 +668,6 @@ def check_pins(graph: LayerGraph, *, world: int, training: TrainingSpec, pins: P
             f"{pins.recompute.value}.")
     if graph.layers and not any(l.kind is LayerKind.BLOCK for l in graph.layers) and pins.vpp not in (None, 1):
         raise ConstraintError("--vpp > 1 needs a model with repeated blocks to interleave.")
-    if pins.vpp not in (None, 1) and pins.pp is not None and pins.pp <= 2:
-        raise ConstraintError(
-            f"--vpp {pins.vpp} with --pp {pins.pp}: interleaving is searched on pipelines of "
-            "more than 2 ranks (Megatron-core's parallel_state raises \"pipeline-model-parallel "
-            "size should be greater than 2 with interleaved schedule\"); use --pp 3 or more, or "
-            "leave --vpp unset.")
     _check_chunks(graph, pins.pp or 1, pins.vpp or 1)
 
 
