@@ -367,14 +367,15 @@ def dp_options(global_batch: int, gpus: int, pinned: int | None, *,
 
 def vpp_options(graph: LayerGraph, pp: int, num_microbatches: int, pinned: int | None, *,
                 interleaving: bool = True, uneven: bool = False) -> list[int]:
-    """Interleaving needs pp > 2 (Megatron), at least one block per chunk and m a multiple of
-    pp. Chunks hold equal blocks, except where pp does not divide the blocks and the runtime
+    """Interleaving needs pp > 1 (megatron-core 0.16.1's parallel_state: "pipeline-model-
+    parallel size should be greater than 1 with interleaved schedule"; older Megatron asked
+    more than 2), at least one block per chunk and m a multiple of pp. Chunks hold equal blocks, except where pp does not divide the blocks and the runtime
     takes an ``uneven`` layout (Megatron's ``--pipeline-model-parallel-layout``): then any
     count up to one block per chunk, the spare blocks in the middle chunks (the first and last
     also hold embedding and head; Llama 3's 126 layers on 16 stages, Dubey et al. 2024)."""
     blocks = len(graph.block_indices())
     options = [1]
-    if interleaving and pp > 2 and blocks and num_microbatches % pp == 0:
+    if interleaving and pp > 1 and blocks and num_microbatches % pp == 0:
         options += [v for v in range(2, blocks // pp + 1) if blocks % (pp * v) == 0
                     or uneven and blocks % pp and v <= MAX_UNEVEN_CHUNKS]
     return [v for v in options if pinned is None or v == pinned]

@@ -102,7 +102,7 @@ def test_a_heavy_head_moves_blocks_to_the_first_stage():
     the search agree, and the split is uneven (the old menu had only the balanced one)."""
     # hidden 1024, vocabulary 65536: the head holds 64M weights, 5.3 blocks' 12M each
     problem = _problem(8, 65536, 2, 16, "megatron", 30000, hidden=1024)
-    pins = Pins(pp=2, tp=1, dp=1)
+    pins = Pins(pp=2, tp=1, dp=1, vpp=1)  # two stages (interleaving pp 2 is searched too)
     reference = brute_force(problem, pins)
     plan, estimate, info = solve_table(problem, pins, time_limit_s=30)
     assert info.status == "OPTIMAL"
@@ -136,7 +136,7 @@ def test_a_split_cut_short_by_the_deterministic_limit_is_reported_unproven(monke
     answers (the greedy hint or the best split found) but says FEASIBLE, with a bound at most
     its objective; at the normal limit the same search proves its answer OPTIMAL."""
     problem = _problem(8, 65536, 2, 16, "megatron", 30000, hidden=1024)
-    pins = Pins(pp=2, tp=1, dp=1)
+    pins = Pins(pp=2, tp=1, dp=1, vpp=1)  # two stages (interleaving pp 2 is searched too)
     assert solve_table(problem, pins, time_limit_s=30)[2].status == "OPTIMAL"
     monkeypatch.setattr(partition, "DETERMINISTIC_LIMIT", 0.0)
     _, estimate, info = solve_table(problem, pins, time_limit_s=30)
