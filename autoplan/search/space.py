@@ -244,8 +244,8 @@ CHOSEN_INTERLEAVED_SPLIT_MAX_PP = 4
 """Deepest interleaved pipeline (vpp > 1) whose split CP-SAT chooses: every vpp a shape
 allows is a table of its own per switch setting, and the stage costs of each (a rank's
 chunks priced at each count) are most of a search's work. Up to 4 ranks, BLOOM 176B on 1,024
-A100 takes 6.6 s (3.6 s with the menu alone) and gains 1.1%; up to 8, 9.4 s for 2.4%, GPT-3
-175B 5.4 s against 2.4 s for nothing (benchmarks/partition_gain.py, README)."""
+A100 takes 6.7 s (3.6 s with the menu alone) and gains 1.1%, GPT-3 175B 6.8 s (2.4 s) for
+nothing; up to 8, BLOOM took 9.4 s for 2.4% (benchmarks/partition_gain.py, README)."""
 
 
 def split_is_chosen(graph: LayerGraph, pp: int, vpp: int) -> bool:
