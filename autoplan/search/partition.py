@@ -471,10 +471,16 @@ def _largest_from(admissible, hinted: int, most: int, fewest: int = 1) -> int:
     return _largest(admissible, failed - 1, fewest=fewest)
 
 
+def _scaled_step(slowest, total, after, m: int, vpp: int):
+    """vpp times the step (``costmodels.pipeline``: m T + (S - T) / v) plus v times the
+    post-drain term: the model's objective, in integers or as CP-SAT expressions."""
+    return (m * vpp - 1) * slowest + total + vpp * after
+
+
 def _objective(costs: list[tuple[int, int]], m: int, vpp: int = 1) -> int:
     """The model's objective of a split whose stages cost ``costs`` (``PartitionModel``)."""
     times = [t for t, _ in costs]
-    return (m * vpp - 1) * max(times) + sum(times) + vpp * max(e for _, e in costs)
+    return _scaled_step(max(times), sum(times), max(e for _, e in costs), m, vpp)
 
 
 class PartitionModel:
@@ -544,9 +550,8 @@ class PartitionModel:
                                ).with_name(f"symmetry_{first}_{second}")
 
     def add_objective(self) -> cp_model.LinearExpr:
-        m, vpp = self.table.num_microbatches, self.table.vpp
-        objective = ((m * vpp - 1) * self.slowest + vpp * self.after
-                     + sum(self.stage_time(s) for s in range(len(self.x))))
+        objective = _scaled_step(self.slowest, sum(self.stage_time(s) for s in range(len(self.x))),
+                                self.after, self.table.num_microbatches, self.table.vpp)
         self.model.minimize(objective)
         return objective
 
