@@ -36,7 +36,8 @@ import math
 from dataclasses import dataclass, field
 
 from autoplan.cluster.catalog import GpuSpec
-from autoplan.costmodels.fp8 import cast_bytes, cast_times, linear_rate, norm_fed, runs_fp8
+from autoplan.costmodels.fp8 import (LinearRate, cast_bytes, cast_times, linear_rate, norm_fed,
+                                     runs_fp8)
 from autoplan.costmodels.fused_kernels import BlockTraffic
 from autoplan.costmodels.fused_softmax import (EAGER_BACKWARD_BYTES, EAGER_FORWARD_BYTES,
                                                FUSED_FORWARD_BYTES, runs_fused)
@@ -275,19 +276,20 @@ def linear_time(gemm: Gemm, split: Split, gpu: GpuSpec, peak: float,
 
 
 def _backward_gemm_times(layer: Layer, split: Split, gpu: GpuSpec, peak: float,
-                         profile: ComputeProfile, linear: tuple[float, float]
+                         profile: ComputeProfile, linear: LinearRate
                          ) -> tuple[float, float, float]:
     """(forward, input-gradient, weight-gradient) seconds of the layer's Linears (at
-    ``linear``: their peak and operand bytes, fp8.linear_rate) and other matmuls (at ``peak``)
-    for one micro-batch; each backward GEMM as long as its forward."""
+    ``linear``, fp8.linear_rate) and other matmuls (at ``peak``) for one micro-batch; each
+    backward GEMM of a Linear the size of its forward, at the backward rate."""
     fwd = _flops_time(layer.other_fwd_flops * split.mbs, peak, profile)  # convs, bare matmuls
     dgrad = wgrad = fwd if layer.in_backward else 0.0
-    linear_peak, operand_bytes = linear
     for gemm in layer.gemms:
-        t = linear_time(gemm, split, gpu, linear_peak, profile, operand_bytes)
-        fwd += t
-        dgrad += t if gemm.dgrad else 0.0
-        wgrad += t if gemm.wgrad else 0.0
+        fwd += linear_time(gemm, split, gpu, linear.forward_peak, profile, linear.operand_bytes)
+        if gemm.dgrad or gemm.wgrad:
+            t = linear_time(gemm, split, gpu, linear.backward_peak, profile,
+                            linear.operand_bytes)
+            dgrad += t if gemm.dgrad else 0.0
+            wgrad += t if gemm.wgrad else 0.0
     return fwd, dgrad, wgrad
 
 
@@ -442,7 +444,7 @@ def layer_time(layer: Layer, split: Split, recompute: Recompute, *, gpu: GpuSpec
     ``casts_fp8_weights``: under FP8, each micro-batch casts the weights (no TE workspace
     cache; costmodels.fp8)."""
     peak = gpu.peak_flops(precision)
-    linear = linear_rate(layer, gpu, precision)
+    linear = linear_rate(layer, gpu, precision, profile)
     gemm, dgrad, wgrad = _backward_gemm_times(layer, split, gpu, peak, profile, linear)
     att_fwd, att_bwd = attention_time(layer, split, gpu, peak, profile)
     att_bwd = att_bwd if any(a.backward for a in layer.attention) else 0.0
@@ -463,14 +465,14 @@ def layer_time(layer: Layer, split: Split, recompute: Recompute, *, gpu: GpuSpec
     if layer.in_backward and layer.kind is LayerKind.BLOCK and recompute is Recompute.FULL:
         recomputed = fwd
     elif layer.in_backward and recompute is Recompute.SELECTIVE and op_sac:
-        recomputed = (op_sac_recompute_time(layer, split, gpu, linear[0], profile, fused,
-                                            operand_bytes=linear[1])
+        recomputed = (op_sac_recompute_time(layer, split, gpu, linear.forward_peak, profile,
+                                            fused, operand_bytes=linear.operand_bytes)
                       if layer.kind is LayerKind.BLOCK else 0.0)
     elif layer.in_backward and recompute is Recompute.SELECTIVE:
         recomputed = att_fwd
     return LayerTime(fwd_s=fwd, bwd_s=bwd, recompute_s=recomputed,
-                     column_gemm_s=column_gemm_time(layer, split, gpu, linear[0], profile,
-                                                    operand_bytes=linear[1]),
+                     column_gemm_s=column_gemm_time(layer, split, gpu, linear.forward_peak,
+                                                    profile, operand_bytes=linear.operand_bytes),
                      attention_fwd_s=att_fwd, attention_bwd_s=att_bwd, wgrad_s=wgrad)
 
 

@@ -4,7 +4,9 @@ them, and the bytes it keeps.
 Under ``fp8_autocast`` (Megatron-LM ``--fp8-format hybrid``, llm-foundry ``amp_fp8``) the
 blocks' Linear layers are TE modules (``te.Linear``, ``LayerNormLinear``, ``LayerNormMLP``) and
 run all three of their GEMMs (forward, input gradient, weight gradient) on FP8 operands with a
-16-bit output, at the GPU's FP8 tensor-core peak. Attention's core, the embedding and the LM
+16-bit output, at the GPU's FP8 tensor-core peak times the share of the 16-bit GEMMs'
+efficiency they reach, the two backward ones with the split accumulator (``linear_rate``).
+Attention's core, the embedding and the LM
 head are not TE Linears and stay 16-bit. TransformerEngine ``pytorch/module/linear.py``
 (``_linear_forward_impl``, ``_Linear.backward``) and ``layernorm_linear.py`` do, per Linear:
 
@@ -36,6 +38,8 @@ weight cast (4 bytes per local weight, about 10 ms for 5B local parameters at 2.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from autoplan.cluster.catalog import GpuSpec
 from autoplan.costmodels.profiles import ComputeProfile
 from autoplan.costmodels.quantization import HALF_BYTES
@@ -61,12 +65,30 @@ def runs_fp8(layer: Layer, precision: str) -> bool:
     return precision == FP8 and layer.kind is LayerKind.BLOCK
 
 
-def linear_rate(layer: Layer, gpu: GpuSpec, precision: str) -> tuple[float, float]:
-    """(dense peak FLOP/s, operand bytes per element) of the layer's Linear GEMMs: the FP8
-    peak and 1-byte operands in a block under FP8, else the 16-bit peak and 2 bytes."""
+@dataclass(frozen=True, slots=True)
+class LinearRate:
+    """The dense peak FLOP/s a layer's Linear GEMMs run at, in the forward and in backward
+    (the input- and weight-gradient GEMMs), and their operand bytes per element."""
+
+    forward_peak: float
+    backward_peak: float
+    operand_bytes: float
+
+
+def linear_rate(layer: Layer, gpu: GpuSpec, precision: str,
+                profile: ComputeProfile) -> LinearRate:
+    """The rate of the layer's Linear GEMMs: the 16-bit peak and 2-byte operands, or in a
+    block under FP8 1-byte operands at the FP8 peak times the share of the 16-bit plateau
+    FP8 GEMMs reach (``fp8_gemm_share``), the backward ones slowed by the split accumulator:
+    Transformer Engine passes ``use_split_accumulator`` False to the forward GEMM and True to
+    the input- and weight-gradient ones (transformer_engine/pytorch/module/base.py
+    ``_2X_ACC_FPROP = False``, ``_2X_ACC_DGRAD = True``, ``_2X_ACC_WGRAD = True``; torchao's
+    Float8LinearConfig keeps fast accumulation for the output GEMM only, likewise)."""
     if runs_fp8(layer, precision):
-        return gpu.fp8_flops, FP8_BYTES
-    return gpu.peak_flops(precision), HALF_BYTES
+        forward = gpu.fp8_flops * profile.fp8_gemm_share
+        return LinearRate(forward, forward / profile.fp8_split_accumulator_slowdown, FP8_BYTES)
+    peak = gpu.peak_flops(precision)
+    return LinearRate(peak, peak, HALF_BYTES)
 
 
 def best_gemm_peak(gpu: GpuSpec, precision: str) -> float:

@@ -146,11 +146,11 @@ def _userbuffers_regions(problem: Problem, layer: Layer, split: Split, message: 
     if grouped is None:
         return None
     gpu = problem.cluster.gpu
-    peak, operand_bytes = linear_rate(layer, gpu, problem.precision)
+    rate = linear_rate(layer, gpu, problem.precision, problem.compute)
 
     def seconds(gemms) -> float:
-        return sum(linear_time(g, split, gpu, peak, problem.compute, operand_bytes)
-                   for g in gemms)
+        return sum(linear_time(g, split, gpu, rate.forward_peak, problem.compute,
+                               rate.operand_bytes) for g in gemms)
 
     gather = comm.all_gather_time(message, tp_links)
     scatter = comm.reduce_scatter_time(message, tp_links)

@@ -23,6 +23,15 @@ class ComputeProfile:
     bmm_efficiency: float
     memory_efficiency: float
     kernel_overhead_s: float
+    fp8_gemm_share: float = 1.0
+    """Under FP8, the share of the 16-bit GEMMs' plateau efficiency (``gemm_efficiency``)
+    that FP8 GEMMs with fast accumulation reach at the GPU's FP8 peak (1: twice the 16-bit
+    speed where the FP8 peak is twice the 16-bit one)."""
+    fp8_split_accumulator_slowdown: float = 1.0
+    """How much longer an FP8 GEMM runs with cuBLAS's split accumulator (partial sums promoted
+    to fp32 as the k-loop runs; ``CUBLASLT_MATMUL_DESC_FAST_ACCUM`` = 0) than with fast
+    accumulation. Transformer Engine runs its input- and weight-gradient GEMMs so
+    (costmodels.fp8.linear_rate); 1 where the GPU has no such mode."""
     attention_kernels: tuple = ()
     """Published speed of fused attention kernels on this GPU: ``(kernel, pass, ((seq,
     TFLOP/s), ...))`` for the causal forward (``causal_fwd``) and the unmasked forward and
