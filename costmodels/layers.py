@@ -148,13 +148,16 @@ def _userbuffers_regions(problem: Problem, layer: Layer, split: Split, message: 
     gpu = problem.cluster.gpu
     rate = linear_rate(layer, gpu, problem.precision, problem.compute)
 
-    def seconds(gemms) -> float:
-        return sum(linear_time(g, split, gpu, rate.forward_peak, problem.compute,
-                               rate.operand_bytes) for g in gemms)
+    def seconds(gemms, peak: float) -> float:
+        return sum(linear_time(g, split, gpu, peak, problem.compute, rate.operand_bytes)
+                   for g in gemms)
 
     gather = comm.all_gather_time(message, tp_links)
     scatter = comm.reduce_scatter_time(message, tp_links)
-    return [tp_overlap.Region(gather, scatter, seconds(columns), seconds([row]), names)
+    return [tp_overlap.Region(gather, scatter, seconds(columns, rate.forward_peak),
+                              seconds([row], rate.forward_peak),
+                              seconds(columns, rate.backward_peak),
+                              seconds([row], rate.backward_peak), names)
             for (columns, row), names in zip(grouped, tp_overlap.REGION_OPS)]
 
 

@@ -148,13 +148,17 @@ def op_settings(cfg: tuple[tuple[str, OpSettings], ...], op: str) -> OpSettings:
 class Region:
     """One TP region of a block for one micro-batch, in seconds: the all-gather of its input
     (and of its output gradient), the reduce-scatter of its output (and of its input gradient),
-    its column- and row-parallel GEMMs (each backward GEMM as long as the forward one);
-    ``names``: TE's (column, row) names for it (:data:`REGION_OPS`)."""
+    its column- and row-parallel GEMMs, forward and each backward one (the input- and
+    weight-gradient GEMMs are the forward's size, at the backward rate: FP8's split
+    accumulator, costmodels.fp8.linear_rate); ``names``: TE's (column, row) names for it
+    (:data:`REGION_OPS`)."""
 
     gather_s: float
     scatter_s: float
     column_s: float
     row_s: float
+    column_bwd_s: float
+    row_bwd_s: float
     names: tuple[str, str]
 
 
@@ -206,9 +210,10 @@ def exposed_backward_s(region: Region, tp: int, cfg: tuple, sm_count: int) -> fl
     (bulk)."""
     column, row = region.names
     ring = op_settings(cfg, f"{row}_dgrad")
-    overlapped = (ring_exchange_s(region.gather_s, region.row_s, tp, ring.aggregate)
-                  + beside_s(region.gather_s, region.column_s, op_settings(cfg, f"{column}_dgrad"),
+    column_s, row_s = region.column_bwd_s, region.row_bwd_s
+    overlapped = (ring_exchange_s(region.gather_s, row_s, tp, ring.aggregate)
+                  + beside_s(region.gather_s, column_s, op_settings(cfg, f"{column}_dgrad"),
                              sm_count)
-                  + beside_s(region.scatter_s, region.column_s, op_settings(cfg, f"{column}_wgrad"),
+                  + beside_s(region.scatter_s, column_s, op_settings(cfg, f"{column}_wgrad"),
                              sm_count))
-    return overlapped - region.row_s - 2 * region.column_s
+    return overlapped - row_s - 2 * column_s

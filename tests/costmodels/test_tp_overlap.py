@@ -92,6 +92,25 @@ def test_an_sm_driven_collective_costs_the_gemm_its_sms():
     assert tp_overlap.beside_s(0.4e-3, 1e-3, margin, 132) == pytest.approx(1e-3 * 132 / 108)
 
 
+def test_backward_regions_hide_under_the_backward_gemms_as_long_as_they_run():
+    # One region on 132 SMs, TP 8, TE's defaults (16-SM bulk collectives, no margin): a 1 ms
+    # all-gather and reduce-scatter; forward GEMMs of 0.9 ms, backward ones 1.2 ms (FP8's
+    # split accumulator). Ring exchange of the output gradient under the row dgrad: 7 steps
+    # of max(1.2/8, 1/7) = 0.15 ms plus the last chunk: 1.2 ms, nothing exposed; each bulk
+    # collective beside a 1.2 ms column GEMM costs it 1 ms * 16/132.
+    region = tp_overlap.Region(gather_s=1e-3, scatter_s=1e-3, column_s=0.9e-3, row_s=0.9e-3,
+                               column_bwd_s=1.2e-3, row_bwd_s=1.2e-3,
+                               names=tp_overlap.REGION_OPS[0])
+    assert tp_overlap.exposed_backward_s(region, 8, (), 132) == pytest.approx(
+        2 * 1e-3 * 16 / 132)
+    # Were the backward GEMMs the forward's 0.9 ms: the ring's hops (1/7 ms) outlast its
+    # chunks (0.1125 ms): 7/7 + 0.1125 - 0.9 ms exposed; each bulk collective slows its GEMM
+    # by 0.9 ms * 16/132 to 1.009 ms, past the collective's 1 ms.
+    short = tp_overlap.Region(1e-3, 1e-3, 0.9e-3, 0.9e-3, 0.9e-3, 0.9e-3, tp_overlap.REGION_OPS[0])
+    assert tp_overlap.exposed_backward_s(short, 8, (), 132) == pytest.approx(
+        (1.0 + 0.1125 - 0.9 + 2 * 0.9 * 16 / 132) * 1e-3)
+
+
 def _problem(gpus: int, settings: dict):
     model = load_model(_gpt_module(L, H, A, V, S))
     return make_problem(model, load_cluster(selene(gpus)),
