@@ -10,8 +10,9 @@ op-level selective AC, SDPA flash attention, eager).
 Sources (rows keep their tables' names):
 - H100: torchtitan ``benchmarks/llama3_h100_202412_torchtitan.md`` (torch 1963fc8, torchtitan
   9dec370, December 2024), Tables 1 and 3: Llama 3.1 8B, sequence 8192 (torchtitan's llama3
-  8B default), local batch 2, selective activation checkpointing, tokens/s/GPU eager and with
-  torch.compile (the Float8 and CP rows use precisions or kernels autoplan does not model).
+  8B default), local batch 2, selective activation checkpointing, tokens/s/GPU eager, with
+  torch.compile and with torch.compile + Float8 (the CP rows use kernels autoplan does not
+  model).
   Hardware as the benchmark states it: Grand Teton H100 SXM with 96 GB HBM2e at 2.4 TB/s, run at
   the default 500 W power limit (its footnote: the real peak lies "between SXM and NVL" and is
   not known), 400 Gb/s RDMA per GPU. Posed as the catalog's h100-sxm5-96gb-hbm2e: its 2.4 TB/s,
@@ -26,7 +27,11 @@ Sources (rows keep their tables' names):
 torch.compile rows are priced with ``runtime_settings={"compile": True}`` (each block compiled, its
 element-wise kernels fused: profiles.yaml ``fsdp.compiled_elementwise_fraction``, measured by
 benchmarks/compiled_traffic.py, not fitted to these rows); the speed-up over the eager row of the
-same table is printed against the measured one.
+same table is printed against the measured one. Float8 rows (torchao's Float8Linear on every
+Linear of the blocks, tensorwise scaling, fast accumulation in the output GEMM only, as
+Transformer Engine) are posed with ``--precision fp8``: the fsdp runtime's FP8 blocks, at the
+FP8 GEMM rate and casts of costmodels/fp8.py (TE's own measurements, none of these rows); their
+speed-up over the compiled bf16 row is printed against the measured one.
 
     .venv/bin/python benchmarks/torchtitan_speed.py
 """
@@ -64,14 +69,17 @@ class Row:
     recompute: str
     measured_tps: float  # tokens/s/GPU
     compiled: bool = False
+    precision: str = "bf16"
 
 
 def _rows() -> list[Row]:
     gt = "h100-sxm5-96gb-hbm2e"  # Grand Teton's H100 as the benchmark states it
     h100 = [Row("T1", "L3-8B", gt, 8, 2, 8192, "selective", 5762),
             Row("T1", "L3-8B", gt, 8, 2, 8192, "selective", 6667, True),
+            Row("T1", "L3-8B", gt, 8, 2, 8192, "selective", 8532, True, "fp8"),
             Row("T3", "L3-8B", gt, 128, 2, 8192, "selective", 5605),
-            Row("T3", "L3-8B", gt, 128, 2, 8192, "selective", 6514, True)]
+            Row("T3", "L3-8B", gt, 128, 2, 8192, "selective", 6514, True),
+            Row("T3", "L3-8B", gt, 128, 2, 8192, "selective", 8380, True, "fp8")]
     a100 = [Row("L3", "L3-8B", "a100-sxm4-80gb", 64, 1, 8192, "selective", 2973),
             Row("L3", "L3-70B", "a100-sxm4-80gb", 64, 1, 8192, "full", 331),
             Row("L2", "L2-13B", "a100-sxm4-80gb", 64, 2, 4096, "none", 2162),
@@ -102,7 +110,8 @@ def predicted_tps(row: Row, models: dict) -> float:
     settings = {"compile": True} if row.compiled else None
     e = autoplan.estimate(models[row.model], _cluster(row.gpu, row.gpus), plan,
                           seq_len=row.seq_len, global_batch=row.local_batch * row.gpus,
-                          runtime="fsdp", runtime_settings=settings).estimate
+                          runtime="fsdp", runtime_settings=settings,
+                          precision=row.precision).estimate
     return row.local_batch * row.seq_len / e.step_time_s
 
 
@@ -110,19 +119,21 @@ def main() -> None:
     models = {name: _model(name) for name in MODELS}
     print(f"{'table':5} {'model':7} {'gpu':20} {'gpus':>4} {'lbs':>3} {'seq':>5} {'ac':9} "
           f"{'kernels':8} {'measured':>8} {'predicted':>9} {'error':>7}")
-    eager, eager_tps = [], {}
+    eager, baseline = [], {}
     for row in _rows():
         tps = predicted_tps(row, models)
         error = row.measured_tps / tps - 1  # step-time error: predicted / measured - 1
-        kind = "compile" if row.compiled else "eager"
+        kind = ("compile" if row.compiled else "eager") + ("+fp8" if row.precision == "fp8" else "")
         key = (row.table, row.model, row.gpus)
         speedup = ""
-        if row.compiled:
-            measured, predicted = eager_tps[key]
-            speedup = (f"  speed-up over eager: measured {row.measured_tps / measured - 1:+.1%}, "
+        if row.compiled:  # against the eager row, Float8 against the compiled one
+            measured, predicted = baseline[key]
+            over = "compiled bf16" if row.precision == "fp8" else "eager"
+            speedup = (f"  speed-up over {over}: measured {row.measured_tps / measured - 1:+.1%}, "
                        f"predicted {tps / predicted - 1:+.1%}")
-        else:
-            eager_tps[key] = (row.measured_tps, tps)
+        if row.precision == "bf16":
+            baseline[key] = (row.measured_tps, tps)
+        if not row.compiled:
             eager.append((row.gpu, error))
         print(f"{row.table:5} {row.model:7} {row.gpu:20} {row.gpus:>4} {row.local_batch:>3} "
               f"{row.seq_len:>5} {row.recompute:9} {kind:8} {row.measured_tps:>8.0f} {tps:>9.0f} "
