@@ -116,6 +116,10 @@ def dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
             cached = memo(problem)[key] = _bucketed_dp_time(problem, plan, groups, backward_s,
                                                             forward_s)
         return cached
+    if pipeline_resident(runtime, plan):
+        forward_s = compute_s / plan.num_microbatches - backward_s
+        return sum(_resident_zero3_time(problem, plan, p, t, l, gathers, forward_s)
+                   for p, t, l in groups)
     sync = sum(_dp_collectives(problem, plan, p, t, l, gathers) for p, t, l in groups)
     if plan.zero_stage < 3 and not _gathers_per_microbatch(runtime, plan):
         return _overlapped(sync, backward_s, runtime.dp_overlap)
@@ -123,6 +127,53 @@ def dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
                                problem.compute)
     return plan.num_microbatches * copies + _overlapped(plan.num_microbatches * sync, compute_s,
                                                         runtime.zero3_overlap)
+
+
+def pipeline_resident(runtime, plan: Plan) -> bool:
+    """Whether ZeRO-3 keeps a pipeline stage's parameters gathered through the step and reduces
+    its gradients once: FSDP2 under torch's pipelining as torchtitan runs it
+    (``reshard_after_forward=False`` with PP, "to avoid per-microbatch all-gathers, which can be
+    expensive and non-overlapped", torchtitan parallelize ``apply_fsdp``; the schedule turns
+    gradient sync off and calls FSDP's post-backward itself after the last micro-batch's
+    backward, torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync``). The
+    runtime's ``zero3_pp_resident``, which the memory model reads too."""
+    return plan.zero_stage == 3 and plan.pp > 1 and runtime.zero3_pp_resident
+
+
+def _resident_zero3_time(problem: Problem, plan: Plan, params: float, trained: float,
+                         links: GroupLinks, units: int, forward_s: float) -> float:
+    """Exposed seconds of a pipeline-resident ZeRO-3 step (:func:`pipeline_resident`) over
+    ``links``: one all-gather of the stage's weights, under the first micro-batch's forward
+    (``forward_s``) as FSDP prefetches unit after unit, and one reduce-scatter of its
+    gradients after the last backward, which nothing hides; each of the ``units`` gather
+    units' two collectives pays the ring latency; and the copies on the compute stream
+    (:func:`resident_copy_bytes`)."""
+    runtime = problem.runtime
+    latency = units * comm.ring_latency(links)
+    reduce_bytes = runtime.reduce_bytes or runtime.grad_bytes
+    gather = (comm.all_gather_time(WEIGHT_BYTES * params, links)
+              / runtime.zero3_collective_efficiency + latency)
+    reduce = (comm.reduce_scatter_time(reduce_bytes * trained, links)
+              / runtime.zero3_collective_efficiency + latency)
+    gathered, accumulated = resident_copy_bytes(reduce_bytes, plan.num_microbatches)
+    gpu, profile = problem.cluster.gpu, problem.compute
+    copies = (unshard_copy_time(params, gathered, gpu, profile)
+              + unshard_copy_time(trained, accumulated, gpu, profile))
+    return copies + _overlapped(gather, forward_s, runtime.zero3_overlap) + reduce
+
+
+def resident_copy_bytes(reduce_bytes: float, microbatches: int) -> tuple[float, float]:
+    """HBM bytes per parameter (gathered, trained) a pipeline-resident FSDP2 step moves on the
+    compute stream (torch/distributed/fsdp/_fully_shard/_fsdp_param.py and
+    _fsdp_collectives.py): the all-gather copy-out into the unsharded parameter once (read 2,
+    write 2); the first micro-batch's gradient cast to the reduce dtype
+    (``to_accumulated_grad_if_needed``: read 2, write ``reduce_bytes``; none when it is the
+    parameters' 2 bytes) and each later one's ``unsharded_accumulated_grad += grad`` (read
+    both, write the accumulator); the reduce-scatter copy-in of the accumulated gradient
+    (read and write ``reduce_bytes``)."""
+    first = WEIGHT_BYTES + reduce_bytes if reduce_bytes != WEIGHT_BYTES else 0.0
+    accumulate = (microbatches - 1) * (2 * reduce_bytes + WEIGHT_BYTES)
+    return 2 * WEIGHT_BYTES, first + accumulate + 2 * reduce_bytes
 
 
 def least_dp_time(problem: Problem, plan: Plan, params: float, trained: float,
@@ -154,6 +205,8 @@ def least_dp_time(problem: Problem, plan: Plan, params: float, trained: float,
         priced = {size: reduce(grad_bytes * size, links) for size in set(sizes)}
         end = ((plan.vpp - 1) * plan.pp + 1) * window / plan.vpp
         return max(0.0, plan.vpp * sum(priced[size] for size in sizes) - end)
+    if pipeline_resident(runtime, plan):
+        return _resident_zero3_time(problem, plan, params, trained, links, 0, window)
     sync = _dp_collectives(problem, plan, params, trained, links, gathers=0)
     if plan.zero_stage < 3 and not _gathers_per_microbatch(runtime, plan):
         return _overlapped(sync, window, runtime.dp_overlap)

@@ -3,6 +3,7 @@ copy kernels of fully_shard's all-gather and reduce-scatter on the compute strea
 against torchtitan's own config default and times worked by hand from the HBM bandwidth."""
 
 import inspect
+import types
 
 import pytest
 
@@ -10,10 +11,11 @@ from autoplan.api import load_cluster, load_model
 from autoplan.problems import make_problem, training_spec
 from autoplan.search.defaults import plan_from_pins
 from autoplan.cluster.topology import group_links
-from autoplan.costmodels import comm
+from autoplan.costmodels import comm, sync
 from autoplan.costmodels.profiles import compute_profile, runtime_profile
 from autoplan.costmodels.step import estimate
 from autoplan.training import Pins
+from autoplan.zoo import Llama, LlamaConfig, next_token_loss
 from tests.extras import require
 from published_runs import _gpt_module, selene
 
@@ -78,3 +80,48 @@ def test_shard_grad_op_gathers_each_unit_once_per_micro_batch():
                        - comm.all_gather_time(2 * params, links)) / efficiency
     assert 3 * zero2 - 2 * zero3 == pytest.approx(GLOBAL // (DP * MBS) * per_micro_batch,
                                                   rel=1e-6)
+
+
+def _llama_module(num_layers: int = 4):
+    module = types.ModuleType("pp_llama")
+    module.build_model = lambda: Llama(LlamaConfig(
+        num_layers=num_layers, hidden_size=1024, num_heads=16, num_kv_heads=4,
+        ffn_hidden_size=2816, vocab_size=4096))
+    module.loss = next_token_loss
+    return module
+
+
+def _pipelined_dp_comm(microbatches: int) -> tuple[float, float]:
+    """(dp_comm seconds, the larger stage's parameters) of an FSDP (ZeRO-3) plan over two
+    pipeline stages and four DP ranks on one DGX A100, ``microbatches`` of one sequence."""
+    problem = make_problem(load_model(_llama_module()), load_cluster(selene(DP)),
+                           training_spec(S, 4 * microbatches, "bf16", "fsdp", "flash"),
+                           runtime_settings={"zero3_overlap": 0.0})
+    plan = plan_from_pins(problem, Pins(tp=1, pp=2, dp=4, mbs=1, zero=3))
+    layers = problem.graph.layers
+    stage_params = max(sum(layer.num_params for layer in
+                           layers[stage.first_layer:stage.first_layer + stage.num_layers])
+                       for stage in plan.stages)
+    return estimate(problem, plan).time_breakdown_s["dp_comm"], stage_params
+
+
+def test_fsdp2_under_pipelining_gathers_and_reduces_a_stage_once_a_step():
+    # torchtitan shards with reshard_after_forward=False under PP, and torch's pipelining
+    # turns gradient sync off until the last micro-batch's backward: one all-gather and one
+    # reduce-scatter a step, however many micro-batches. What each further micro-batch adds is
+    # FSDP2's unsharded_accumulated_grad += grad (fp32 accumulator read and written, the bf16
+    # gradient read: 10 bytes per parameter) through A100-80GB's HBM, nothing else.
+    two, params = _pipelined_dp_comm(2)
+    eight, _ = _pipelined_dp_comm(8)
+    rate = 2.039e12 * compute_profile("a100-sxm4-80gb").memory_efficiency
+    assert eight - two == pytest.approx(6 * 10 * params / rate, rel=1e-6)
+
+
+def test_resident_fsdp2_copies_per_parameter_follow_its_code():
+    # gathered: the all-gather copy-out (read 2, write 2). Trained, fp32 reduction over 32
+    # micro-batches: the first gradient cast to fp32 (2 + 4), 31 accumulations (4 + 2 + 4), the
+    # reduce-scatter copy-in of the fp32 accumulator (4 + 4) = 6 + 310 + 8.
+    assert sync.resident_copy_bytes(4, 32) == (4, 324)
+    # bf16 reduction (reduce_dtype = the parameters' dtype): no cast, AccumulateGrad's bf16
+    # adds (2 + 2 + 2) and a bf16 copy-in (2 + 2).
+    assert sync.resident_copy_bytes(2, 4) == (4, 3 * 6 + 4)
