@@ -6,7 +6,9 @@ torch 1963fc8 / torchtitan 9dec370, December 2024): Llama 3.1 8B/70B/405B, FSDP2
 (always with sequence parallelism), PP and CP, selective (op-level SAC) or full activation
 checkpointing, memory read as torchtitan's ``max_reserved_gib`` (the allocator's reserved peak,
 the maximum over all GPUs). Sequence length is torchtitan's llama3 8B/70B/405B training
-default (8192) unless the table states one. With PP the local batch is cut into as many
+default (8192) unless the table states one. The local batch is per data-parallel rank; CP
+ranks share their samples, each taking a slice of the sequence (the global batch is the local
+one times FSDP's degree). With PP the local batch is cut into as many
 micro-batches as there are pipeline ranks (torchtitan 9dec370 ``pipeline_llama.py``:
 ``pipeline_parallel_microbatches or parallel_dims.pp``), and the interleaved schedule runs two
 stages per rank (``generate_split_points``: ``num_stages_per_rank = 2``).
@@ -90,6 +92,12 @@ def _rows() -> list[Row]:
     return rows
 
 
+DECEMBER_2024 = {"pp_keeps_last_outputs": True}
+"""The runs' torch (1963fc8) keeps every micro-batch's last-stage output in the pipelining
+schedule (stage.py ``if self.is_last: self.output_chunks.append(output)``), and torchtitan
+9dec370 calls ``pp_schedule.step`` without asking otherwise."""
+
+
 def _model(name: str) -> types.ModuleType:
     module = types.ModuleType(f"llama31_{name}")
     module.build_model = lambda: Llama(LLAMA31[name])
@@ -108,10 +116,9 @@ def main() -> None:
     errors = []
     refused = 0
     for row in _rows():
-        data_parallel = row.plan["dp"] * row.plan.get("cp", 1)
         e = autoplan.estimate(models[row.model], _cluster(row.gpus), row.plan,
-                              seq_len=row.seq_len, global_batch=row.local_batch * data_parallel,
-                              runtime="fsdp").estimate
+                              seq_len=row.seq_len, global_batch=row.local_batch * row.plan["dp"],
+                              runtime="fsdp", runtime_settings=DECEMBER_2024).estimate
         error = e.peak_reserved_gib / row.measured_gib - 1
         errors.append(error)
         refused += not e.feasible

@@ -144,6 +144,11 @@ class RuntimeProfile:
     pp_holds_stage_outputs: bool = False
     """The pipeline engine keeps each in-flight micro-batch's stage output until that
     micro-batch's backward (DeepSpeed's PipelineEngine: ``pipe_buffers['outputs']``)."""
+    pp_keeps_last_outputs: bool = False
+    """torch.distributed.pipelining keeps every micro-batch's last-stage output for the schedule
+    to return (stage.py ``output_chunks.append(output)``): the torch of late 2024 under
+    torchtitan 9dec370 always; later ones not where the caller passes ``return_outputs=False``,
+    as torchtitan 0.3's trainer does (so off by default; costmodels.ranks)."""
     pp_batched_p2p: bool = True
     """Each pipeline exchange is one batched isend/irecv pair (Megatron-LM); False: every send
     and receive is its own blocking call (DeepSpeed's PipelineEngine,

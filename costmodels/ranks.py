@@ -447,11 +447,29 @@ def _peak_over_moments(schedule: tuple[int, int, int, int], kept: tuple[float, .
 def rank_activations(problem: Problem, plan: Plan, rank: int, stages: tuple[tuple[int, int], ...],
                      split: Split, links: dict[str, GroupLinks], sums: ChunkSums) -> float:
     """Activation-side bytes at rank ``rank``'s peak (:func:`activation_peak`), with the
-    outputs DeepSpeed's pipe buffers keep (:func:`_kept_last_outputs`)."""
+    outputs DeepSpeed's pipe buffers keep (:func:`_kept_last_outputs`) or torch's pipelining
+    returns (:func:`_returned_last_outputs`)."""
     chunks = chunk_memories(problem, plan, stages, split, links)
     held = in_flight_chunks(rank, pp=plan.pp, vpp=plan.vpp, num_microbatches=plan.num_microbatches)
     return (activation_peak(problem, plan, rank, chunks, sums).bytes
-            + _kept_last_outputs(problem, plan, stages, split, held))
+            + _kept_last_outputs(problem, plan, stages, split, held)
+            + _returned_last_outputs(problem, plan, stages, split))
+
+
+def _returned_last_outputs(problem: Problem, plan: Plan, stages: tuple[tuple[int, int], ...],
+                           split: Split) -> float:
+    """The last-stage outputs torch's pipelining keeps to return from the step, where it does
+    (``pp_keeps_last_outputs``): on the rank whose chunk ends in the loss, every earlier
+    micro-batch's logits as the LM head returns them (vocab-split over TP, as torchtitan's loss
+    parallel leaves them), held to the last micro-batch's backward, counted all step (the last
+    stage's other activations are one micro-batch's throughout)."""
+    if not (problem.runtime.pp_keeps_last_outputs and plan.pp > 1):
+        return 0.0
+    first, num = stages[-1]
+    head = logits_layer(problem, problem.graph.layers[first + num - 1])
+    if head is None:
+        return 0.0
+    return (plan.num_microbatches - 1) * head.boundary_bytes * split.mbs / (split.tp * split.cp)
 
 
 def grad_accumulation_moment_bytes(problem: Problem, plan: Plan, sums: ChunkSums,

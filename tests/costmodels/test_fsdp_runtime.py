@@ -125,3 +125,26 @@ def test_resident_fsdp2_copies_per_parameter_follow_its_code():
     # bf16 reduction (reduce_dtype = the parameters' dtype): no cast, AccumulateGrad's bf16
     # adds (2 + 2 + 2) and a bf16 copy-in (2 + 2).
     assert sync.resident_copy_bytes(2, 4) == (4, 3 * 6 + 4)
+
+
+def test_torch_pipelining_that_returns_outputs_keeps_every_micro_batchs_logits():
+    # torch's pipelining (stage.py: ``if self.is_last: self.output_chunks.append(output)``)
+    # holds each micro-batch's last-stage output until the step ends, where the caller lets the
+    # schedule return them (torch of late 2024; torchtitan 0.3 passes return_outputs=False):
+    # beside the micro-batch it works on, 3 earlier micro-batches' bf16 logits of
+    # 256 tokens x 32768 vocab on the last stage.
+    module = types.ModuleType("wide_vocab_llama")
+    module.build_model = lambda: Llama(LlamaConfig(
+        num_layers=2, hidden_size=256, num_heads=8, num_kv_heads=2, ffn_hidden_size=896,
+        vocab_size=32768))
+    module.loss = next_token_loss
+
+    def activations(keeps: bool) -> float:
+        problem = make_problem(load_model(module), load_cluster(selene(DP)),
+                               training_spec(S, 4 * 4, "bf16", "fsdp", "flash"),
+                               runtime_settings={"pp_keeps_last_outputs": keeps})
+        plan = plan_from_pins(problem, Pins(tp=1, pp=2, dp=4, mbs=1, zero=3))
+        return estimate(problem, plan).memory_breakdown_gib["activations"]
+
+    assert (activations(True) - activations(False)) * 2**30 == pytest.approx(
+        3 * S * 32768 * 2, rel=1e-9)
