@@ -243,6 +243,18 @@ def reduces_every_microbatch(runtime: RuntimeProfile, zero_stage: int) -> bool:
     return zero_stage == 2 and runtime.zero2_reduce_queue_params > 0
 
 
+def pipeline_resident(runtime: RuntimeProfile, zero_stage: int, pp: int) -> bool:
+    """Whether ZeRO-3 keeps a pipeline stage's parameters gathered through the step and reduces
+    its gradients once: FSDP2 under torch's pipelining as torchtitan runs it
+    (``reshard_after_forward=False`` with PP, "to avoid per-microbatch all-gathers, which can be
+    expensive and non-overlapped", torchtitan parallelize ``apply_fsdp``; the schedule turns
+    gradient sync off and calls FSDP's post-backward itself after the last micro-batch's
+    backward, torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync``): the
+    runtime's ``zero3_pp_resident``, for the memory (costmodels.ranks) and the step
+    (costmodels.sync) alike."""
+    return zero_stage == 3 and pp > 1 and runtime.zero3_pp_resident
+
+
 ATTENTION_KERNELS = ("flash2", "cudnn", "flash3", "triton")
 """The fused attention kernels a runtime's ``attention_kernel`` may name (profiles.yaml;
 ``triton`` is priced from flash2's rates, costmodels.compute.RELATIVE_KERNELS)."""

@@ -42,7 +42,7 @@ from autoplan.costmodels.pipeline import (
 )
 from autoplan.costmodels.placement import plan_links
 from autoplan.costmodels.problem import Problem, memo
-from autoplan.costmodels.profiles import reduces_every_microbatch
+from autoplan.costmodels.profiles import pipeline_resident, reduces_every_microbatch
 from autoplan.costmodels.step_allocations import (
     LayerTensors,
     StageOutput,
@@ -531,7 +531,7 @@ def other_bytes(problem: Problem, plan: Plan, activations: float,
     if plan.zero_stage >= 3:
         allocated += zero3_buffer_bytes(
             largest_gathered, params, bytes_per_param=runtime.zero3_gather_bytes,
-            pipeline_resident=runtime.zero3_pp_resident and plan.pp > 1)
+            pipeline_resident=pipeline_resident(runtime, plan.zero_stage, plan.pp))
     transients = step_transients(problem, plan, largest_gathered, params, trained)
     layers, output = tensors
     segments = step_segments(layers, num_microbatches=plan.num_microbatches,

@@ -15,7 +15,7 @@ from autoplan.costmodels.memory import (
     optimizer_step_bytes,
 )
 from autoplan.costmodels.problem import Problem, memo
-from autoplan.costmodels.profiles import reduces_every_microbatch
+from autoplan.costmodels.profiles import pipeline_resident, reduces_every_microbatch
 
 from autoplan.cluster.topology import GroupLinks
 from autoplan.plan import Offload, Plan
@@ -116,7 +116,7 @@ def dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
             cached = memo(problem)[key] = _bucketed_dp_time(problem, plan, groups, backward_s,
                                                             forward_s)
         return cached
-    if pipeline_resident(runtime, plan):
+    if pipeline_resident(runtime, plan.zero_stage, plan.pp):
         forward_s = compute_s / plan.num_microbatches - backward_s
         return sum(_resident_zero3_time(problem, plan, p, t, l, gathers, forward_s)
                    for p, t, l in groups)
@@ -129,20 +129,9 @@ def dp_time(problem: Problem, plan: Plan, params: float, links: GroupLinks,
                                                         runtime.zero3_overlap)
 
 
-def pipeline_resident(runtime, plan: Plan) -> bool:
-    """Whether ZeRO-3 keeps a pipeline stage's parameters gathered through the step and reduces
-    its gradients once: FSDP2 under torch's pipelining as torchtitan runs it
-    (``reshard_after_forward=False`` with PP, "to avoid per-microbatch all-gathers, which can be
-    expensive and non-overlapped", torchtitan parallelize ``apply_fsdp``; the schedule turns
-    gradient sync off and calls FSDP's post-backward itself after the last micro-batch's
-    backward, torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync``). The
-    runtime's ``zero3_pp_resident``, which the memory model reads too."""
-    return plan.zero_stage == 3 and plan.pp > 1 and runtime.zero3_pp_resident
-
-
 def _resident_zero3_time(problem: Problem, plan: Plan, params: float, trained: float,
                          links: GroupLinks, units: int, forward_s: float) -> float:
-    """Exposed seconds of a pipeline-resident ZeRO-3 step (:func:`pipeline_resident`) over
+    """Exposed seconds of a pipeline-resident ZeRO-3 step (``profiles.pipeline_resident``) over
     ``links``: one all-gather of the stage's weights, under the first micro-batch's forward
     (``forward_s``) as FSDP prefetches unit after unit, and one reduce-scatter of its
     gradients after the last backward, which nothing hides; each of the ``units`` gather
@@ -205,7 +194,7 @@ def least_dp_time(problem: Problem, plan: Plan, params: float, trained: float,
         priced = {size: reduce(grad_bytes * size, links) for size in set(sizes)}
         end = ((plan.vpp - 1) * plan.pp + 1) * window / plan.vpp
         return max(0.0, plan.vpp * sum(priced[size] for size in sizes) - end)
-    if pipeline_resident(runtime, plan):
+    if pipeline_resident(runtime, plan.zero_stage, plan.pp):
         return _resident_zero3_time(problem, plan, params, trained, links, 0, window)
     sync = _dp_collectives(problem, plan, params, trained, links, gathers=0)
     if plan.zero_stage < 3 and not _gathers_per_microbatch(runtime, plan):
