@@ -82,11 +82,9 @@ def test_shard_grad_op_gathers_each_unit_once_per_micro_batch():
                                                   rel=1e-6)
 
 
-def _llama_module(num_layers: int = 4):
+def _llama_module(config: LlamaConfig):
     module = types.ModuleType("pp_llama")
-    module.build_model = lambda: Llama(LlamaConfig(
-        num_layers=num_layers, hidden_size=1024, num_heads=16, num_kv_heads=4,
-        ffn_hidden_size=2816, vocab_size=4096))
+    module.build_model = lambda: Llama(config)
     module.loss = next_token_loss
     return module
 
@@ -94,7 +92,9 @@ def _llama_module(num_layers: int = 4):
 def _pipelined_dp_comm(microbatches: int) -> tuple[float, float]:
     """(dp_comm seconds, the larger stage's parameters) of an FSDP (ZeRO-3) plan over two
     pipeline stages and four DP ranks on one DGX A100, ``microbatches`` of one sequence."""
-    problem = make_problem(load_model(_llama_module()), load_cluster(selene(DP)),
+    config = LlamaConfig(num_layers=4, hidden_size=1024, num_heads=16, num_kv_heads=4,
+                         ffn_hidden_size=2816, vocab_size=4096)
+    problem = make_problem(load_model(_llama_module(config)), load_cluster(selene(DP)),
                            training_spec(S, 4 * microbatches, "bf16", "fsdp", "flash"),
                            runtime_settings={"zero3_overlap": 0.0})
     plan = plan_from_pins(problem, Pins(tp=1, pp=2, dp=4, mbs=1, zero=3))
@@ -133,11 +133,8 @@ def test_torch_pipelining_that_returns_outputs_keeps_every_micro_batchs_logits()
     # schedule return them (torch of late 2024; torchtitan 0.3 passes return_outputs=False):
     # beside the micro-batch it works on, 3 earlier micro-batches' bf16 logits of
     # 256 tokens x 32768 vocab on the last stage.
-    module = types.ModuleType("wide_vocab_llama")
-    module.build_model = lambda: Llama(LlamaConfig(
-        num_layers=2, hidden_size=256, num_heads=8, num_kv_heads=2, ffn_hidden_size=896,
-        vocab_size=32768))
-    module.loss = next_token_loss
+    module = _llama_module(LlamaConfig(num_layers=2, hidden_size=256, num_heads=8,
+                                       num_kv_heads=2, ffn_hidden_size=896, vocab_size=32768))
 
     def activations(keeps: bool) -> float:
         problem = make_problem(load_model(module), load_cluster(selene(DP)),
